@@ -1,0 +1,29 @@
+# Two commands do all the set-up: `make train` and `make test`. Both bootstrap .venv if missing.
+PYTHON ?= python3
+VENV   ?= .venv
+TORCH  ?= torch==2.13.0
+PY      = $(VENV)/bin/python
+ARGS   ?=
+
+.PHONY: train test bench clean
+
+# torch first (pinned CPU build by default, overridable: make train TORCH="torch==2.6.0"), then the
+# project with its own range, which the installed torch satisfies, so pip keeps it.
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH)"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $@
+
+train: $(VENV)/.installed
+	$(PY) train.py $(ARGS)
+
+test: $(VENV)/.installed
+	$(PY) -m pytest $(ARGS)
+
+bench: $(VENV)/.installed
+	$(PY) benchmarks/overhead.py
+
+clean:
+	rm -rf outputs multirun wandb .pytest_cache

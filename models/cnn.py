@@ -1,0 +1,46 @@
+"""A small CNN with BatchNorm: the model where per-rank batch size changes the statistics.
+
+With DDP each replica normalises over its own slice of the batch; below about 8 samples per rank the
+batch statistics get noisy and training degrades. ``dp.sync_batchnorm=true`` converts BatchNorm to
+SyncBatchNorm so statistics span the whole global batch.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class ConvBlock(nn.Module):
+    def __init__(self, c_in: int, c_out: int, batch_norm: bool):
+        super().__init__()
+        self.conv = nn.Conv2d(c_in, c_out, 3, padding=1, bias=not batch_norm)
+        self.norm = nn.BatchNorm2d(c_out) if batch_norm else nn.Identity()
+        self.pool = nn.MaxPool2d(2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pool(torch.relu(self.norm(self.conv(x))))
+
+
+class ConvNet(nn.Module):
+    def __init__(
+        self,
+        *,
+        in_channels: int = 3,
+        channels: list[int] | tuple[int, ...] = (16, 32, 64),
+        num_classes: int = 10,
+        batch_norm: bool = True,
+        name: str = "cnn",
+    ):
+        super().__init__()
+        widths = [in_channels, *channels]
+        self.n_layers = len(channels)
+        self.layers = nn.ModuleDict(
+            {str(i): ConvBlock(widths[i], widths[i + 1], batch_norm) for i in range(len(channels))}
+        )
+        self.output = nn.Linear(widths[-1], num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers.values():
+            x = layer(x)
+        return self.output(x.mean(dim=(2, 3)))

@@ -1,0 +1,107 @@
+"""A small decoder-only GPT whose blocks can be split into pipeline stages by name.
+
+Blocks live in ``layers`` (a ``ModuleDict`` keyed "0", "1", ...), so deleting the parts a stage does
+not own keeps every remaining parameter's name (``layers.3.attention.wq.weight``): checkpoints, split
+points and tensor-parallel plans all speak the same FQNs. ``forward`` skips parts set to ``None``
+(embeddings on later stages, norm and head on earlier ones), the pattern torchtitan uses.
+Projections are separate ``nn.Linear`` layers (wq, wk, wv, wo, w1, w2) so a TP plan can shard each
+one column- or row-wise; attention reshapes with ``-1`` heads so it works on a tensor-parallel shard.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, dropout: float):
+        super().__init__()
+        self.head_dim = d_model // n_heads
+        self.wq = nn.Linear(d_model, d_model, bias=False)
+        self.wk = nn.Linear(d_model, d_model, bias=False)
+        self.wv = nn.Linear(d_model, d_model, bias=False)
+        self.wo = nn.Linear(d_model, d_model, bias=False)
+        self.dropout = dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.wq(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
+        return self.wo(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        self.w1 = nn.Linear(d_model, d_ff, bias=False)
+        self.w2 = nn.Linear(d_ff, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.gelu(self.w1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float):
+        super().__init__()
+        self.attention_norm = nn.LayerNorm(d_model)
+        self.attention = Attention(d_model, n_heads, dropout)
+        self.ffn_norm = nn.LayerNorm(d_model)
+        self.feed_forward = FeedForward(d_model, d_ff)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x))
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class GPT(nn.Module):
+    def __init__(
+        self,
+        *,
+        vocab_size: int = 256,
+        n_layers: int = 4,
+        d_model: int = 128,
+        n_heads: int = 4,
+        d_ff: int = 0,
+        layer_d_ff: list[int] | None = None,
+        max_seq_len: int = 128,
+        dropout: float = 0.0,
+        name: str = "gpt",
+    ):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"model.d_model={d_model} must be divisible by model.n_heads={n_heads}")
+        widths = list(layer_d_ff or []) or [d_ff or 4 * d_model] * n_layers
+        if len(widths) != n_layers:
+            raise ValueError(f"model.layer_d_ff has {len(widths)} entries for model.n_layers={n_layers}")
+        self.n_layers = n_layers
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(vocab_size, d_model)
+        self.pos_embeddings: nn.Embedding | None = nn.Embedding(max_seq_len, d_model)
+        self.layers = nn.ModuleDict({str(i): Block(d_model, n_heads, widths[i], dropout) for i in range(n_layers)})
+        self.norm: nn.LayerNorm | None = nn.LayerNorm(d_model)
+        self.output: nn.Linear | None = nn.Linear(d_model, vocab_size, bias=False)
+        self.apply(_init_weights)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x
+        if self.tok_embeddings is not None:
+            pos = torch.arange(x.shape[1], device=x.device)
+            h = self.tok_embeddings(x) + self.pos_embeddings(pos)
+        for layer in self.layers.values():
+            h = layer(h)
+        if self.norm is not None:
+            h = self.norm(h)
+        if self.output is not None:
+            h = self.output(h)
+        return h
+
+
+def _init_weights(module: nn.Module) -> None:
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if getattr(module, "bias", None) is not None:
+            nn.init.zeros_(module.bias)

@@ -1,0 +1,1 @@
+"""Parallel strategies and the shared pieces they are built from (layout, meshes, wrappers)."""

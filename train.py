@@ -1,0 +1,25 @@
+"""meshtrain entry point: `python train.py parallel=hybrid pp.micro_batches=8`.
+
+Thin on purpose: Hydra composes conf/ with the command line's overrides, trainer.app validates,
+launches the workers and returns the objective (tokens/s by default) for sweepers.
+"""
+
+import hydra
+from omegaconf import DictConfig
+
+from trainer.config import register_configs
+from trainer.resolvers import register_resolvers
+
+register_resolvers()
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> float | None:
+    from trainer.app import run_task
+
+    return run_task(cfg)
+
+
+if __name__ == "__main__":
+    main()

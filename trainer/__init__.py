@@ -1,0 +1,1 @@
+"""meshtrain's trainer: launcher, worker, training loop, data, metrics and their sinks."""

@@ -1,0 +1,53 @@
+"""Rank 0's console: a rich progress bar with loss and tokens/s on a terminal, log lines elsewhere."""
+
+from __future__ import annotations
+
+import logging
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+
+class ProgressDisplay:
+    def __init__(self, *, total_steps: int, start_step: int, log: logging.Logger, enabled: bool):
+        self.log = log
+        console = Console()
+        self.progress = None
+        if enabled and console.is_terminal:
+            self.progress = Progress(
+                TextColumn("[bold]train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("loss {task.fields[loss]}"),
+                TextColumn("{task.fields[tps]} tok/s"),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                console=console,
+                redirect_stdout=True,
+                redirect_stderr=True,
+            )
+            self.task = self.progress.add_task("train", total=total_steps, completed=start_step, loss="-", tps="-")
+            self.progress.start()
+
+    def advance(self, step: int) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, completed=step)
+
+    def logged(self, record: dict) -> None:
+        extras = ""
+        if "comm_fraction" in record:
+            extras += f" comm {record['comm_fraction']:.0%}"
+        if "bubble_fraction" in record:
+            extras += f" bubble {record['bubble_fraction']:.0%}"
+        if self.progress is not None:
+            self.progress.update(self.task, loss=f"{record['loss']:.4f}", tps=f"{record['tokens_per_s']:,.0f}")
+        line = (
+            f"step {record['step']:>5} | loss {record['loss']:.4f} | lr {record['lr']:.2e} | "
+            f"{record['step_time_s'] * 1000:.0f} ms/step | {record['tokens_per_s']:,.0f} tok/s{extras}"
+        )
+        self.log.info(line)  # above the live bar on a terminal; always in logs/rank0.log
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
