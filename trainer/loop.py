@@ -199,6 +199,12 @@ class RankZeroSinks:
                 summary["wandb_dir"] = self.wandb.directory
                 write_json(self.run_dir / "summary.json", summary)
                 self.wandb.log_summary(summary)
+                # engines list files they wrote (traces, plots): {"images": {key: path}, "files": [path]}
+                artifacts = summary.get("artifacts") or {}
+                self.wandb.log_files(
+                    images={k: Path(v) for k, v in artifacts.get("images", {}).items()},
+                    files=[Path(p) for p in artifacts.get("files", [])],
+                )
         finally:
             self.metrics.close()
             self.wandb.finish(exit_code=exit_code)
