@@ -44,7 +44,11 @@ class TPConfig:
     size: int = 1
     """Tensor-parallel degree (intra-layer, DTensor)."""
     sequence_parallel: bool = False
+    """Shard the residual stream along the sequence between sub-blocks (norms run on the shard)."""
     loss_parallel: bool = False
+    """Keep the output projection vocabulary-sharded and compute the loss on the shards."""
+    measure_comm: bool = True
+    """Time the tp group's collectives (tp_comm_time_s); costs a Python dispatch per op."""
 
 
 @dataclass
