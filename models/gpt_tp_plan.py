@@ -15,6 +15,8 @@ Options:
   computed on the shards (``torch.distributed.tensor.parallel.loss_parallel``): the logits are never
   gathered. The engine must run forward *and* backward inside ``loss_parallel()``.
 
+What the plan needs from the model's sizes (heads, widths, vocabulary divisible by tp) is checked
+before any process starts, in ``trainer/validate.py`` (``check_tensor_parallel``).
 Works on the full model and on a pipeline stage (parts set to ``None`` are skipped); plan keys are
 the model's own FQNs.
 """
@@ -32,22 +34,6 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
     parallelize_module,
 )
-
-
-def tp_divisibility_problems(*, tp: int, n_heads: int, d_model: int, d_ff: list[int], vocab_size: int,
-                             loss_parallel: bool) -> list[str]:
-    """What this plan needs from the model's sizes (used by validation, before any process starts)."""
-    problems = []
-    if n_heads % tp:
-        problems.append(f"model.n_heads={n_heads} is not divisible by tp.size={tp}: each tp rank owns whole heads")
-    if d_model % tp:
-        problems.append(f"model.d_model={d_model} is not divisible by tp.size={tp}: wq/wk/wv/wo are split by columns")
-    for width in sorted(set(d_ff)):
-        if width % tp:
-            problems.append(f"feed-forward width {width} (model.d_ff / model.layer_d_ff) is not divisible by tp.size={tp}")
-    if loss_parallel and vocab_size % tp:
-        problems.append(f"model.vocab_size={vocab_size} is not divisible by tp.size={tp} with tp.loss_parallel=true")
-    return problems
 
 
 def _block_plan(prefix: str, *, sequence_parallel: bool) -> dict:

@@ -102,7 +102,7 @@ def build_layout(cfg: DictConfig, external: ExternalLaunch | None = None) -> Par
         schedule=str(cfg.pp.schedule) if pipelined else None,
         stages_per_rank=int(cfg.pp.stages_per_rank) if pipelined else 1,
         split_points=split_points_of(cfg) if pipelined else None,
-        dp_shard=bool(cfg.dp.shard) or cfg.parallel.name == "fsdp",
+        dp_shard=bool(cfg.dp.shard) or cfg.parallel.name == "fsdp" or (tp > 1 and dp > 1),
     )
 
 
@@ -234,7 +234,65 @@ def check_backend(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
         f.error(f"trainer.on_nonfinite={cfg.trainer.on_nonfinite}: use stop or skip")
 
 
-CHECKS: list[Check] = [check_positive, check_strategy, check_world, check_batch, check_data, check_backend]
+def check_tensor_parallel(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
+    """What the GPT tensor-parallel plan (models/gpt_tp_plan.py) needs from the model's sizes."""
+    tp, model = layout.tp, cfg.model
+    if tp == 1:
+        if cfg.tp.sequence_parallel or cfg.tp.loss_parallel:
+            f.warn("tp.sequence_parallel / tp.loss_parallel have no effect with tp.size=1")
+        return
+    if "n_heads" not in model:
+        f.error(
+            f"tp.size={tp} with model.name={model.get('name')}: the tensor-parallel plan exists for the GPT "
+            "(models/gpt_tp_plan.py); use model=gpt_small, or tp.size=1 with parallel=ddp or fsdp"
+        )
+        return
+    heads, d_model = int(model.n_heads), int(model.d_model)
+    widths = [int(w) for w in (model.get("layer_d_ff") or [])] or [int(model.get("d_ff") or 0) or 4 * d_model]
+    if heads % tp:
+        f.error(f"model.n_heads={heads} is not divisible by tp.size={tp}: each tp rank owns whole attention heads; "
+                f"use a tp.size dividing {heads}")
+    if d_model % tp:
+        f.error(f"model.d_model={d_model} is not divisible by tp.size={tp}: wq/wk/wv/wo are split by columns; "
+                f"use a model.d_model that is a multiple of {tp}")
+    for width in sorted(set(widths)):
+        if width % tp:
+            f.error(f"feed-forward width {width} (model.d_ff / model.layer_d_ff) is not divisible by tp.size={tp}: "
+                    f"w1/w2 are split by it; use a multiple of {tp}")
+    if cfg.tp.loss_parallel and int(model.vocab_size) % tp:
+        f.error(f"model.vocab_size={model.vocab_size} is not divisible by tp.size={tp} with tp.loss_parallel=true; "
+                "set tp.loss_parallel=false")
+    if cfg.tp.sequence_parallel and int(cfg.data.seq_len) % tp:
+        f.error(f"data.seq_len={cfg.data.seq_len} is not divisible by tp.size={tp} with tp.sequence_parallel=true: "
+                f"the sequence is split over tp ranks; use data.seq_len={_nearest_multiples(int(cfg.data.seq_len), tp)}")
+
+
+#: why the dp dimension cannot be DDP when tp > 1 (seen with torch 2.13 on gloo)
+DDP_OVER_DTENSOR = (
+    "DDP over tensor-parallel (DTensor) modules fails on torch 2.13 "
+    "(aten.cat.default got mixed torch.Tensor and DTensor)"
+)
+
+
+def check_dp_composition(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
+    """With tp > 1 the dp dimension is FSDP2 (build_layout sets dp_shard): say so and why."""
+    if layout.tp > 1 and layout.dp > 1 and not cfg.dp.shard:
+        f.warn(
+            f"dp.shard=false with dp.size={layout.dp} and tp.size={layout.tp}: {DDP_OVER_DTENSOR}; the dp "
+            "dimension uses FSDP2 fully_shard instead (same numerics). Set dp.shard=true to silence this."
+        )
+
+
+CHECKS: list[Check] = [
+    check_positive,
+    check_strategy,
+    check_world,
+    check_batch,
+    check_data,
+    check_backend,
+    check_tensor_parallel,
+    check_dp_composition,
+]
 
 
 def validate(cfg: DictConfig, *, environ: dict[str, str] | None = None) -> ValidatedRun:
