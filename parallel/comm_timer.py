@@ -11,6 +11,8 @@ cores nothing overlaps it, so it reads directly as a share of the step.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager, nullcontext
+from typing import ContextManager, Iterator
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -67,3 +69,43 @@ class CollectiveTimer(TorchDispatchMode):
         self.seconds, self.count = 0.0, 0
         self._pending.clear()
         return seconds, count
+
+
+class SampledCommMeter:
+    """Runs a ``CollectiveTimer`` on steps 1, k, 2k ... (the steps the loop logs, k = log_every).
+
+    The timer costs a Python dispatch per op, so unlogged steps run without it.
+    """
+
+    def __init__(self, timer: CollectiveTimer | None, *, every: int, prefix: str = "tp"):
+        self.timer = timer
+        self.every = max(1, every)
+        self.prefix = prefix
+        self.steps = 0
+        self.active = False
+        self._start = 0.0
+        self._step_s = 0.0
+
+    def step(self) -> ContextManager:
+        """Context for one whole step (forward and backward of all its micro-batches)."""
+        self.steps += 1
+        self.active = self.timer is not None and (self.steps == 1 or self.steps % self.every == 0)
+        return self._measuring() if self.active else nullcontext()
+
+    @contextmanager
+    def _measuring(self) -> Iterator[None]:
+        start = time.perf_counter()
+        with self.timer:
+            yield
+        self._step_s = time.perf_counter() - start
+
+    def metrics(self) -> dict[str, float]:
+        if not self.active:
+            return {}
+        seconds, count = self.timer.take()
+        p = self.prefix
+        return {
+            f"{p}_comm_time_s": seconds,
+            f"{p}_comm_fraction": min(1.0, seconds / max(self._step_s, 1e-9)),
+            f"{p}_collectives": count,
+        }

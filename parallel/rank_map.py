@@ -21,6 +21,7 @@ def held_layers(modules: Sequence[nn.Module]) -> list[str]:
     """Top-level parts present in ``modules`` by FQN (``layers.3``, ``output`` ...), in model order."""
     names: list[str] = []
     for module in modules:
+        module = getattr(module, "module", module)  # DDP wraps the stage
         for name, child in module.named_children():
             if child is None:
                 continue

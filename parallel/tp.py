@@ -19,7 +19,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from parallel.base import Engine, ModuleEngine, Strategy, WorkerContext, cross_entropy
-from parallel.comm_timer import CollectiveTimer
+from parallel.comm_timer import CollectiveTimer, SampledCommMeter
+from parallel.ddp import CommTimer
 from parallel.grad_norm import clip_grad_norm_
 from parallel.rank_map import announce_rank_map
 
@@ -30,10 +31,12 @@ def plain_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Te
     return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
 
-def tp_timer(ctx: WorkerContext) -> CollectiveTimer | None:
-    if ctx.layout.tp == 1 or not ctx.cfg.tp.get("measure_comm", True):
-        return None
-    return CollectiveTimer(group_name=ctx.mesh["tp"].get_group().group_name)
+def tp_meter(ctx: WorkerContext) -> SampledCommMeter:
+    """Times the tp group's collectives on the steps the loop logs (none with tp.measure_comm=false)."""
+    timer = None
+    if ctx.layout.tp > 1 and ctx.cfg.tp.get("measure_comm", True):
+        timer = CollectiveTimer(group_name=ctx.mesh["tp"].get_group().group_name)
+    return SampledCommMeter(timer, every=int(ctx.cfg.trainer.log_every), prefix="tp")
 
 
 def parallelize_for_tp(model: nn.Module, *, ctx: WorkerContext) -> nn.Module:
@@ -58,31 +61,25 @@ class MeshModuleEngine(ModuleEngine):
         accumulation: int,
         no_sync: Callable[[], ContextManager] | None = None,
         loss_parallel: bool = False,
-        tp_timer: CollectiveTimer | None = None,
+        tp_meter: SampledCommMeter | None = None,
         rank_map: dict[str, Any] | None = None,
-        measure_every: int = 1,
+        ddp_timer: CommTimer | None = None,
     ):
         super().__init__(module, accumulation=accumulation, loss_fn=plain_cross_entropy, no_sync=no_sync)
-        self.loss_parallel = loss_parallel
-        self.tp_timer = tp_timer
-        self.rank_map = rank_map or {}
-        self.measure_every = max(1, measure_every)
-        self._steps = 0
-        self._measured = False
+        self.ddp_timer = ddp_timer
         self._step_s = 0.0
+        self.loss_parallel = loss_parallel
+        self.tp_meter = tp_meter or SampledCommMeter(None, every=1)
+        self.rank_map = rank_map or {}
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        self._steps += 1
-        # the timer costs a Python dispatch per op: measure the steps the loop logs (1, k, 2k ...)
-        self._measured = self.tp_timer is not None and (self._steps == 1 or self._steps % self.measure_every == 0)
         start = time.perf_counter()
         with ExitStack() as stack:
             if self.loss_parallel:
                 from torch.distributed.tensor.parallel import loss_parallel
 
                 stack.enter_context(loss_parallel())
-            if self._measured:
-                stack.enter_context(self.tp_timer)
+            stack.enter_context(self.tp_meter.step())
             loss = super().train_step(inputs, targets)
         self._step_s = time.perf_counter() - start
         return loss
@@ -91,14 +88,11 @@ class MeshModuleEngine(ModuleEngine):
         return clip_grad_norm_(self.parameters(), max_norm)
 
     def step_metrics(self) -> dict[str, float]:
-        if not self._measured:
-            return {}
-        seconds, count = self.tp_timer.take()
-        return {
-            "tp_comm_time_s": seconds,
-            "tp_comm_fraction": min(1.0, seconds / max(self._step_s, 1e-9)),
-            "tp_collectives": count,
-        }
+        out = self.tp_meter.metrics()
+        if self.ddp_timer is not None:  # DDP on the dp dimension (tp = 1): its measured bucket all-reduces
+            busy, buckets = self.ddp_timer.take()
+            out.update(comm_time_s=busy, comm_fraction=min(1.0, busy / max(self._step_s, 1e-9)), comm_buckets=buckets)
+        return out
 
     def summary(self) -> dict[str, Any]:
         return dict(self.rank_map)
@@ -116,7 +110,6 @@ class TPStrategy(Strategy):
             model,
             accumulation=ctx.accumulation_steps(),
             loss_parallel=bool(ctx.cfg.tp.loss_parallel),
-            tp_timer=tp_timer(ctx),
-            measure_every=int(ctx.cfg.trainer.log_every),
+            tp_meter=tp_meter(ctx),
             rank_map=announce_rank_map(ctx, stage_modules=[model]),
         )

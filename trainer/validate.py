@@ -90,7 +90,8 @@ def build_layout(cfg: DictConfig, external: ExternalLaunch | None = None) -> Par
         nnodes = int(cfg.topology.nnodes)
         nproc = cfg.topology.nproc_per_node
         nproc = int(nproc) if nproc is not None else max(1, math.ceil(product / max(1, nnodes)))
-    pipelined = cfg.parallel.name in PIPELINED or pp > 1
+    # hybrid with pp.size=1 has no pipeline: it accumulates data.micro_batch_size chunks instead
+    pipelined = pp > 1 or (cfg.parallel.name in PIPELINED and cfg.parallel.name != "hybrid")
     return ParallelLayout(
         strategy=str(cfg.parallel.name),
         dp=dp,
