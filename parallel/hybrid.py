@@ -5,8 +5,10 @@ How one rank's model is built, in this order (torchtitan's):
    keeps its stage(s);
 2. tensor parallel (tp > 1): the model's plan (``models/gpt_tp_plan.py``) on the tp sub-mesh, applied
    to each stage module;
-3. data parallel (dp > 1): FSDP2 ``fully_shard`` on the dp sub-mesh when ``dp.shard`` (always with
-   tp > 1: DDP over DTensor modules fails on torch 2.13, see ``trainer/validate.py``), else DDP;
+3. data parallel (dp > 1): FSDP2 ``fully_shard`` on the dp sub-mesh when ``dp.shard``, else DDP; with
+   tp > 1 or pp > 1 always FSDP2 (DDP over DTensor modules fails on torch 2.13, and DDP inside a
+   ``PipelineStage`` with several micro-batches crashes or gives wrong gradients; see
+   ``trainer/validate.py``);
 4. the stage becomes a ``PipelineStage`` driven by ``pp.schedule`` (``build_pipeline_engine``'s
    ``wrap_stage`` hook runs steps 2–3), or, with pp = 1, one module with gradient accumulation.
 
@@ -54,10 +56,10 @@ def describe_dp(ctx: WorkerContext) -> str:
         return "none"
     if not layout.dp_shard:
         return "DDP"
-    if layout.tp > 1 and not ctx.cfg.dp.shard:
-        from trainer.validate import DDP_OVER_DTENSOR
+    if not ctx.cfg.dp.shard:
+        from trainer.validate import why_dp_needs_fsdp
 
-        return f"FSDP2 (chosen for tp.size={layout.tp}: {DDP_OVER_DTENSOR})"
+        return f"FSDP2 (dp.shard=false overridden: {why_dp_needs_fsdp(layout)})"
     return "FSDP2"
 
 

@@ -103,7 +103,7 @@ def build_layout(cfg: DictConfig, external: ExternalLaunch | None = None) -> Par
         schedule=str(cfg.pp.schedule) if pipelined else None,
         stages_per_rank=int(cfg.pp.stages_per_rank) if pipelined else 1,
         split_points=split_points_of(cfg) if pipelined else None,
-        dp_shard=bool(cfg.dp.shard) or cfg.parallel.name == "fsdp" or (tp > 1 and dp > 1),
+        dp_shard=bool(cfg.dp.shard) or cfg.parallel.name == "fsdp" or (dp > 1 and (tp > 1 or pp > 1)),
     )
 
 
@@ -263,24 +263,54 @@ def check_tensor_parallel(cfg: DictConfig, layout: ParallelLayout, f: Findings) 
     if cfg.tp.loss_parallel and int(model.vocab_size) % tp:
         f.error(f"model.vocab_size={model.vocab_size} is not divisible by tp.size={tp} with tp.loss_parallel=true; "
                 "set tp.loss_parallel=false")
+    if cfg.tp.loss_parallel and layout.pp > 1:
+        f.error(f"tp.loss_parallel=true with pp.size={layout.pp}: the pipeline schedule computes the loss outside "
+                "loss_parallel() on plain tensors; set tp.loss_parallel=false (the head then gathers the logits)")
     if cfg.tp.sequence_parallel and int(cfg.data.seq_len) % tp:
         f.error(f"data.seq_len={cfg.data.seq_len} is not divisible by tp.size={tp} with tp.sequence_parallel=true: "
                 f"the sequence is split over tp ranks; use data.seq_len={_nearest_multiples(int(cfg.data.seq_len), tp)}")
 
 
-#: why the dp dimension cannot be DDP when tp > 1 (seen with torch 2.13 on gloo)
+def check_pipeline_depth(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
+    """Every pipeline stage needs at least one block."""
+    if layout.schedule is None or "n_layers" not in cfg.model:
+        return
+    stages = layout.pp * layout.stages_per_rank
+    layers = int(cfg.model.n_layers)
+    if layers < stages:
+        f.error(
+            f"model.n_layers={layers} < pp.size={layout.pp} x pp.stages_per_rank={layout.stages_per_rank} = {stages} "
+            f"stages: every stage needs at least one block; use model.n_layers>={stages} or fewer stages"
+        )
+
+
+#: why the dp dimension cannot be DDP when tp > 1 or pp > 1 (seen with torch 2.13 on gloo)
 DDP_OVER_DTENSOR = (
     "DDP over tensor-parallel (DTensor) modules fails on torch 2.13 "
     "(aten.cat.default got mixed torch.Tensor and DTensor)"
 )
+DDP_IN_PIPELINE = (
+    "DDP inside a PipelineStage with several micro-batches fails on torch 2.13 (reducer.cpp: rebuilt "
+    "parameter indices size is not same as original model parameters size; with static_graph it runs "
+    "but the gradients are 2% off)"
+)
+
+
+def why_dp_needs_fsdp(layout: ParallelLayout) -> str:
+    reasons = []
+    if layout.tp > 1:
+        reasons.append(f"tp.size={layout.tp}: {DDP_OVER_DTENSOR}")
+    if layout.pp > 1:
+        reasons.append(f"pp.size={layout.pp}: {DDP_IN_PIPELINE}")
+    return "; ".join(reasons)
 
 
 def check_dp_composition(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
-    """With tp > 1 the dp dimension is FSDP2 (build_layout sets dp_shard): say so and why."""
-    if layout.tp > 1 and layout.dp > 1 and not cfg.dp.shard:
+    """With tp > 1 or pp > 1 the dp dimension is FSDP2 (build_layout sets dp_shard): say so and why."""
+    if layout.dp > 1 and (layout.tp > 1 or layout.pp > 1) and not cfg.dp.shard:
         f.warn(
-            f"dp.shard=false with dp.size={layout.dp} and tp.size={layout.tp}: {DDP_OVER_DTENSOR}; the dp "
-            "dimension uses FSDP2 fully_shard instead (same numerics). Set dp.shard=true to silence this."
+            f"dp.shard=false with dp.size={layout.dp}: the dp dimension uses FSDP2 fully_shard instead of DDP "
+            f"(same numerics) because {why_dp_needs_fsdp(layout)}. Set dp.shard=true to silence this."
         )
 
 
@@ -292,6 +322,7 @@ CHECKS: list[Check] = [
     check_data,
     check_backend,
     check_tensor_parallel,
+    check_pipeline_depth,
     check_dp_composition,
 ]
 
