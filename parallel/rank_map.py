@@ -55,9 +55,16 @@ def short_label(layers: Sequence[str]) -> str:
     return " ".join(parts)
 
 
-def gather_rank_map(*, layout, rank: int, stages: Sequence[int], modules: Sequence[nn.Module]) -> list[dict[str, Any]]:
-    """Every rank's row (collective: call on all ranks)."""
-    mine = {"rank": rank, "stages": list(stages), "layers": held_layers(modules)}
+def gather_rank_map(*, layout, rank: int, stages: Sequence[int], modules: Sequence[nn.Module],
+                    mesh=None) -> list[dict[str, Any]]:
+    """Every rank's row (collective: call on all ranks).
+
+    Coordinates come from the layout; each rank also reports where the DeviceMesh actually put it
+    (``mesh_coordinate``, in (pp, dp, tp) order), so a disagreement is visible in summary.json.
+    """
+    coordinate = mesh.get_coordinate() if mesh is not None else None
+    mine = {"rank": rank, "stages": list(stages), "layers": held_layers(modules),
+            "mesh_coordinate": list(coordinate) if coordinate is not None else None}
     reports = [mine]
     if dist.is_initialized() and dist.get_world_size() > 1:
         reports = [None] * dist.get_world_size()
@@ -67,7 +74,7 @@ def gather_rank_map(*, layout, rank: int, stages: Sequence[int], modules: Sequen
     for row in layout.rank_map():
         report = held[row["rank"]]
         rows.append({**row, "stages": report["stages"], "layers": report["layers"],
-                     "holds": short_label(report["layers"])})
+                     "holds": short_label(report["layers"]), "mesh_coordinate": report["mesh_coordinate"]})
     return rows
 
 
@@ -129,7 +136,7 @@ def draw_rank_map(rows: Sequence[dict[str, Any]], *, nnodes: int, nproc_per_node
 def announce_rank_map(ctx, *, stage_modules: Sequence[nn.Module], stages: Sequence[int] | None = None) -> dict:
     """Gather the rank map (all ranks), then on rank 0 print it and draw it; returns summary extras."""
     stages = list(stages) if stages is not None else [ctx.coords["pp"]]
-    rows = gather_rank_map(layout=ctx.layout, rank=ctx.rank, stages=stages, modules=stage_modules)
+    rows = gather_rank_map(layout=ctx.layout, rank=ctx.rank, stages=stages, modules=stage_modules, mesh=ctx.mesh)
     extras: dict[str, Any] = {"rank_map": rows}
     if ctx.is_rank0:
         print_rank_map(rows, log=ctx.log)

@@ -65,7 +65,7 @@ PIPELINED = ("pp", "mp", "hybrid")
 
 def _nearest_multiples(value: int, base: int) -> str:
     lo = max(base, (value // base) * base)
-    hi = lo + base if lo >= value else lo
+    hi = lo + base if lo < value else lo
     return str(lo) if lo == hi else f"{lo} or {hi}"
 
 
