@@ -247,7 +247,9 @@ class PipelineEngine(Engine):
             "split_policy": self.plan.policy,
             "bubble_fraction": med("bubble_fraction") if hist else None,
             "bubble_theoretical": self.bubble_theoretical,
-            "imbalance_ratio": med("imbalance_ratio") if hist else None,
+            # slowest over fastest stage, from each stage's median busy time (robust to one noisy step)
+            "imbalance_ratio": (max(r["busy_s"] for r in stages) / max(min(r["busy_s"] for r in stages), 1e-9)
+                                if hist else None),
             "activation_bytes_sent_per_step": med("activation_bytes_sent") if hist else None,
             "gradient_bytes_sent_per_step": med("gradient_bytes_sent") if hist else None,
             "pipeline_time_s": med("pipeline_time_s") if hist else None,

@@ -37,7 +37,7 @@ def test_tp_needs_a_model_with_a_plan(compose_cfg):
 
 def test_layers_cover_pipeline_stages(compose_cfg):
     msg = problems(compose_cfg, "parallel=hybrid", "model.n_layers=3", "pp.size=2", "pp.stages_per_rank=2")
-    assert "model.n_layers=3 < pp.size=2 x pp.stages_per_rank=2 = 4 stages" in msg
+    assert "= 4 stages but model.n_layers=3: every stage needs at least one block" in msg
 
 
 def test_loss_parallel_refused_with_pipeline(compose_cfg):

@@ -69,7 +69,8 @@ def write_gantt_png(path: Path, *, ranks: Sequence[dict[str, Any]], title: str) 
     ax.set_xlabel("time in step (ms)")
     ax.set_xlim(0, (t1 - t0) * 1e3)
     ax.set_title(title, fontsize=9)
-    ax.legend(handles=[Patch(color=c, label=k) for k, c in COLOURS.items()], loc="upper right", fontsize=7,
+    ax.legend(handles=[Patch(color=c, label=k) for k, c in COLOURS.items()], loc="lower right", fontsize=7,
+              bbox_to_anchor=(1.0, 1.0), frameon=False,
               ncol=3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

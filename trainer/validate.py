@@ -235,6 +235,76 @@ def check_backend(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
         f.error(f"trainer.on_nonfinite={cfg.trainer.on_nonfinite}: use stop or skip")
 
 
+def model_blocks(model: DictConfig) -> int | None:
+    """Number of splittable blocks of the configured model, when its config tells (GPT, CNN)."""
+    if "n_layers" in model:
+        return int(model.n_layers)
+    if "channels" in model:
+        return len(model.channels)
+    return None
+
+
+def check_pipeline(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
+    """Schedule, micro-batches, stages per rank and split points of pp / mp / hybrid runs."""
+    from parallel.schedules import SCHEDULES
+    from parallel.split import POLICIES
+
+    if layout.schedule is None:
+        return
+    name = cfg.parallel.name
+    m, pp, v = layout.micro_batches, layout.pp, layout.stages_per_rank
+    num_stages = pp * v
+    split_key = "mp.split_points" if name == "mp" else "pp.split_points"
+    if name == "mp":
+        if m != 1:
+            f.error(f"pp.micro_batches={m} with parallel=mp: model parallel runs one micro-batch through the "
+                    "stages in turn; use parallel=pp to pipeline micro-batches, or set pp.micro_batches=1")
+        if layout.schedule != "gpipe" or v != 1:
+            f.error(f"pp.schedule={layout.schedule} pp.stages_per_rank={v} with parallel=mp: model parallel "
+                    "runs stages in order (gpipe, one stage per rank); use parallel=pp for other schedules")
+    spec = SCHEDULES.get(layout.schedule)
+    if spec is None:
+        f.error(f"pp.schedule={layout.schedule}: unknown schedule; use one of {', '.join(SCHEDULES)}")
+    else:
+        problem = spec.stages_per_rank_problem(v)
+        if problem:
+            f.error(f"pp.stages_per_rank={v} with pp.schedule={spec.name}: {spec.name} {problem}")
+        else:
+            problem = spec.micro_batch_problem(micro_batches=m, pp=pp, stages=num_stages)
+            if problem:
+                per_replica = int(cfg.data.global_batch_size) // max(1, layout.dp)
+                ok = spec.suggest_micro_batches(pp=pp, stages=num_stages, per_replica=per_replica)
+                fix = (f"use pp.micro_batches={' or '.join(map(str, ok))}" if ok else
+                       f"raise data.global_batch_size so it holds at least {num_stages} micro-batches per replica")
+                f.error(f"pp.micro_batches={m} with pp.schedule={spec.name}: {spec.name} {problem}; {fix}"
+                        + ("" if spec.name != "1f1b" else ", or pp.schedule=gpipe"))
+    if str(cfg.pp.split) not in POLICIES:
+        f.error(f"pp.split={cfg.pp.split}: unknown split policy; use one of {', '.join(POLICIES)}")
+    if int(cfg.pp.trace_step) < 0:
+        f.error(f"pp.trace_step={cfg.pp.trace_step}: must be >= 0 (0 writes no timeline)")
+    n = model_blocks(cfg.model)
+    if n is None:
+        return
+    if num_stages > n:
+        f.error(f"pp.size={pp} x pp.stages_per_rank={v} = {num_stages} stages but model.n_layers={n}: every stage "
+                f"needs at least one block; use at most {n} stages or a deeper model")
+        return
+    points = layout.split_points
+    if points is None:
+        return
+    shown = list(points)
+    if len(points) != num_stages - 1:
+        f.error(f"{split_key}={shown}: {len(points)} split point(s) make {len(points) + 1} stages but the layout has "
+                f"{num_stages} (pp.size={pp} x pp.stages_per_rank={v}); give {num_stages - 1} block indices")
+    bad = [p for p in points if not 0 < p < n]
+    if bad:
+        f.error(f"{split_key}={shown}: {bad} out of range; split points are block indices where a new stage "
+                f"starts, between 1 and {n - 1} for model.n_layers={n}")
+    elif any(b <= a for a, b in zip(points, points[1:])):
+        f.error(f"{split_key}={shown}: split points must be strictly increasing (a repeated point leaves an "
+                "empty stage); e.g. " + str(list(range(1, num_stages)) if num_stages <= n else []))
+
+
 def check_tensor_parallel(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
     """What the GPT tensor-parallel plan (models/gpt_tp_plan.py) needs from the model's sizes."""
     tp, model = layout.tp, cfg.model
@@ -269,19 +339,6 @@ def check_tensor_parallel(cfg: DictConfig, layout: ParallelLayout, f: Findings) 
     if cfg.tp.sequence_parallel and int(cfg.data.seq_len) % tp:
         f.error(f"data.seq_len={cfg.data.seq_len} is not divisible by tp.size={tp} with tp.sequence_parallel=true: "
                 f"the sequence is split over tp ranks; use data.seq_len={_nearest_multiples(int(cfg.data.seq_len), tp)}")
-
-
-def check_pipeline_depth(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
-    """Every pipeline stage needs at least one block."""
-    if layout.schedule is None or "n_layers" not in cfg.model:
-        return
-    stages = layout.pp * layout.stages_per_rank
-    layers = int(cfg.model.n_layers)
-    if layers < stages:
-        f.error(
-            f"model.n_layers={layers} < pp.size={layout.pp} x pp.stages_per_rank={layout.stages_per_rank} = {stages} "
-            f"stages: every stage needs at least one block; use model.n_layers>={stages} or fewer stages"
-        )
 
 
 #: why the dp dimension cannot be DDP when tp > 1 or pp > 1 (seen with torch 2.13 on gloo)
@@ -321,8 +378,8 @@ CHECKS: list[Check] = [
     check_batch,
     check_data,
     check_backend,
+    check_pipeline,
     check_tensor_parallel,
-    check_pipeline_depth,
     check_dp_composition,
 ]
 

@@ -1,0 +1,132 @@
+"""Pipeline pieces without processes: stage building, split policies, schedule replay, validation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.gpt import GPT
+from parallel.schedules import SCHEDULES, available_schedules, simulate, single_stage_order, stage_to_rank
+from parallel.split import BlockCosts, even_split, min_max_partition, uniform_costs
+from parallel.stages import build_stage_module, stage_specs
+from trainer.validate import ConfigError, validate
+from tests.conftest import run_train
+
+
+def _tiny_gpt() -> GPT:
+    torch.manual_seed(0)
+    return GPT(vocab_size=64, n_layers=4, d_model=32, n_heads=2, max_seq_len=16)
+
+
+def test_stages_keep_fqns_and_compose_to_the_full_model():
+    model = _tiny_gpt()
+    specs = stage_specs(n_blocks=4, split_points=(1, 3), stage_ranks=(0, 1, 2))
+    stages = [build_stage_module(model, spec=s) for s in specs]
+    full = model.state_dict()
+    keys = [k for st in stages for k in st.state_dict()]
+    assert sorted(keys) == sorted(full) and len(keys) == len(set(keys))
+    for st in stages:
+        for k, v in st.state_dict().items():
+            assert torch.equal(v, full[k]), k
+    assert list(stages[1].layers.keys()) == ["1", "2"] and stages[1].tok_embeddings is None
+    assert stages[0].output is None and stages[2].output is not None
+    x = torch.randint(0, 64, (2, 16))
+    h = x
+    for st in stages:
+        h = st(h)
+    torch.testing.assert_close(h, model(x), rtol=0, atol=0)
+
+
+def test_uniform_split_weights_embedding_and_head_like_torchtitan():
+    # 6 blocks + embedding + head = 8 units over 2 stages: 4 each, so split after block 3
+    assert min_max_partition(uniform_costs(6), 2) == (3,)
+    # 6 blocks over 4 stages: first and last stage carry embedding / head, so hold one block
+    assert min_max_partition(uniform_costs(6), 4) == (1, 3, 5)
+    assert even_split(5, 2) == (3,) and even_split(4, 4) == (1, 2, 3)
+
+
+def test_min_max_partition_isolates_the_expensive_block():
+    costs = BlockCosts(blocks=(8.0, 1.0, 1.0, 1.0, 1.0, 1.0), pre=0.1, post=0.3)
+    points = min_max_partition(costs, 2)
+    assert points == (1,)
+    assert costs.stage_costs(points) == pytest.approx([8.1, 5.3])
+    with pytest.raises(ValueError, match="non-empty"):
+        min_max_partition(costs, 7)
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("pp", [2, 4])
+@pytest.mark.parametrize("m", [1, 2, 4, 8])
+def test_replayed_bubble_matches_the_textbook_formula(name, pp, m):
+    if name == "1f1b" and m < pp:
+        pytest.skip("1F1B needs m >= stages")
+    order = single_stage_order(name, pp=pp, micro_batches=m)
+    assert simulate(order, num_stages=pp)["bubble_fraction"] == pytest.approx((pp - 1) / (m + pp - 1))
+
+
+def test_v_placement_puts_first_and_last_stage_on_rank_0():
+    assert stage_to_rank(placement="v", pp=2, num_stages=4) == [0, 1, 1, 0]
+    assert stage_to_rank(placement="loop", pp=2, num_stages=4) == [0, 1, 0, 1]
+
+
+def test_every_named_schedule_exists_in_the_installed_torch():
+    assert available_schedules() == list(SCHEDULES)
+
+
+# ---- bad input: refused before any worker starts --------------------------------------------------
+
+BAD = {
+    "1f1b_too_few_micro_batches": (
+        ["parallel=pp", "pp.schedule=1f1b", "pp.micro_batches=1"],
+        "pp.micro_batches=1 with pp.schedule=1f1b: 1f1b needs at least as many micro-batches as stages (2); "
+        "use pp.micro_batches=2 or 4",
+    ),
+    "batch_not_divisible": (
+        ["parallel=pp", "pp.micro_batches=3"],
+        "is not divisible by pp.micro_batches=3",
+    ),
+    "split_out_of_range": (["parallel=pp", "pp.split_points=[4]"], "pp.split_points=[4]: [4] out of range"),
+    "split_not_increasing": (
+        ["parallel=pp", "pp.schedule=interleaved_1f1b", "pp.stages_per_rank=2", "pp.split_points=[2,2,3]"],
+        "must be strictly increasing (a repeated point leaves an empty stage)",
+    ),
+    "split_count": (["parallel=mp", "mp.split_points=[1,2]"], "2 split point(s) make 3 stages but the layout has 2"),
+    "more_stages_than_layers": (
+        ["parallel=pp", "pp.schedule=interleaved_1f1b", "pp.stages_per_rank=3", "pp.micro_batches=4"],
+        "= 6 stages but model.n_layers=4: every stage needs at least one block",
+    ),
+    "stages_per_rank_vs_schedule": (
+        ["parallel=pp", "pp.schedule=zbv"],
+        "pp.stages_per_rank=1 with pp.schedule=zbv: zbv is a V schedule with exactly two stages per rank",
+    ),
+    "single_schedule_with_two_stages_per_rank": (
+        ["parallel=pp", "pp.schedule=gpipe", "pp.stages_per_rank=2"],
+        "gpipe runs one stage per rank",
+    ),
+    "unknown_schedule": (
+        ["parallel=pp", "pp.schedule=pipedream"],
+        "pp.schedule=pipedream: unknown schedule; use one of gpipe, 1f1b, interleaved_1f1b, looped_bfs, "
+        "zero_bubble, zbv, dualpipev",
+    ),
+    "mp_with_micro_batches": (["parallel=mp", "pp.micro_batches=4"], "model parallel runs one micro-batch"),
+    "unknown_split_policy": (["parallel=pp", "pp.split=random"], "pp.split=random: unknown split policy"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_pipeline_config_is_refused_with_the_fix(case, compose_cfg):
+    overrides, message = BAD[case]
+    cfg = compose_cfg(*overrides, "logger=none")
+    with pytest.raises(ConfigError) as err:
+        validate(cfg, environ={})
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("case", ["1f1b_too_few_micro_batches", "split_out_of_range", "unknown_schedule"])
+def test_bad_pipeline_config_exits_2_before_any_worker(case, tmp_path):
+    overrides, message = BAD[case]
+    run = run_train(*overrides, "logger=none", run_dir=tmp_path / "run", expect_ok=False, timeout=120)
+    assert run.proc.returncode == 2, run.output[-2000:]
+    assert message in run.output and "no worker was started" in run.output
+    assert not (tmp_path / "run" / "logs").exists()  # workers write logs/rank*.log first thing
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
