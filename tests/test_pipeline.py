@@ -37,6 +37,18 @@ def test_stages_keep_fqns_and_compose_to_the_full_model():
     torch.testing.assert_close(h, model(x), rtol=0, atol=0)
 
 
+def test_cnn_stages_compose_to_the_full_model():
+    from models.cnn import ConvNet
+
+    torch.manual_seed(0)
+    model = ConvNet(channels=[4, 8, 8], num_classes=3, batch_norm=False)
+    specs = stage_specs(n_blocks=3, split_points=(2,), stage_ranks=(0, 1))
+    first, last = (build_stage_module(model, spec=s) for s in specs)
+    assert first.output is None and list(last.layers.keys()) == ["2"]
+    x = torch.randn(2, 3, 8, 8)
+    torch.testing.assert_close(last(first(x)), model(x), rtol=0, atol=0)
+
+
 def test_uniform_split_weights_embedding_and_head_like_torchtitan():
     # 6 blocks + embedding + head = 8 units over 2 stages: 4 each, so split after block 3
     assert min_max_partition(uniform_costs(6), 2) == (3,)
