@@ -256,6 +256,15 @@ class PipelineEngine(Engine):
             "pipeline_time_s": med("pipeline_time_s") if hist else None,
             "stages": stages,
         }
+        if self.ctx.rank == 0:
+            for r in stages:
+                pred = r.get("predicted_per_micro_batch_s")
+                self.ctx.log.info(
+                    "stage %d (%s): %.2f ms busy per micro-batch%s, share %.0f%% (predicted %.0f%%)",
+                    r["stage"], r["layers"], r["busy_per_micro_batch_s"] * 1e3,
+                    f" (predicted {pred * 1e3:.2f} ms)" if pred is not None else "",
+                    100 * r["measured_share"], 100 * (r.get("predicted_share") or 0.0),
+                )
         out: dict[str, Any] = {
             "pipeline": pipeline,
             "bubble_fraction": pipeline["bubble_fraction"],
