@@ -142,3 +142,47 @@ def test_bad_pipeline_config_exits_2_before_any_worker(case, tmp_path):
     assert message in run.output and "no worker was started" in run.output
     assert not (tmp_path / "run" / "logs").exists()  # workers write logs/rank*.log first thing
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+class _FakeStage:
+    """The three action methods of a PipelineStage, computing for real on a small module."""
+
+    def __init__(self, module, index):
+        self.stage_index, self.submod, self.bwd_cache = index, module, {}
+        self.cache = {}
+
+    def forward_one_chunk(self, mb, x):
+        out = self.submod(x)
+        self.cache[mb] = out
+        return out
+
+    def backward_one_chunk(self, mb, loss=None, full_backward=True, last_backward=False):
+        loss.backward()
+        self.bwd_cache[mb] = None
+
+    def backward_weight_one_chunk(self, mb, last_backward=False):
+        pass
+
+
+def test_recorder_times_every_action_and_tracks_saved_activation_bytes():
+    from parallel.stage_timing import StageRecorder, union_busy
+
+    torch.manual_seed(0)
+    stage = _FakeStage(torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.GELU(), torch.nn.Linear(64, 4)), 1)
+    rec = StageRecorder()
+    rec.instrument(stage, sends_forward=False, sends_backward=True)
+    loss_fn = rec.wrap_loss(lambda out, y: torch.nn.functional.cross_entropy(out, y))
+    rec.begin_step()
+    x, y = torch.randn(2, 16, 8), torch.randint(0, 4, (2, 16))
+    losses = [loss_fn(stage.forward_one_chunk(i, x[i]), y[i]) for i in range(2)]  # GPipe: F0 F1 B0 B1
+    for i in range(2):
+        stage.backward_one_chunk(i, loss=losses[i])
+    step = rec.end_step()
+    assert [a.label for a in step.actions] == ["F0", "F1", "B0", "B1"]
+    assert all(a.end >= a.start for a in step.actions)
+    assert 0 < union_busy(step.actions, start=step.start, end=step.end) <= step.end - step.start
+    # per micro-batch: Linear input (16x8), GELU input (16x64), Linear input (16x64), log-softmax (16x4)
+    # are saved (float32); both micro-batches are alive at once before the first backward
+    per_mb = 4 * (16 * 8 + 16 * 64 + 16 * 64 + 16 * 4)
+    assert step.peak_live_activation_bytes[1] >= 2 * per_mb - 4 * 16 * 64  # GELU may save its output instead
+    assert step.peak_live_activation_bytes[1] <= 2 * (per_mb + 4 * 16 * 64)
