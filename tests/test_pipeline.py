@@ -81,8 +81,13 @@ def test_v_placement_puts_first_and_last_stage_on_rank_0():
     assert stage_to_rank(placement="loop", pp=2, num_stages=4) == [0, 1, 0, 1]
 
 
-def test_every_named_schedule_exists_in_the_installed_torch():
-    assert available_schedules() == list(SCHEDULES)
+def test_schedule_names_map_to_torch_classes():
+    import torch.distributed.pipelining.schedules as torch_schedules
+
+    names = available_schedules()
+    assert {"gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "zero_bubble"} <= set(names)
+    if hasattr(torch_schedules, "ScheduleDualPipeV"):  # torch >= 2.8: every name this project knows
+        assert names == list(SCHEDULES)
 
 
 # ---- bad input: refused before any worker starts --------------------------------------------------
