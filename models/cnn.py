@@ -43,4 +43,6 @@ class ConvNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers.values():
             x = layer(x)
-        return self.output(x.mean(dim=(2, 3)))
+        if self.output is not None:  # None on all but the last pipeline stage
+            x = self.output(x.mean(dim=(2, 3)))
+        return x

@@ -41,17 +41,18 @@ _FIXED = 6
 def choose_split(model: nn.Module, *, ctx: WorkerContext, num_stages: int) -> SplitPlan:
     """Split points for this run, identical on every rank (``balanced`` measures on rank 0 only)."""
     layout, cfg = ctx.layout, ctx.cfg
-    _, blocks, _ = pipeline_parts(model)
+    pre, blocks, post = pipeline_parts(model)
     n = len(blocks)
+    # torchtitan's weights: an embedding or a head counts as one block (when the model has one)
+    uniform = uniform_costs(n, input_weight=1.0 if pre else 0.0, output_weight=1.0 if post else 0.0)
     if layout.split_points is not None:
-        return SplitPlan(split_points=tuple(layout.split_points), policy="explicit",
-                         costs=uniform_costs(n))
+        return SplitPlan(split_points=tuple(layout.split_points), policy="explicit", costs=uniform)
     if layout.strategy == "mp":
-        return SplitPlan(split_points=even_split(n, num_stages), policy="even", costs=uniform_costs(n, input_weight=0,
-                                                                                                   output_weight=0))
+        return SplitPlan(split_points=even_split(n, num_stages), policy="even",
+                         costs=uniform_costs(n, input_weight=0, output_weight=0))
     policy = str(cfg.pp.split)
     if policy == "uniform":
-        costs = uniform_costs(n)
+        costs = uniform
         return SplitPlan(split_points=min_max_partition(costs, num_stages), policy="uniform", costs=costs)
     # balanced: profile on global rank 0, share the result
     box: list[Any] = [None]
@@ -255,6 +256,15 @@ class PipelineEngine(Engine):
             "pipeline_time_s": med("pipeline_time_s") if hist else None,
             "stages": stages,
         }
+        if self.ctx.rank == 0:
+            for r in stages:
+                pred = r.get("predicted_per_micro_batch_s")
+                self.ctx.log.info(
+                    "stage %d (%s): %.2f ms busy per micro-batch%s, share %.0f%% (predicted %.0f%%)",
+                    r["stage"], r["layers"], r["busy_per_micro_batch_s"] * 1e3,
+                    f" (predicted {pred * 1e3:.2f} ms)" if pred is not None else "",
+                    100 * r["measured_share"], 100 * (r.get("predicted_share") or 0.0),
+                )
         out: dict[str, Any] = {
             "pipeline": pipeline,
             "bubble_fraction": pipeline["bubble_fraction"],

@@ -14,6 +14,7 @@ its backward, giving the peak activation memory the schedule holds on each stage
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,16 +89,8 @@ class StageRecorder:
         fwd, bwd, bwd_w = stage.forward_one_chunk, stage.backward_one_chunk, stage.backward_weight_one_chunk
 
         def forward_one_chunk(fwd_chunk_id, *args, **kwargs):
-            seen: dict[int, int] = {}
-
-            def pack(t):
-                ptr = t.data_ptr() if t.layout == torch.strided else id(t)
-                if ptr not in params and ptr not in seen:
-                    seen[ptr] = t.numel() * t.element_size()
-                return t
-
             t0 = rec.now()
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with rec._counting_saved(params) as seen:
                 out = fwd(fwd_chunk_id, *args, **kwargs)
             rec.step.actions.append(Action("F", idx, fwd_chunk_id, t0, rec.now()))
             rec._hold(idx, fwd_chunk_id, sum(seen.values()))
@@ -131,17 +124,34 @@ class StageRecorder:
         rec = self
 
         def loss(output, target):
-            value = loss_fn(output, target)
-            if rec.step.actions and rec.step.actions[-1].kind == "F":
-                rec.step.actions[-1].end = rec.now()
+            with rec._counting_saved(set()) as seen:
+                value = loss_fn(output, target)
+            last = rec.step.actions[-1] if rec.step.actions else None
+            if last is not None and last.kind == "F":
+                last.end = rec.now()
+                rec._hold(last.stage, last.micro_batch, sum(seen.values()))
             return value
 
         return loss
 
+    @contextmanager
+    def _counting_saved(self, params: set[int]):
+        """Bytes of the tensors autograd saves for backward in this block (parameters excluded)."""
+        seen: dict[int, int] = {}
+
+        def pack(t):
+            ptr = t.data_ptr() if t.layout == torch.strided else id(t)
+            if ptr not in params and ptr not in seen:
+                seen[ptr] = t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield seen
+
     # ---- activation memory ----------------------------------------------------------------------
 
     def _hold(self, stage: int, mb: int, nbytes: int) -> None:
-        self._saved[(stage, mb)] = nbytes
+        self._saved[(stage, mb)] = self._saved.get((stage, mb), 0) + nbytes
         self._live[stage] = self._live.get(stage, 0) + nbytes
         peaks = self.step.peak_live_activation_bytes
         peaks[stage] = max(peaks.get(stage, 0), self._live[stage])
