@@ -116,7 +116,7 @@ def draw_rank_map(rows: Sequence[dict[str, Any]], *, nnodes: int, nproc_per_node
                 ha="center", va="center", fontsize=8)
     stages = sorted({s for r in rows for s in (r["stages"] or [r["pp"]])})
     handles = [plt.Rectangle((0, 0), 1, 1, color=cmap(s % 10), alpha=0.55) for s in stages]
-    ax.legend(handles, [f"stage {s}" for s in stages], loc="upper center", bbox_to_anchor=(0.5, -0.02),
+    ax.legend(handles, [f"stage {s}" for s in stages], loc="upper center", bbox_to_anchor=(0.5, -0.18 / max(1, nnodes)),
               ncol=min(len(stages), 6), fontsize=8, frameon=False)
     ax.set_xlim(0, nproc_per_node)
     ax.set_ylim(0, nnodes)
@@ -128,7 +128,7 @@ def draw_rank_map(rows: Sequence[dict[str, Any]], *, nnodes: int, nproc_per_node
     ax.set_title("rank map (colour: pipeline stage)", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 
