@@ -11,6 +11,7 @@ Gradient accumulation skips the reduce-scatter on all but the last micro-batch
 
 from __future__ import annotations
 
+import warnings
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -23,6 +24,9 @@ from parallel.base import Engine, Strategy, WorkerContext
 
 def apply_fsdp(model: nn.Module, *, dp_mesh: DeviceMesh, reshard_after_forward: bool = True) -> nn.Module:
     """Shard ``model`` in place: every block in ``model.layers`` (when it has them), then the root."""
+    # With TP the root returns ``to_local()`` of the gathered logits, a view; FSDP2 warns that an in-place
+    # op on it would skip its pre-backward hook. Engines here never modify outputs in place.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
     blocks = getattr(model, "layers", None)
     if isinstance(blocks, nn.ModuleDict):
         for block in blocks.values():
