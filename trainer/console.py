@@ -37,6 +37,8 @@ class ProgressDisplay:
         extras = ""
         if "comm_fraction" in record:
             extras += f" comm {record['comm_fraction']:.0%}"
+        if "tp_comm_fraction" in record:
+            extras += f" tp comm {record['tp_comm_fraction']:.0%}"
         if "bubble_fraction" in record:
             extras += f" bubble {record['bubble_fraction']:.0%}"
         if self.progress is not None:
