@@ -37,6 +37,15 @@ def test_tp2_pp2_sequence_parallel_matches_single(single, tmp_path):
     assert all(m["tp_comm_time_s"] > 0 for m in run.metrics())
 
 
+def test_dp2_tp2_without_pipeline_fsdp_over_tp_with_accumulation(single, tmp_path):
+    """FSDP2 on top of TP (2-D shards, _StridedShard), sequence parallel, micro-batch accumulation."""
+    run = run_train("parallel=hybrid", "pp.size=1", "dp.shard=false", "tp.sequence_parallel=true",
+                    "data.micro_batch_size=2", *FAST, "trainer.max_steps=10", run_dir=tmp_path / "run")
+    assert_same_run(run, single)
+    assert "DDP over tensor-parallel (DTensor) modules fails" in run.output  # dp.shard=false overridden, said why
+    assert run.summary()["layout"]["dp_shard"] is True and "bubble_fraction" not in run.metrics()[0]
+
+
 def test_headline_dp2_tp2_pp2_eight_workers(tmp_path):
     """``python train.py parallel=hybrid pp.micro_batches=8``, shortened: parity, rank map, artifacts."""
     short = ("trainer.max_steps=3", "trainer.log_every=1", "logger=none", "data.seq_len=32")
