@@ -79,6 +79,12 @@ class Trainer:
             dist.all_reduce(buf)
         return (buf[0] / buf[1]).item() if buf[1] > 0 else float("nan")
 
+    def _inject_faults(self, step: int) -> None:
+        """``+debug.fail_at_step=N [+debug.fail_rank=R]``: raise on one rank, to test failure handling."""
+        debug = self.cfg.get("debug") or {}
+        if debug.get("fail_at_step") == step and self.ctx.rank == int(debug.get("fail_rank", 0)):
+            raise RuntimeError(f"injected failure at step {step} on rank {self.ctx.rank} (debug.fail_at_step)")
+
     def _should_log(self, step: int) -> bool:
         every = int(self.cfg.trainer.log_every)
         return step == 1 or step % every == 0 or step == int(self.cfg.trainer.max_steps)
@@ -100,6 +106,7 @@ class Trainer:
                 inputs, targets = self.data.global_batch(step)
                 x, y = engine.local_batch(ctx, inputs, targets)
                 self.optimizer.zero_grad(set_to_none=True)
+                self._inject_faults(step)
                 loss = engine.train_step(x, y)
                 grad_norm = engine.clip_grad_norm_(clip) if clip > 0 else None
                 lr = self.optimizer.param_groups[0]["lr"]

@@ -10,6 +10,7 @@ reference is dropped and collected before ``destroy_process_group``.
 from __future__ import annotations
 
 import gc
+import logging
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -24,7 +25,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from parallel.base import WorkerContext
 from parallel.layout import MESH_DIMS, ParallelLayout
-from trainer.logs import setup_rank_logging, teardown_rank_logging
+from trainer.logs import TRACE_LOGGER_NAME, setup_rank_logging, teardown_rank_logging
 from trainer.loop import RankZeroSinks, Trainer, output_listing
 
 
@@ -124,8 +125,9 @@ def run(
                 summary["tokens_per_s"],
             )
         return summary if env.rank == 0 else None
-    except BaseException:
-        log.exception("rank %d failed", env.rank)
+    except BaseException as exc:
+        log.error("rank %d failed: %s: %s", env.rank, type(exc).__name__, exc)
+        logging.getLogger(TRACE_LOGGER_NAME).exception("rank %d traceback", env.rank)
         raise
     finally:
         if sinks is not None:
