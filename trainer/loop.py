@@ -119,6 +119,7 @@ class Trainer:
                 self.stats.add(dt, self.tokens_per_step)
                 if first_step_s is None:
                     first_step_s = time.perf_counter() - t_start
+                    self.first_step_end_unix = time.time()
                 if self._should_log(step):
                     value = self._reduce_loss(loss)
                     if not math.isfinite(value):
@@ -160,6 +161,7 @@ class Trainer:
             "tokens_per_s": self.stats.median_tokens_per_s(),
             "median_step_time_s": self.stats.median_step_time(),
             "time_to_first_step_s": first_step_s,
+            "first_step_end_unix": getattr(self, "first_step_end_unix", None),
             "wall_time_s": wall,
             "peak_memory_bytes_per_rank": peaks,
             "peak_memory_bytes_max": max(peaks),
@@ -193,6 +195,8 @@ class RankZeroSinks:
             config=cfg_dict,
             run_dir=ctx.run_dir,
             init_timeout=float(w.init_timeout),
+            system_stats=bool(w.system_stats),
+            console=str(w.console),
             log=ctx.log,
         )
 
