@@ -103,8 +103,8 @@ class TrainerConfig:
     max_steps: int = 200
     seed: int = 0
     log_every: int = 10
-    checkpoint_every: int = 0
-    """0 disables periodic checkpoints (a final one is still written when > 0 or resume is used)."""
+    checkpoint_every: int = 100
+    """Save a checkpoint every N steps and at the last step; 0 disables checkpoints."""
     keep_checkpoints: int = 2
     resume: str = "auto"
     """auto (newest complete checkpoint in the run folder), never, or a checkpoint path."""

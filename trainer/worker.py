@@ -26,7 +26,9 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from parallel.base import WorkerContext
 from parallel.layout import MESH_DIMS, ParallelLayout
 from trainer.logs import TRACE_LOGGER_NAME, setup_rank_logging, teardown_rank_logging
+from trainer.attempts import previous_attempt_report, restart_count, write_exit_record
 from trainer.loop import RankZeroSinks, Trainer, output_listing
+from trainer.preemption import PreemptionFlag
 
 
 @dataclass(frozen=True)
@@ -83,8 +85,9 @@ def run(
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     else:
         dist.init_process_group(backend, timeout=timeout, device_id=device if device.type == "cuda" else None)
-    trainer = engine = sinks = summary = None
+    trainer = engine = sinks = summary = error = None
     exit_code = 1
+    preemption = PreemptionFlag().install()
     try:
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -109,27 +112,36 @@ def run(
             MESH_DIMS,
             layout.coords(env.rank),
         )
+        if env.rank == 0 and (report := previous_attempt_report(run_dir, env.world_size)):
+            log.warning(report)
         strategy = instantiate(cfg.parallel)
         engine = strategy.build(ctx=ctx)
-        if env.rank == 0:
-            sinks = RankZeroSinks(ctx=ctx, cfg_dict=cfg_dict, run_meta=run_meta)
         trainer = Trainer(ctx=ctx, engine=engine, run_meta=run_meta)
-        summary = trainer.fit(sinks=sinks)
-        exit_code = 0
+        start_step = trainer.resume()
+        if start_step and env.rank == 0:
+            log.info("continuing at step %d of %d", start_step + 1, cfg.trainer.max_steps)
         if env.rank == 0:
+            sinks = RankZeroSinks(ctx=ctx, cfg_dict=cfg_dict, run_meta=run_meta, start_step=start_step)
+        summary = trainer.fit(sinks=sinks, start_step=start_step, preemption=preemption)
+        summary["restarts"] = restart_count()
+        exit_code = 0
+        if env.rank == 0 and summary["status"] == "completed" and summary["final_loss"] is not None:
             log.info(
-                "done: loss %.4f -> %.4f in %d steps, %.0f tokens/s (median)",
+                "done: loss %.4f -> %.4f at step %d, %.0f tokens/s (median)",
                 summary["first_loss"],
                 summary["final_loss"],
-                summary["steps"],
+                summary["last_step"],
                 summary["tokens_per_s"],
             )
         return summary if env.rank == 0 else None
     except BaseException as exc:
+        error = exc
         log.error("rank %d failed: %s: %s", env.rank, type(exc).__name__, exc)
         logging.getLogger(TRACE_LOGGER_NAME).exception("rank %d traceback", env.rank)
         raise
     finally:
+        preemption.uninstall()
+        write_exit_record(run_dir, env.rank, error=error)
         if sinks is not None:
             sinks.finish(summary, exit_code=exit_code)
             if summary is not None:  # the listing now includes summary.json
