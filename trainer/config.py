@@ -112,6 +112,8 @@ class TrainerConfig:
     """Max global gradient norm; 0 disables clipping."""
     objective: str = "tokens_per_s"
     """summary.json key the task returns to Hydra sweepers."""
+    stop_grace_s: float = 15.0
+    """After SIGTERM/SIGUSR1, how long a rank may take to reach a step boundary before it just exits."""
     on_nonfinite: str = "stop"
     """stop or skip when the loss or gradient norm is not finite."""
 

@@ -229,6 +229,8 @@ class Trainer:
                         sinks.log_step(record)
                         progress.logged(record)
                 progress.advance(step)
+                if preempt and preemption is not None:
+                    preemption.honoured()
                 if self._checkpoint_due(step) or preempt:
                     self.checkpointer.save(step)
                 if preempt:

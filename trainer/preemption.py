@@ -16,16 +16,30 @@ SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 class PreemptionFlag:
-    def __init__(self) -> None:
+    """Set by the signal; if the step boundary is not reached within ``grace_s`` (a rank stuck in a
+    collective, or hung), the process exits anyway so the job never waits on it."""
+
+    def __init__(self, *, grace_s: float = 15.0) -> None:
         self.signum: int | None = None
+        self.grace_s = grace_s
         self._previous: dict[int, object] = {}
+        self._watchdog: threading.Timer | None = None
 
     @property
     def requested(self) -> bool:
         return self.signum is not None
 
     def _handle(self, signum, frame) -> None:
+        if self.signum is None:
+            self._watchdog = threading.Timer(self.grace_s, os._exit, args=(128 + signum,))
+            self._watchdog.daemon = True
+            self._watchdog.start()
         self.signum = signum
+
+    def honoured(self) -> None:
+        """The loop reached a step boundary: saving may take as long as it needs."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
 
     def install(self) -> "PreemptionFlag":
         if threading.current_thread() is threading.main_thread():
@@ -34,6 +48,7 @@ class PreemptionFlag:
         return self
 
     def uninstall(self) -> None:
+        self.honoured()
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()

@@ -50,6 +50,27 @@ class DistEnv:
         return cls(rank=int(env["RANK"]), local_rank=int(env.get("LOCAL_RANK", "0")), world_size=int(env["WORLD_SIZE"]))
 
 
+def _store(env: DistEnv, timeout: timedelta) -> dist.Store:
+    """The process group's store, with a prefix per elastic attempt.
+
+    After an elastic restart the agent's store still holds the previous attempt's keys; the default
+    group copes, but DeviceMesh's sub-groups then read dead peers' addresses ("connectFullMesh failed
+    ... Connection refused", seen here). A per-attempt prefix gives each attempt a clean namespace.
+    """
+    if env.in_process:
+        return dist.HashStore()
+    agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        os.environ.get("MASTER_ADDR", "localhost"),
+        int(os.environ["MASTER_PORT"]),
+        env.world_size,
+        is_master=not agent_hosts and env.rank == 0,
+        timeout=timeout,
+        multi_tenant=True,
+    )
+    return dist.PrefixStore(f"meshtrain/attempt{restart_count()}", store)
+
+
 def pick_device(cfg, local_rank: int) -> torch.device:
     want = cfg.topology.device
     if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
@@ -78,18 +99,23 @@ def run(
     cfg = OmegaConf.create(cfg_dict)
     torch.set_num_threads(int(cfg.topology.threads_per_rank))
     log, handlers = setup_rank_logging(run_dir, env.rank)
-    device = pick_device(cfg, env.local_rank)
-    timeout = timedelta(seconds=float(cfg.topology.timeout_s))
-    backend = pick_backend(cfg, device)
-    if env.in_process:
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
-    else:
-        dist.init_process_group(backend, timeout=timeout, device_id=device if device.type == "cuda" else None)
     trainer = engine = sinks = summary = error = None
     exit_code = 1
-    preemption = PreemptionFlag().install()
+    preemption = PreemptionFlag(grace_s=float(cfg.trainer.stop_grace_s)).install()
     try:
         from torch.distributed.device_mesh import init_device_mesh
+
+        device = pick_device(cfg, env.local_rank)
+        backend = pick_backend(cfg, device)
+        timeout = timedelta(seconds=float(cfg.topology.timeout_s))
+        dist.init_process_group(
+            backend,
+            store=_store(env, timeout),
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=timeout,
+            device_id=device if device.type == "cuda" else None,
+        )
 
         mesh = init_device_mesh(device.type, layout.mesh_shape, mesh_dim_names=MESH_DIMS)
         ctx = WorkerContext(
