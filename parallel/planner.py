@@ -165,7 +165,7 @@ def plan(*, model: ModelSpec, hardware: HardwareSpec, workload: Workload,
             continue
         est = estimate(cand, model=model, hardware=hardware, workload=workload)
         (fits if est.fits else misses).append(est)
-    fits.sort(key=lambda e: (e.step_time_s, e.memory.total))
+    fits.sort(key=lambda e: (round(e.step_time_s, 12), e.candidate.micro_batches, e.memory.total))
     misses.sort(key=lambda e: e.memory.total)
     ranked = tuple(fits)
     reason = seed_reason(ranked, model=model, hardware=hardware, workload=workload) if ranked else "nothing fits"
