@@ -321,7 +321,11 @@ def estimate(candidate: Candidate, *, model: ModelSpec, hardware: HardwareSpec, 
     volume = grad_bytes * (1.5 if c.zero_stage >= 3 else 1.0)  # ZeRO section 7: P_os+g+p moves 3Ψ vs 2Ψ
     dp_link = hardware.link_for(span=c.dp, stride=c.tp)
     buckets = max(1, math.ceil(grad_bytes / DDP_BUCKET_BYTES))
-    dp_comm_s = ring_allreduce_s(volume, n=c.dp, link=dp_link, messages=buckets) * (1 - hardware.dp_comm_overlap)
+    dp_total = ring_allreduce_s(volume, n=c.dp, link=dp_link, messages=buckets)
+    # bucketed all-reduce overlaps the backward pass (PyTorch DDP, Li et al., VLDB 2020): it hides at most
+    # dp_comm_overlap of itself, and never more than the step's backward compute (2/3 of the compute)
+    hidden = min(hardware.dp_comm_overlap * dp_total, (2 / 3) * compute_s)
+    dp_comm_s = dp_total - hidden
     w, g, k = workload.bytes_per_param
     shard_params = worst.optimizer / k  # parameters whose optimizer states this rank updates
     optimizer_s = shard_params * (2 * w + 2 * g + 2 * k) / hardware.memory_bytes_per_s  # read w,g,K + write w,K; clip reads g

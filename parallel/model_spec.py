@@ -149,6 +149,8 @@ class HardwareSpec:
     p2p: Link
     microbatch_overhead_s: float = 0.0
     dp_comm_overlap: float = 0.0
+    devices_per_nic: int = 1
+    """Devices sharing one inter-node link; ``inter`` already holds each one's share."""
     measured: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -166,7 +168,9 @@ class HardwareSpec:
         if per_node is None:
             per_node = (os.cpu_count() or 1) if device in ("cpu", "auto") else 8
         intra = Link(float(topo.intra_node_gbps), float(topo.intra_node_latency_us) * 1e-6)
-        inter = Link(float(topo.inter_node_gbps), float(topo.inter_node_latency_us) * 1e-6)
+        sharing = max(1, min(int(topo.get("devices_per_nic", 1) or 1), int(per_node)))
+        # every device of a node talks across nodes at once (dp rings, pp boundaries): they share the NIC
+        inter = Link(float(topo.inter_node_gbps) / sharing, float(topo.inter_node_latency_us) * 1e-6)
         p2p_gbps = topo.get("p2p_gbps")
         p2p_lat = topo.get("p2p_latency_us")
         p2p = Link(
@@ -189,6 +193,7 @@ class HardwareSpec:
             p2p=p2p,
             microbatch_overhead_s=float(topo.get("microbatch_overhead_ms", 0.0)) * 1e-3,
             dp_comm_overlap=float(topo.get("dp_comm_overlap", 0.0)),
+            devices_per_nic=sharing,
         )
 
 

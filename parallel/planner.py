@@ -200,9 +200,15 @@ def seed_reason(ranked: tuple[Estimate, ...], *, model: ModelSpec, hardware: Har
     parts = [rule]
     if hardware.world_size >= MANY_DEVICES and not single.fits:
         parts.append(f"many devices ({hardware.world_size} ≥ {MANY_DEVICES}) → hybrid")
-    if hardware.nnodes > 1 and hardware.inter.gbps <= SLOW_LINK_GBPS:
-        where = "pp across nodes" if crosses_nodes(span=c.pp, stride=c.dp * c.tp, hardware=hardware) else "dp inside nodes"
-        parts.append(f"{hardware.inter.gbps:g} Gbit/s inter-node: data parallel limited, prefer pp across nodes (chosen: {where})")
+    nic_gbps = hardware.inter.gbps * hardware.devices_per_nic
+    if hardware.nnodes > 1 and nic_gbps <= SLOW_LINK_GBPS:
+        shared = f" shared by {hardware.devices_per_nic} devices" if hardware.devices_per_nic > 1 else ""
+        if crosses_nodes(span=c.dp, stride=c.tp, hardware=hardware):
+            where = (f"dp still crosses nodes: at batch {workload.global_batch_size} x {workload.seq_len} the "
+                     "activations pp would send exceed the gradients dp sends")
+        else:
+            where = "pp across nodes" if crosses_nodes(span=c.pp, stride=c.dp * c.tp, hardware=hardware) else "all inside one node"
+        parts.append(f"{nic_gbps:g} Gbit/s inter-node{shared}: data parallel limited, prefer pp across nodes (chosen: {where})")
     others = [e for e in ranked[1:] if strategy_of(e.candidate) != strategy_of(c)]
     tail = f"chosen {describe(c)}: {best.step_time_s:.3g} s/step"
     if others:
