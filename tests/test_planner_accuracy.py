@@ -12,6 +12,7 @@ from benchmarks.planner import SWEEP, calibrated, first_choice, layout_of, markd
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_predicted_step_time_within_25_percent_of_measured(tmp_path):
     hardware = calibrated()
     rows = sweep(SWEEP, steps=12, hardware=hardware)
