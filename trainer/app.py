@@ -90,9 +90,17 @@ def check_resume(cfg: DictConfig, run_dir: Path) -> None:
 
 def train(cfg: DictConfig, *, run_dir: Path, run_meta: dict[str, Any]) -> dict | None:
     """Validate, then run the job's workers; returns rank 0's summary."""
+    if cfg.parallel.name == "auto":
+        from trainer.auto import resolve_auto
+
+        resolve_auto(cfg)  # parallel=auto: the planner's first choice replaces the layout, in place
     validated = validate(cfg)
     for warning in validated.warnings:
         log.warning("warning: %s", warning)
+    from parallel.planner import run_warnings
+
+    for warning in run_warnings(cfg, validated.layout):
+        log.warning("warning (planner): %s", warning)
     cfg_dict = resolved_container(cfg)
 
     from hydra.utils import instantiate

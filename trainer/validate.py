@@ -218,6 +218,11 @@ def check_data(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
             f"data.seq_len={cfg.data.seq_len} exceeds model.max_seq_len={model.max_seq_len}; "
             f"lower data.seq_len or raise model.max_seq_len"
         )
+    if model.get("planner_only", False):
+        f.error(
+            f"model={model.name} is a description for the planner, too big to build here; plan it with "
+            f"python -m parallel.plan model={model.name} topology=..., or train model=gpt_small"
+        )
     if "n_heads" in model and "d_model" in model and int(model.d_model) % max(1, int(model.n_heads)):
         f.error(f"model.d_model={model.d_model} is not divisible by model.n_heads={model.n_heads}")
 
