@@ -39,6 +39,10 @@ def test_default_config_has_contract_keys(compose_cfg):
 def test_parallel_option_instantiates(compose_cfg, name):
     cfg = compose_cfg(f"parallel={name}")
     assert cfg.parallel.name == name
+    if name == "auto":  # replaced by the planner's choice before launch; a worker must never see it
+        with pytest.raises(Exception, match="parallel=auto reached a worker unresolved"):
+            instantiate(cfg.parallel)
+        return
     strategy = instantiate(cfg.parallel)
     assert strategy.name == name and hasattr(strategy, "build")
 
