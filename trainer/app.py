@@ -49,12 +49,17 @@ def run_task(cfg: DictConfig) -> float | None:
     except ConfigError as exc:
         return _fail(run_dir, meta, "skipped", str(exc), EXIT_CONFIG)
     except Exception as exc:  # noqa: BLE001 - reported with the failing rank's message
+        from trainer.checkpoint_files import CheckpointError
         from trainer.data import DataError
-        from trainer.launch import WorkerFailure
+        from trainer.launch import Preempted, WorkerFailure
+        from trainer.preemption import EXIT_PREEMPTED
 
-        if isinstance(exc, (WorkerFailure, DataError)):
-            code = EXIT_WORKER if isinstance(exc, WorkerFailure) else EXIT_CONFIG
-            return _fail(run_dir, meta, "failed", str(exc), code)
+        if isinstance(exc, Preempted):
+            return _fail(run_dir, meta, "preempted", str(exc), EXIT_PREEMPTED)
+        if isinstance(exc, WorkerFailure):
+            return _fail(run_dir, meta, "failed", str(exc), EXIT_WORKER)
+        if isinstance(exc, (DataError, CheckpointError)):
+            return _fail(run_dir, meta, "failed", str(exc), EXIT_CONFIG)
         raise
     if summary is None:  # not rank 0: nothing to report
         return None
@@ -70,17 +75,39 @@ def _fail(run_dir: Path, meta: dict, status: str, reason: str, code: int) -> flo
     raise SystemExit(code)
 
 
+def check_resume(cfg: DictConfig, run_dir: Path) -> None:
+    """A checkpoint named by trainer.resume must be complete, whole and for this model: checked here,
+    before any worker starts (auto only considers complete checkpoints, so it cannot fail)."""
+    from trainer.checkpoint_files import check_model_matches, read_marker, resolve_resume
+
+    resume = str(cfg.trainer.resume)
+    if resume in ("auto", "never"):
+        return
+    path = resolve_resume(resume, run_dir)
+    meta = read_marker(path)
+    check_model_matches(meta, resolved_container(cfg.model), path)
+
+
 def train(cfg: DictConfig, *, run_dir: Path, run_meta: dict[str, Any]) -> dict | None:
     """Validate, then run the job's workers; returns rank 0's summary."""
+    if cfg.parallel.name == "auto":
+        from trainer.auto import resolve_auto
+
+        resolve_auto(cfg)  # parallel=auto: the planner's first choice replaces the layout, in place
     validated = validate(cfg)
     for warning in validated.warnings:
         log.warning("warning: %s", warning)
+    from parallel.planner import run_warnings
+
+    for warning in run_warnings(cfg, validated.layout):
+        log.warning("warning (planner): %s", warning)
     cfg_dict = resolved_container(cfg)
 
     from hydra.utils import instantiate
 
     from trainer.launch import launch
 
+    check_resume(cfg, run_dir)
     data = instantiate(cfg.data, seed=int(cfg.trainer.seed))
     data.prepare()
     if "vocab_size" in cfg.model:

@@ -100,6 +100,40 @@ class TopologyConfig:
     inter_node_gbps: float = 1.0
     intra_node_latency_us: float = 50.0
     inter_node_latency_us: float = 100.0
+    """Bandwidths are per device and in Gbit/s (1 GbE = 1.0); latencies per message."""
+    devices_per_node: Optional[int] = None
+    """Devices the planner may use per node; null = nproc_per_node, else the CPU count (cpu) or 8 (cuda)."""
+    memory_gbps: float = 100.0
+    """Device memory bandwidth in GB/s (bytes): the optimizer step is bound by it."""
+    microbatch_overhead_ms: float = 0.0
+    """Fixed cost of one forward+backward pass of the whole model besides its FLOPs (framework, small kernels)."""
+    p2p_gbps: Optional[float] = None
+    """Point-to-point bandwidth between pipeline neighbours (Gbit/s); null = the link's bandwidth."""
+    p2p_latency_us: Optional[float] = None
+    dp_comm_overlap: float = 0.0
+    devices_per_nic: int = 1
+    """Devices sharing one inter-node link of inter_node_gbps (8 behind a node's single 1 GbE port)."""
+    """Share of the data-parallel gradient all-reduce hidden behind the backward pass (0 on few CPU cores)."""
+    calibrate: bool = False
+    """Measure FLOP/s, overhead, memory, all-reduce and p2p bandwidth on this machine instead of the preset."""
+
+
+@dataclass
+class PlannerConfig:
+    """What the cost model assumes about a training job (``parallel.planner``, ``python -m parallel.plan``)."""
+
+    precision: str = "auto"
+    """fp32 (4-byte params, grads, Adam states), mixed (bf16/fp16 params and grads + fp32 master and Adam, ZeRO's K=12), or auto (mixed on cuda, fp32 on cpu)."""
+    recompute: str = "none"
+    """Activation recomputation the planner may use: none, selective, full, or any (enumerate all three)."""
+    memory_fraction: float = 0.9
+    """Share of device memory a layout may plan to use (the rest: allocator, buffers, fragmentation)."""
+    global_batch_size: Optional[int] = None
+    """Samples per step to plan for; null = model.global_batch_size (planner-only models) or data.global_batch_size."""
+    seq_len: Optional[int] = None
+    """Tokens per sample to plan for; null = model.max_seq_len (planner-only models) or data.seq_len."""
+    top: int = 10
+    """Candidates printed by parallel=auto and python -m parallel.plan."""
 
 
 @dataclass
@@ -107,8 +141,8 @@ class TrainerConfig:
     max_steps: int = 200
     seed: int = 0
     log_every: int = 10
-    checkpoint_every: int = 0
-    """0 disables periodic checkpoints (a final one is still written when > 0 or resume is used)."""
+    checkpoint_every: int = 100
+    """Save a checkpoint every N steps and at the last step; 0 disables checkpoints."""
     keep_checkpoints: int = 2
     resume: str = "auto"
     """auto (newest complete checkpoint in the run folder), never, or a checkpoint path."""
@@ -116,6 +150,8 @@ class TrainerConfig:
     """Max global gradient norm; 0 disables clipping."""
     objective: str = "tokens_per_s"
     """summary.json key the task returns to Hydra sweepers."""
+    stop_grace_s: float = 15.0
+    """After SIGTERM/SIGUSR1, how long a rank may take to reach a step boundary before it just exits."""
     on_nonfinite: str = "stop"
     """stop or skip when the loss or gradient norm is not finite."""
 
@@ -131,6 +167,11 @@ class WandbConfig:
     tags: List[str] = field(default_factory=list)
     init_timeout: float = 15.0
     """Seconds to wait for an online W&B server before falling back to offline."""
+    system_stats: bool = False
+    """W&B's system monitor (CPU/GPU/memory sampling). Its process competes with training on few
+    cores (measured here: -49% tokens/s on 2 cores); turn it on for GPU nodes."""
+    console: str = "off"
+    """W&B console capture (off, wrap, redirect); logs/rank0.log already keeps the console."""
 
 
 @dataclass
@@ -155,6 +196,18 @@ class GPTConfig:
     """Per-block feed-forward widths (uneven models); empty means d_ff everywhere."""
     max_seq_len: int = 128
     dropout: float = 0.0
+
+
+@dataclass
+class GPTDescriptionConfig(GPTConfig):
+    """A GPT far too big to build here, described for the planner only (``python -m parallel.plan``)."""
+
+    _target_: str = "parallel.model_spec.refuse_to_build"
+    planner_only: bool = True
+    global_batch_size: int = 512
+    """The batch the published run used (samples of max_seq_len tokens)."""
+    source: str = ""
+    """Where the shape comes from."""
 
 
 @dataclass
@@ -238,6 +291,7 @@ class MeshtrainConfig:
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
     model: Any = MISSING
     data: Any = MISSING
     optim: Any = MISSING
@@ -249,6 +303,7 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="meshtrain_schema", node=MeshtrainConfig)
     cs.store(group="model", name="gpt_schema", node=GPTConfig)
+    cs.store(group="model", name="gpt_description_schema", node=GPTDescriptionConfig)
     cs.store(group="model", name="cnn_schema", node=CNNConfig)
     cs.store(group="data", name="text_schema", node=TextDataConfig)
     cs.store(group="data", name="images_schema", node=ImageDataConfig)

@@ -9,6 +9,7 @@ job of a multirun gets its own worker group, port and store. Worker failures com
 from __future__ import annotations
 
 import logging
+import signal
 import uuid
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,13 @@ from omegaconf import DictConfig
 
 from parallel.layout import ParallelLayout
 from trainer.environment import ExternalLaunch
+from trainer.preemption import forward_to_children
 
 log = logging.getLogger("meshtrain.launch")
+
+
+class Preempted(RuntimeError):
+    """The job was asked to stop (SIGTERM/SIGUSR1) and saved a checkpoint first."""
 
 
 class WorkerFailure(RuntimeError):
@@ -43,15 +49,29 @@ def launch(
     from trainer import worker
 
     if external is not None:
-        return worker.run(cfg_dict, run_dir, layout, run_meta, worker.DistEnv.from_environ())
-    if layout.world_size == 1 and layout.nnodes == 1:
+        summary = worker.run(cfg_dict, run_dir, layout, run_meta, worker.DistEnv.from_environ())
+    elif layout.world_size == 1 and layout.nnodes == 1:
         env = worker.DistEnv(rank=0, local_rank=0, world_size=1, in_process=True)
-        return worker.run(cfg_dict, run_dir, layout, run_meta, env)
-    return _elastic(cfg, cfg_dict, layout=layout, run_dir=run_dir, run_meta=run_meta)
+        summary = worker.run(cfg_dict, run_dir, layout, run_meta, env)
+    else:
+        summary = _elastic(cfg, cfg_dict, layout=layout, run_dir=run_dir, run_meta=run_meta)
+    if summary is not None and summary.get("status") == "preempted":
+        raise Preempted(_preempted_message(run_dir))
+    return summary
+
+
+def _preempted_message(run_dir: Path) -> str:
+    from trainer.checkpoint_files import checkpoints_root, complete_checkpoints
+
+    found = complete_checkpoints(checkpoints_root(run_dir))
+    where = f"checkpoint step {found[-1][0]} in {found[-1][1]}" if found else "no checkpoint could be written"
+    return (f"preempted: {where}. Continue with the same command plus hydra.run.dir={run_dir} "
+            "(trainer.resume=auto picks the newest checkpoint)")
 
 
 def _elastic(cfg: DictConfig, cfg_dict: dict, *, layout: ParallelLayout, run_dir: Path, run_meta: dict) -> dict | None:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -81,8 +101,13 @@ def _elastic(cfg: DictConfig, cfg_dict: dict, *, layout: ParallelLayout, run_dir
     )
     # the agent logs each failed worker's whole error file; ours is one line plus the rank's log
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    # Slurm's warning signal: the agent does not handle SIGUSR1, so pass it to the workers
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: forward_to_children(signum))
     try:
         results = elastic_launch(config, worker.main)(cfg_dict, str(run_dir), layout, run_meta)
+    except SignalException as exc:
+        # SIGTERM/SIGINT to this process: the agent passed it on to the workers, which checkpoint and stop
+        raise Preempted(_preempted_message(run_dir) + f" (signal {signal.Signals(exc.sigval).name})") from None
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
         message = failure.message
@@ -96,4 +121,6 @@ def _elastic(cfg: DictConfig, cfg_dict: dict, *, layout: ParallelLayout, run_dir
             rank=rank,
             exit_code=failure.exitcode,
         ) from None
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
     return results.get(0) if results else None

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 LOGGER_NAME = "meshtrain"
+TRACE_LOGGER_NAME = "meshtrain.trace"
 
 
 class _CurrentStdoutHandler(logging.StreamHandler):
@@ -36,11 +37,18 @@ def setup_rank_logging(run_dir: Path, rank: int) -> tuple[logging.Logger, list[l
         handlers.append(ch)
     for h in handlers:
         log.addHandler(h)
+    # tracebacks go to the rank's file only; the console gets one line per failure
+    trace = logging.getLogger(TRACE_LOGGER_NAME)
+    trace.setLevel(logging.INFO)
+    trace.propagate = False
+    trace.addHandler(fh)
     return log, handlers
 
 
 def teardown_rank_logging(handlers: list[logging.Handler]) -> None:
-    log = logging.getLogger(LOGGER_NAME)
+    for name in (LOGGER_NAME, TRACE_LOGGER_NAME):
+        log = logging.getLogger(name)
+        for h in handlers:
+            log.removeHandler(h)
     for h in handlers:
-        log.removeHandler(h)
         h.close()

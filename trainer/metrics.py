@@ -38,12 +38,21 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 class MetricsFile:
-    """Appends one JSON line per logged step, flushed so a crash keeps what was logged."""
+    """Appends one JSON line per logged step, flushed so a crash keeps what was logged.
 
-    def __init__(self, path: Path, *, append: bool = False):
+    A resumed run (``keep_through_step`` > 0) keeps the lines up to the step it resumes from and drops
+    later ones (they were logged after the checkpoint and are about to be recomputed).
+    """
+
+    def __init__(self, path: Path, *, keep_through_step: int = 0):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._f = open(path, "a" if append else "w")
+        kept = []
+        if keep_through_step > 0 and path.exists():
+            kept = [r for r in read_metrics(path) if r.get("step", 0) <= keep_through_step]
+        self._f = open(path, "w")
+        for record in kept:
+            self.write(record)
 
     def write(self, record: dict[str, Any]) -> None:
         self._f.write(json.dumps(_clean(record)) + "\n")

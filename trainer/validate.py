@@ -64,9 +64,10 @@ PIPELINED = ("pp", "mp", "hybrid")
 
 
 def _nearest_multiples(value: int, base: int) -> str:
-    lo = max(base, (value // base) * base)
-    hi = lo + base if lo < value else lo
-    return str(lo) if lo == hi else f"{lo} or {hi}"
+    """The multiples of ``base`` around ``value`` ("14 or 16" for 15 and 2)."""
+    lo = (value // base) * base
+    hi = lo + base
+    return str(hi) if lo < base else f"{lo} or {hi}"
 
 
 def split_points_of(cfg: DictConfig) -> tuple[int, ...] | None:
@@ -218,6 +219,11 @@ def check_data(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
             f"data.seq_len={cfg.data.seq_len} exceeds model.max_seq_len={model.max_seq_len}; "
             f"lower data.seq_len or raise model.max_seq_len"
         )
+    if model.get("planner_only", False):
+        f.error(
+            f"model={model.name} is a description for the planner, too big to build here; plan it with "
+            f"python -m parallel.plan model={model.name} topology=..., or train model=gpt_small"
+        )
     if "n_heads" in model and "d_model" in model and int(model.d_model) % max(1, int(model.n_heads)):
         f.error(f"model.d_model={model.d_model} is not divisible by model.n_heads={model.n_heads}")
 
@@ -229,6 +235,11 @@ def check_backend(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
         f.error(f"topology.device={cfg.topology.device}: use auto, cpu or cuda")
     if cfg.topology.backend == "nccl" and cfg.topology.device == "cpu":
         f.error("topology.backend=nccl with topology.device=cpu: NCCL needs CUDA; use topology.backend=gloo")
+    if cfg.dp.sync_batchnorm and cfg.topology.device == "cpu":
+        f.error(
+            "dp.sync_batchnorm=true with topology.device=cpu: torch's SyncBatchNorm runs on CUDA only; "
+            "on CPU raise data.global_batch_size so each rank sees >= 8 samples instead"
+        )
     if cfg.logger.wandb.mode not in ("offline", "online", "disabled"):
         f.error(f"logger.wandb.mode={cfg.logger.wandb.mode}: use offline, online or disabled")
     if cfg.trainer.on_nonfinite not in ("stop", "skip"):

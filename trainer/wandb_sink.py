@@ -1,14 +1,17 @@
 """Weights & Biases from rank 0: the real ``wandb`` library, offline unless told otherwise.
 
-Imported only when a run uses it (W&B's import costs about a second). An online run that cannot reach
-its server within ``logger.wandb.init_timeout`` falls back to offline with a warning instead of
-retrying for minutes. ``finish`` is always called, with a non-zero exit code when the run failed.
+W&B's import and ``init`` cost 1.5–3 s (it starts its own service process). They run in a background
+thread while training starts; steps logged before the run is ready are queued and sent in order, so
+W&B adds nothing to the time to the first step. An online run that cannot reach its server within
+``logger.wandb.init_timeout`` falls back to offline with a warning instead of retrying for minutes.
+``finish`` is always called, with a non-zero exit code when the run failed.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +31,17 @@ class WandbSink:
         tags: list[str] | None = None,
         name: str | None = None,
         init_timeout: float = 15.0,
+        system_stats: bool = False,
+        console: str = "off",
     ):
         self.run = None
         self.log = log
+        self.error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._pending: list[tuple[dict[str, Any], int]] = []  # steps logged before init finished
         if mode == "disabled":
             return
         os.environ.setdefault("WANDB_SILENT", "true")
-        import wandb
-
         kwargs = dict(
             project=project,
             entity=entity,
@@ -46,31 +52,66 @@ class WandbSink:
             config=config,
             dir=str(run_dir),
         )
+        settings = dict(console=console, x_disable_stats=not system_stats, x_disable_machine_info=not system_stats)
+        self._thread = threading.Thread(
+            target=self._init, args=(mode, kwargs, settings, init_timeout), name="wandb-init", daemon=True
+        )
+        self._thread.start()
+
+    def _init(self, mode: str, kwargs: dict, settings: dict, init_timeout: float) -> None:
         try:
-            self.run = wandb.init(mode=mode, settings=wandb.Settings(init_timeout=init_timeout), **kwargs)
-        except Exception as exc:  # noqa: BLE001 - any failure to reach the server
-            if mode != "online":
-                raise
-            log.warning("W&B online init failed (%s); logging offline instead (sync later with `wandb sync`)", exc)
-            self.run = wandb.init(mode="offline", **kwargs)
+            import wandb
+
+            try:
+                self.run = wandb.init(mode=mode, settings=wandb.Settings(init_timeout=init_timeout, **settings), **kwargs)
+            except Exception as exc:  # noqa: BLE001 - any failure to reach the server
+                if mode != "online":
+                    raise
+                self.log.warning("W&B online init failed (%s); logging offline instead (`wandb sync` later)", exc)
+                self.run = wandb.init(mode="offline", settings=wandb.Settings(**settings), **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - reported by ready(); training goes on
+            self.error = exc
+            self.log.warning("W&B could not start (%s: %s); metrics.jsonl still has every logged step",
+                             type(exc).__name__, exc)
+
+    def ready(self) -> bool:
+        """Wait for the background init; True when a run is available."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        return self.run is not None
 
     @property
     def directory(self) -> str | None:
-        return getattr(self.run, "dir", None) and str(Path(self.run.dir).parent)
+        return str(Path(self.run.dir).parent) if self.ready() else None
 
     def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
-        if self.run is not None:
-            self.run.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
+        if self._thread is not None and self._thread.is_alive():
+            self._pending.append((metrics, step))
+            return
+        if self.ready():
+            for m, s in self._drain():
+                self._log(m, s)
+            self._log(metrics, step)
+
+    def _drain(self) -> list[tuple[dict[str, Any], int]]:
+        pending, self._pending = self._pending, []
+        return pending
+
+    def _log(self, metrics: dict[str, Any], step: int) -> None:
+        self.run.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
 
     def log_summary(self, summary: dict[str, Any]) -> None:
-        if self.run is None:
+        if not self.ready():
             return
+        for m, s in self._drain():
+            self._log(m, s)
         for key, value in summary.items():
             if isinstance(value, (int, float, str)):
                 self.run.summary[key] = value
 
     def log_files(self, *, images: dict[str, Path] | None = None, files: list[Path] | None = None) -> None:
-        if self.run is None:
+        if not self.ready():
             return
         import wandb
 
@@ -80,6 +121,8 @@ class WandbSink:
             self.run.save(str(path), base_path=str(path.parent), policy="now")
 
     def finish(self, exit_code: int = 0) -> None:
-        if self.run is not None:
+        if self.ready():
+            for m, s in self._drain():
+                self._log(m, s)
             self.run.finish(exit_code=exit_code)
             self.run = None

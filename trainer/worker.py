@@ -10,6 +10,7 @@ reference is dropped and collected before ``destroy_process_group``.
 from __future__ import annotations
 
 import gc
+import logging
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -24,8 +25,10 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from parallel.base import WorkerContext
 from parallel.layout import MESH_DIMS, ParallelLayout
-from trainer.logs import setup_rank_logging, teardown_rank_logging
+from trainer.logs import TRACE_LOGGER_NAME, setup_rank_logging, teardown_rank_logging
+from trainer.attempts import previous_attempt_report, restart_count, write_exit_record
 from trainer.loop import RankZeroSinks, Trainer, output_listing
+from trainer.preemption import PreemptionFlag
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,27 @@ class DistEnv:
             env.setdefault("MASTER_ADDR", env.get("SLURM_LAUNCH_NODE_IPADDR", "localhost"))
             env.setdefault("MASTER_PORT", str(20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000))
         return cls(rank=int(env["RANK"]), local_rank=int(env.get("LOCAL_RANK", "0")), world_size=int(env["WORLD_SIZE"]))
+
+
+def _store(env: DistEnv, timeout: timedelta) -> dist.Store:
+    """The process group's store, with a prefix per elastic attempt.
+
+    After an elastic restart the agent's store still holds the previous attempt's keys; the default
+    group copes, but DeviceMesh's sub-groups then read dead peers' addresses ("connectFullMesh failed
+    ... Connection refused", seen here). A per-attempt prefix gives each attempt a clean namespace.
+    """
+    if env.in_process:
+        return dist.HashStore()
+    agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        os.environ.get("MASTER_ADDR", "localhost"),
+        int(os.environ["MASTER_PORT"]),
+        env.world_size,
+        is_master=not agent_hosts and env.rank == 0,
+        timeout=timeout,
+        multi_tenant=True,
+    )
+    return dist.PrefixStore(f"meshtrain/attempt{restart_count()}", store)
 
 
 def pick_device(cfg, local_rank: int) -> torch.device:
@@ -75,17 +99,23 @@ def run(
     cfg = OmegaConf.create(cfg_dict)
     torch.set_num_threads(int(cfg.topology.threads_per_rank))
     log, handlers = setup_rank_logging(run_dir, env.rank)
-    device = pick_device(cfg, env.local_rank)
-    timeout = timedelta(seconds=float(cfg.topology.timeout_s))
-    backend = pick_backend(cfg, device)
-    if env.in_process:
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
-    else:
-        dist.init_process_group(backend, timeout=timeout, device_id=device if device.type == "cuda" else None)
-    trainer = engine = sinks = summary = None
+    trainer = engine = sinks = summary = error = None
     exit_code = 1
+    preemption = PreemptionFlag(grace_s=float(cfg.trainer.stop_grace_s)).install()
     try:
         from torch.distributed.device_mesh import init_device_mesh
+
+        device = pick_device(cfg, env.local_rank)
+        backend = pick_backend(cfg, device)
+        timeout = timedelta(seconds=float(cfg.topology.timeout_s))
+        dist.init_process_group(
+            backend,
+            store=_store(env, timeout),
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=timeout,
+            device_id=device if device.type == "cuda" else None,
+        )
 
         mesh = init_device_mesh(device.type, layout.mesh_shape, mesh_dim_names=MESH_DIMS)
         ctx = WorkerContext(
@@ -108,26 +138,36 @@ def run(
             MESH_DIMS,
             layout.coords(env.rank),
         )
+        if env.rank == 0 and (report := previous_attempt_report(run_dir, env.world_size)):
+            log.warning(report)
         strategy = instantiate(cfg.parallel)
         engine = strategy.build(ctx=ctx)
-        if env.rank == 0:
-            sinks = RankZeroSinks(ctx=ctx, cfg_dict=cfg_dict, run_meta=run_meta)
         trainer = Trainer(ctx=ctx, engine=engine, run_meta=run_meta)
-        summary = trainer.fit(sinks=sinks)
-        exit_code = 0
+        start_step = trainer.resume()
+        if start_step and env.rank == 0:
+            log.info("continuing at step %d of %d", start_step + 1, cfg.trainer.max_steps)
         if env.rank == 0:
+            sinks = RankZeroSinks(ctx=ctx, cfg_dict=cfg_dict, run_meta=run_meta, start_step=start_step)
+        summary = trainer.fit(sinks=sinks, start_step=start_step, preemption=preemption)
+        summary["restarts"] = restart_count()
+        exit_code = 0
+        if env.rank == 0 and summary["status"] == "completed" and summary["final_loss"] is not None:
             log.info(
-                "done: loss %.4f -> %.4f in %d steps, %.0f tokens/s (median)",
+                "done: loss %.4f -> %.4f at step %d, %.0f tokens/s (median)",
                 summary["first_loss"],
                 summary["final_loss"],
-                summary["steps"],
+                summary["last_step"],
                 summary["tokens_per_s"],
             )
         return summary if env.rank == 0 else None
-    except BaseException:
-        log.exception("rank %d failed", env.rank)
+    except BaseException as exc:
+        error = exc
+        log.error("rank %d failed: %s: %s", env.rank, type(exc).__name__, exc)
+        logging.getLogger(TRACE_LOGGER_NAME).exception("rank %d traceback", env.rank)
         raise
     finally:
+        preemption.uninstall()
+        write_exit_record(run_dir, env.rank, error=error)
         if sinks is not None:
             sinks.finish(summary, exit_code=exit_code)
             if summary is not None:  # the listing now includes summary.json

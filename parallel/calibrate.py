@@ -1,0 +1,182 @@
+"""``topology.calibrate=true``: measure this machine instead of trusting the preset (a few seconds).
+
+Four measurements, each fitted to the cost model's own formula so that the planner's terms mean what
+was measured:
+- compute: forward + backward of the configured GPT (or a 2-block proxy of a model too big to build) at
+  two micro-batch sizes; t = overhead + FLOPs / (FLOP/s) gives sustained FLOP/s and the fixed cost of one
+  micro-batch (``microbatch_overhead_ms``);
+- optimizer: AdamW step + gradient clipping, as bytes moved per second (``memory_gbps``);
+- all-reduce: two gloo processes, two buffer sizes; t = 2α + bytes/β (ring with n = 2);
+- point-to-point: ping-pong between the same two processes; t = α + bytes/β one way.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import replace
+from typing import Any, Callable
+
+from parallel.model_spec import HardwareSpec, Link, ModelSpec, Workload
+
+MAX_BUILD_PARAMS = 50_000_000
+COMM_SIZES = (64 * 1024, 4 * 2**20)
+
+
+def _timed(fn: Callable[[], None], *, min_time: float = 0.15, min_reps: int = 5) -> float:
+    """Fastest of the timed calls after two warm-up calls: cores shared with other processes only ever add
+    time, so the minimum is the best estimate of what the machine can do."""
+    fn(), fn()
+    times, start = [], time.perf_counter()
+    while len(times) < min_reps or time.perf_counter() - start < min_time:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        if len(times) >= 50:
+            break
+    return min(times)
+
+
+def _fit_line(x1: float, t1: float, x2: float, t2: float) -> tuple[float, float]:
+    """(intercept, slope) through two points, both kept non-negative."""
+    slope = max((t2 - t1) / (x2 - x1), 1e-15)
+    return max(t1 - slope * x1, 0.0), slope
+
+
+def measure_compute(model_cfg: Any, *, seq_len: int, threads: int) -> dict[str, float]:
+    import torch
+    import torch.nn.functional as F
+
+    from models.gpt import GPT
+
+    torch.set_num_threads(threads)
+    spec = ModelSpec.from_cfg(model_cfg)
+    kwargs = dict(vocab_size=spec.vocab_size, n_layers=spec.n_layers, d_model=spec.d_model, n_heads=spec.n_heads,
+                  layer_d_ff=list(spec.layer_d_ff), max_seq_len=max(spec.max_seq_len, seq_len))
+    proxy = spec.params > MAX_BUILD_PARAMS
+    if proxy:  # same width, two blocks, shorter rows: the FLOP rate of big matmuls, not the model's memory
+        kwargs.update(n_layers=2, layer_d_ff=list(spec.layer_d_ff[:2]), vocab_size=min(spec.vocab_size, 4096))
+        seq_len = min(seq_len, 256)
+    torch.manual_seed(0)
+    model = GPT(**kwargs)
+    measured = ModelSpec(name="calib", n_layers=kwargs["n_layers"], d_model=spec.d_model, n_heads=spec.n_heads,
+                         vocab_size=kwargs["vocab_size"], max_seq_len=kwargs["max_seq_len"],
+                         layer_d_ff=tuple(kwargs["layer_d_ff"]))
+    flops_per_token = measured.training_flops_per_token(seq_len)
+
+    def step(b: int) -> Callable[[], None]:
+        x = torch.randint(0, kwargs["vocab_size"], (b, seq_len))
+
+        def run() -> None:
+            model.zero_grad(set_to_none=True)
+            logits = model(x)
+            F.cross_entropy(logits.flatten(0, 1), x.flatten()).backward()
+
+        return run
+
+    b1, b2 = 1, 8
+    t1, t2 = _timed(step(b1)), _timed(step(b2))
+    overhead, s_per_flop = _fit_line(b1 * seq_len * flops_per_token, t1, b2 * seq_len * flops_per_token, t2)
+    if proxy:
+        overhead *= (spec.n_layers + 2) / (measured.n_layers + 2)
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    step(b1)()
+
+    def optimizer_step() -> None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    t_opt = _timed(optimizer_step)
+    n_params = sum(p.numel() for p in model.parameters())
+    return {
+        "flops": 1.0 / s_per_flop,
+        "microbatch_overhead_s": overhead,
+        "memory_bytes_per_s": n_params * (2 * 4 + 2 * 4 + 2 * 8) / t_opt,
+    }
+
+
+def _comm_worker(rank: int, port: int, out_path: str, sizes: tuple[int, ...]) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    results: dict[str, float] = {}
+    for n in sizes:
+        buf = torch.ones(n // 4)
+
+        def allreduce() -> None:
+            dist.all_reduce(buf)
+
+        def pingpong() -> None:
+            if rank == 0:
+                dist.send(buf, 1)
+                dist.recv(buf, 1)
+            else:
+                dist.recv(buf, 0)
+                dist.send(buf, 0)
+
+        dist.barrier()
+        results[f"allreduce_{n}"] = _timed(allreduce, min_time=0.2)
+        dist.barrier()
+        results[f"p2p_{n}"] = _timed(pingpong, min_time=0.2) / 2
+    if rank == 0:
+        import json
+
+        with open(out_path, "w") as f:
+            json.dump(results, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measure_links(sizes: tuple[int, ...] = COMM_SIZES) -> dict[str, float]:
+    import json
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "links.json")
+        mp.start_processes(_comm_worker, args=(_free_port(), out, sizes), nprocs=2, start_method="spawn", join=True)
+        with open(out) as f:
+            r = json.load(f)
+    small, big = sizes[0], sizes[-1]
+    ar_lat2, ar_spb = _fit_line(small, r[f"allreduce_{small}"], big, r[f"allreduce_{big}"])  # t = 2α + bytes/β
+    p2p_lat, p2p_spb = _fit_line(small, r[f"p2p_{small}"], big, r[f"p2p_{big}"])
+    return {
+        "allreduce_gbps": 8 / ar_spb / 1e9,
+        "allreduce_latency_s": ar_lat2 / 2,
+        "p2p_gbps": 8 / p2p_spb / 1e9,
+        "p2p_latency_s": p2p_lat,
+    }
+
+
+def calibrate_hardware(hardware: HardwareSpec, *, model_cfg: Any, workload: Workload, threads: int,
+                       links: bool = True) -> HardwareSpec:
+    """``hardware`` with FLOP/s, overhead, memory bandwidth and (``links``) intra-node links measured here."""
+    c = measure_compute(model_cfg, seq_len=workload.seq_len, threads=threads)
+    updates: dict[str, Any] = {
+        "flops": c["flops"],
+        "microbatch_overhead_s": c["microbatch_overhead_s"],
+        "memory_bytes_per_s": c["memory_bytes_per_s"],
+    }
+    measured = {"tflops": c["flops"] / 1e12, "microbatch_overhead_ms": c["microbatch_overhead_s"] * 1e3,
+                "memory_gbps": c["memory_bytes_per_s"] / 1e9}
+    if links and hardware.world_size > 1:
+        lk = measure_links()
+        intra = Link(lk["allreduce_gbps"], lk["allreduce_latency_s"])
+        updates.update(intra=intra, p2p=Link(lk["p2p_gbps"], lk["p2p_latency_s"]))
+        if hardware.nnodes == 1:
+            updates["inter"] = intra
+        measured.update(allreduce_gbps=lk["allreduce_gbps"], allreduce_latency_us=lk["allreduce_latency_s"] * 1e6,
+                        p2p_gbps=lk["p2p_gbps"], p2p_latency_us=lk["p2p_latency_s"] * 1e6)
+    return replace(hardware, measured=measured, **updates)

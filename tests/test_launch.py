@@ -1,0 +1,70 @@
+"""Launch paths: torchrun, multirun, a worker failing mid-run."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import FAST, ROOT, assert_losses_close, run_train
+from trainer.wandb_records import find_run_file, read_offline_run
+
+pytestmark = pytest.mark.slow
+
+
+def test_torchrun_gives_one_output_folder(tmp_path):
+    out = tmp_path / "outputs"
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    cmd = [torchrun, "--nproc_per_node=2", str(ROOT / "train.py"), *FAST, "trainer.max_steps=6",
+           f"hydra.run.dir={out}/${{mt_stamp:%H-%M-%S}}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, "WANDB_SILENT": "true"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    folders = list(out.iterdir())
+    assert len(folders) == 1, f"one folder per rank: {folders}"
+    d = folders[0]
+    assert (d / "logs" / "rank0.log").exists() and (d / "logs" / "rank1.log").exists()
+    lines = (d / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 6, "metrics written by more than one rank"
+
+
+def test_torchrun_matches_builtin_launcher(tmp_path):
+    builtin = run_train(*FAST, "trainer.max_steps=6", run_dir=tmp_path / "builtin")
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    cmd = [torchrun, "--nproc_per_node=2", str(ROOT / "train.py"), *FAST, "trainer.max_steps=6",
+           f"hydra.run.dir={tmp_path / 'torchrun'}"]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300, cwd=tmp_path)
+    import json
+    losses = [json.loads(x)["loss"] for x in (tmp_path / "torchrun" / "metrics.jsonl").read_text().splitlines()]
+    assert_losses_close(losses, builtin.losses(), rel=1e-6)
+
+
+def test_multirun_two_jobs_isolated(tmp_path):
+    sweep = tmp_path / "sweep"
+    run = run_train("trainer.seed=1,2", "data.seq_len=32", "data.global_batch_size=8", "trainer.max_steps=4",
+                    "trainer.log_every=1", run_dir=sweep, multirun=True)
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit())
+    assert [j.name for j in jobs] == ["0", "1"]
+    runs = [read_offline_run(find_run_file(j)) for j in jobs]
+    assert runs[0].run_id != runs[1].run_id
+    assert runs[0].group == runs[1].group and runs[0].group.startswith("sweep-")
+    assert [r.config["trainer"]["seed"] for r in runs] == [1, 2]
+    first = [(j / "metrics.jsonl").read_text().splitlines()[0] for j in jobs]
+    assert first[0] != first[1], "different seeds gave identical first steps"
+    assert run.proc.stdout.count("done: loss") == 2
+
+
+def test_worker_failure_ends_job_with_its_error(tmp_path):
+    t0 = time.perf_counter()
+    run = run_train(*FAST, "trainer.max_steps=50", "+debug.fail_at_step=3", "+debug.fail_rank=1",
+                    run_dir=tmp_path / "run", expect_ok=False, timeout=120)
+    assert run.proc.returncode == 1
+    assert "worker rank 1 failed" in run.proc.stderr
+    assert "injected failure at step 3 on rank 1" in run.proc.stderr
+    assert time.perf_counter() - t0 < 60, "failure took too long to end the job"
+    assert "Traceback" in (run.run_dir / "logs" / "rank1.log").read_text()
+    assert len(run.metrics()) == 2, "steps before the failure stay logged"

@@ -1,0 +1,135 @@
+"""The planner and its command line: big models plan fast and fit, slow links push dp inside nodes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from parallel.cost_model import Candidate
+from parallel.layout import ParallelLayout
+from parallel.model_spec import PlanError
+from parallel.plan import CONF, main
+from parallel.planner import (
+    apply_candidate, available_strategies, crosses_nodes, plan, run_warnings, specs_from_cfg, strategy_of,
+)
+from trainer.validate import ConfigError, validate
+
+ROOT = CONF.parent
+
+
+@pytest.mark.parametrize("model,topology", [("gpt_175b", "cluster_1024xh100"), ("gpt_70b", "cluster_1024xh100"),
+                                            ("gpt_7b", "gpu_node")])
+def test_big_model_plans_fast_and_fits(compose_cfg, model, topology):
+    t0 = time.perf_counter()
+    cfg = compose_cfg(f"model={model}", f"topology={topology}")
+    m, hw, w = specs_from_cfg(cfg)
+    p = plan(model=m, hardware=hw, workload=w)
+    assert time.perf_counter() - t0 < 10
+    best = p.best
+    assert best.fits and best.memory.total <= hw.memory_bytes * w.memory_fraction
+    assert best.candidate.world_size == hw.world_size
+    assert p.rejected > 0  # the budget really dropped layouts (e.g. pure dp for 175B)
+    if model != "gpt_7b":
+        assert best.candidate.pp > 1 and best.candidate.tp > 1  # deep, many devices → hybrid with pipeline
+        assert "deep" in p.reason and "hybrid" in p.reason
+
+
+def test_one_gbe_keeps_dp_off_the_inter_node_link(compose_cfg):
+    cfg = compose_cfg("model=gpt_7b", "topology=cluster_1gbe", "planner.global_batch_size=128")
+    m, hw, w = specs_from_cfg(cfg)
+    best = plan(model=m, hardware=hw, workload=w).best.candidate
+    assert not crosses_nodes(span=best.dp, stride=best.tp, hardware=hw)
+    assert crosses_nodes(span=best.pp, stride=best.dp * best.tp, hardware=hw)
+    # the same model and batch on InfiniBand-class links may run dp across nodes
+    fast = compose_cfg("model=gpt_7b", "topology=cluster_1gbe", "planner.global_batch_size=128",
+                       "topology.inter_node_gbps=3200", "topology.devices_per_nic=1")
+    m, hw2, w = specs_from_cfg(fast)
+    p2 = plan(model=m, hardware=hw2, workload=w)
+    assert p2.best.step_time_s < plan(model=m, hardware=hw, workload=w).best.step_time_s
+
+
+def test_small_model_on_local_cpu_follows_the_seed(compose_cfg):
+    cfg = compose_cfg("model=gpt_small", "topology=local_cpu", "topology.devices_per_node=2")
+    m, hw, w = specs_from_cfg(cfg)
+    p = plan(model=m, hardware=hw, workload=w, allowed=["single", "ddp"])
+    assert p.reason.startswith("fits one device")
+    assert {strategy_of(e.candidate) for e in p.ranked} == {"ddp"}  # world size 2: ddp is the only option here
+
+
+def test_plan_json_contract(capsys):
+    assert main(["model=gpt_175b", "topology=cluster_1024xh100", "--json", "--top", "5"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["model"]["params"] > 1.7e11 and out["model"]["flops_per_token"] > 6 * out["model"]["params"]
+    assert out["topology"]["world_size"] == 1024
+    cands = out["candidates"]
+    assert len(cands) == 5 and [c["rank"] for c in cands] == [1, 2, 3, 4, 5]
+    for c in cands:
+        for key in ("dp", "tp", "pp", "micro_batches", "schedule", "step_time_s", "bubble_fraction", "comm_fraction", "fits"):
+            assert key in c
+        assert set(c["memory_per_rank_bytes"]) >= {"params", "grads", "optimizer", "activations"}
+        assert c["dp"] * c["tp"] * c["pp"] == 1024 and c["fits"]
+    assert [c["step_time_s"] for c in cands] == sorted(c["step_time_s"] for c in cands)
+
+
+def test_plan_cli_is_torch_free_and_refuses_clearly():
+    code = ("import sys, parallel.plan as p; rc = p.main(['model=gpt_small', '--top', '3']); "
+            "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "reason:" in proc.stdout and "ddp" in proc.stdout
+    bad = subprocess.run([sys.executable, "-m", "parallel.plan", "model=cnn_bn", "data=images"], capture_output=True,
+                         text=True, cwd=ROOT, timeout=60)
+    assert bad.returncode == 2 and "GPT-style models only" in bad.stderr
+    tiny = subprocess.run([sys.executable, "-m", "parallel.plan", "model=gpt_175b", "topology=gpu_node"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert tiny.returncode == 2 and "no layout of model=gpt_175b fits" in tiny.stderr
+
+
+def test_planner_only_models_are_refused_by_validation(compose_cfg):
+    with pytest.raises(ConfigError, match="model=gpt_175b is a description for the planner"):
+        validate(compose_cfg("model=gpt_175b"))
+
+
+def test_available_strategies_follow_the_checkout():
+    found = available_strategies(CONF)
+    assert {"single", "ddp"} <= set(found) and "auto" not in found
+    assert found["ddp"] == "parallel.ddp.DDPStrategy"
+
+
+def test_apply_candidate_rewrites_the_config(compose_cfg):
+    cfg = compose_cfg("parallel=auto", "data.global_batch_size=16")
+    apply_candidate(cfg, Candidate(dp=2, micro_batches=4), strategies=available_strategies(CONF))
+    assert cfg.parallel.name == "ddp" and cfg.parallel._target_ == "parallel.ddp.DDPStrategy"
+    assert cfg.dp.size == 2 and cfg.data.micro_batch_size == 2
+    assert validate(cfg).layout.dp == 2
+
+
+def test_run_warnings_name_the_pitfalls(compose_cfg):
+    # uneven blocks on a 2-stage pipeline: the first stage does far more work
+    cfg = compose_cfg("model=gpt_small", "model.layer_d_ff=[4096,4096,128,128]", "pp.micro_batches=2")
+    layout = ParallelLayout(strategy="pp", pp=2, micro_batches=2, schedule="1f1b", nproc_per_node=2)
+    warnings = run_warnings(cfg, layout)
+    assert any("imbalanced" in w and "pp.split_points" in w for w in warnings), warnings
+    # dp across two nodes joined by 1 Gbit/s Ethernet, with a model whose gradients are large
+    cfg = compose_cfg("model=gpt_small", "topology=multi_node", "topology.nproc_per_node=1", "model.d_model=1024",
+                      "model.d_ff=4096", "model.n_heads=8", "topology.inter_node_gbps=1.0",
+                      "data.global_batch_size=2")
+    layout = ParallelLayout(strategy="ddp", dp=2, nnodes=2, nproc_per_node=1)
+    assert any("spans 2 nodes" in w and "topology.inter_node_gbps" in w for w in run_warnings(cfg, layout))
+    # activations over the budget
+    cfg = compose_cfg("model=gpt_small", "topology.device_memory_gb=0.001")
+    layout = ParallelLayout(strategy="ddp", dp=2, nproc_per_node=2)
+    assert any("exceeds the budget" in w for w in run_warnings(cfg, layout))
+    # the default run is clean
+    cfg = compose_cfg()
+    assert run_warnings(cfg, validate(cfg).layout) == []
+
+
+def test_plan_error_names_the_key(compose_cfg):
+    cfg = compose_cfg("planner.precision=fp8")
+    with pytest.raises(PlanError, match="planner.precision=fp8"):
+        specs_from_cfg(cfg)

@@ -1,0 +1,173 @@
+"""Checkpoint/resume, elastic restart, preemption, NaN guard, hangs and bad files, via the command line."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests.conftest import FAST, ROOT, assert_losses_close, run_train
+
+pytestmark = pytest.mark.slow
+
+CKPT = ("trainer.checkpoint_every=5",)
+
+
+def _full(run) -> list[float]:
+    return [m["loss"] for m in run.metrics()]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """20 uninterrupted single-process steps: the reference for resumed runs."""
+    return run_train("parallel=single", *FAST, *CKPT, "trainer.max_steps=20",
+                     run_dir=tmp_path_factory.mktemp("straight") / "run")
+
+
+@pytest.mark.parametrize("strategy", ["single", "ddp"])
+def test_exact_resume_after_crash(tmp_path, strategy):
+    ref = run_train(f"parallel={strategy}", *FAST, *CKPT, "trainer.max_steps=20", run_dir=tmp_path / "ref")
+    run_dir = tmp_path / "crash"
+    crashed = run_train(f"parallel={strategy}", *FAST, *CKPT, "trainer.max_steps=20", "+debug.fail_at_step=11",
+                        run_dir=run_dir, expect_ok=False)
+    assert crashed.proc.returncode == 1
+    assert (run_dir / "checkpoints" / "step_0000010" / "meshtrain.json").exists()
+    resumed = run_train(f"parallel={strategy}", *FAST, *CKPT, "trainer.max_steps=20", run_dir=run_dir)
+    assert "resumed from" in resumed.output and "continuing at step 11 of 20" in resumed.output
+    assert [m["step"] for m in resumed.metrics()] == list(range(1, 21))
+    assert _full(resumed) == _full(ref), "resumed losses are not bitwise identical"
+    assert resumed.summary()["resumed_from"].endswith("step_0000010")
+
+
+def test_keeps_last_checkpoints_only(straight):
+    kept = sorted(p.name for p in (straight.run_dir / "checkpoints").iterdir())
+    assert kept == ["step_0000015", "step_0000020"]  # trainer.keep_checkpoints=2
+    marker = json.loads((straight.run_dir / "checkpoints" / "step_0000020" / "meshtrain.json").read_text())
+    assert marker["step"] == 20 and marker["layout"]["strategy"] == "single"
+    assert set(marker["files"]) >= {".metadata", "rng_rank0.pt"}
+
+
+def test_resume_under_another_layout(tmp_path, straight):
+    ddp_dir = tmp_path / "ddp"
+    run_train("parallel=ddp", *FAST, *CKPT, "trainer.max_steps=20", "+debug.fail_at_step=11",
+              run_dir=ddp_dir, expect_ok=False)
+    ckpt = ddp_dir / "checkpoints" / "step_0000010"
+    single = run_train("parallel=single", *FAST, *CKPT, "trainer.max_steps=20", f"trainer.resume={ckpt}",
+                       run_dir=tmp_path / "single")
+    assert "written under ddp with 2 ranks; resharded by DCP" in single.output
+    resumed = {m["step"]: m["loss"] for m in single.metrics()}
+    ref = {m["step"]: m["loss"] for m in straight.metrics()}
+    assert sorted(resumed) == list(range(11, 21))
+    assert_losses_close([resumed[s] for s in range(11, 21)], [ref[s] for s in range(11, 21)], rel=1e-4)
+    back = run_train("parallel=ddp", *FAST, *CKPT, "trainer.max_steps=20",
+                     f"trainer.resume={straight.run_dir / 'checkpoints' / 'step_0000015'}", run_dir=tmp_path / "back")
+    got = {m["step"]: m["loss"] for m in back.metrics()}
+    assert_losses_close([got[s] for s in range(16, 21)], [ref[s] for s in range(16, 21)], rel=1e-4)
+
+
+def test_elastic_restart_after_sigkill(tmp_path, straight):
+    run = run_train("parallel=ddp", *FAST, *CKPT, "trainer.max_steps=20", "topology.max_restarts=1",
+                    "+debug.kill_at_step=12", "+debug.kill_rank=1", run_dir=tmp_path / "run", timeout=300)
+    assert "elastic restart 1: rank(s) [1] died without an exit record" in run.output
+    assert "resumed from" in run.output and "step_0000010 at step 10" in run.output
+    summary = run.summary()
+    assert summary["restarts"] == 1 and summary["last_step"] == 20
+    ddp_ref = run_train("parallel=ddp", *FAST, *CKPT, "trainer.max_steps=20", run_dir=tmp_path / "ref")
+    assert summary["final_loss"] == pytest.approx(ddp_ref.summary()["final_loss"], rel=1e-4)
+
+
+def test_preemption_saves_and_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, str(ROOT / "train.py"), *FAST, "trainer.max_steps=100000", "trainer.checkpoint_every=0",
+           "trainer.log_every=1", f"hydra.run.dir={run_dir}"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, out[-2000:] + err[-2000:]
+    assert "meshtrain: preempted: checkpoint step" in err and "hydra.run.dir=" in err
+    ckpts = list((run_dir / "checkpoints").iterdir())
+    assert len(ckpts) == 1
+    step = json.loads((ckpts[0] / "meshtrain.json").read_text())["step"]
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "preempted"
+    resumed = run_train(*FAST, "trainer.checkpoint_every=0", f"trainer.max_steps={step + 2}", run_dir=run_dir)
+    assert f"continuing at step {step + 1}" in resumed.output
+    assert [m["step"] for m in resumed.metrics()][-3:] == [step, step + 1, step + 2]
+
+
+def test_nan_guard_stops_and_keeps_checkpoint(tmp_path):
+    run = run_train(*FAST, *CKPT, "trainer.max_steps=20", "+debug.nan_at_step=7", "+debug.nan_rank=1",
+                    run_dir=tmp_path / "run", expect_ok=False)
+    assert run.proc.returncode == 1
+    assert "non-finite loss or gradient norm at step 7 on rank(s) [1]" in run.proc.stderr
+    assert "step_0000005" in run.proc.stderr  # the last good checkpoint is named
+    from trainer.checkpoint_files import read_marker
+
+    assert read_marker(run.run_dir / "checkpoints" / "step_0000005")["step"] == 5
+    assert max(m["step"] for m in run.metrics()) == 6
+
+
+def test_nan_guard_skip(tmp_path):
+    run = run_train("parallel=single", *FAST, "trainer.max_steps=10", "trainer.on_nonfinite=skip",
+                    "+debug.nan_at_step=4", run_dir=tmp_path / "run")
+    summary = run.summary()
+    assert summary["skipped_steps"] == [4] and summary["last_step"] == 10
+    assert 4 not in [m["step"] for m in run.metrics()]
+    assert all(np.isfinite(m["loss"]) for m in run.metrics())
+
+
+def test_unresponsive_rank_fails_job_within_timeout(tmp_path):
+    t0 = time.perf_counter()
+    run = run_train(*FAST, "trainer.max_steps=50", "topology.timeout_s=5", "trainer.stop_grace_s=2",
+                    "+debug.hang_at_step=3", "+debug.hang_rank=1", run_dir=tmp_path / "run", expect_ok=False, timeout=120)
+    elapsed = time.perf_counter() - t0
+    assert run.proc.returncode == 1
+    assert "rank(s) [1] stopped answering at step 3" in run.proc.stderr
+    assert "topology.timeout_s=5" in run.proc.stderr
+    assert elapsed < 40, f"took {elapsed:.0f}s"
+
+
+def test_missing_checkpoint_is_refused_before_workers(tmp_path):
+    run = run_train(*FAST, f"trainer.resume={tmp_path / 'nope'}", run_dir=tmp_path / "run", expect_ok=False)
+    assert run.proc.returncode == 2
+    assert f"checkpoint {tmp_path / 'nope'} does not exist" in run.proc.stderr
+    assert not (tmp_path / "run" / "logs").exists()
+
+
+def test_truncated_and_foreign_checkpoints_are_refused(tmp_path, straight):
+    import shutil
+
+    src = straight.run_dir / "checkpoints" / "step_0000020"
+    truncated = tmp_path / "truncated"
+    shutil.copytree(src, truncated)
+    shard = next(truncated.glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:100])
+    run = run_train("parallel=single", *FAST, f"trainer.resume={truncated}", run_dir=tmp_path / "r1", expect_ok=False)
+    assert run.proc.returncode == 2 and f"checkpoint {truncated} is truncated: {shard.name} has 100 bytes" in run.proc.stderr
+
+    partial = tmp_path / "partial"
+    shutil.copytree(src, partial)
+    (partial / "meshtrain.json").unlink()
+    run = run_train("parallel=single", *FAST, f"trainer.resume={partial}", run_dir=tmp_path / "r2", expect_ok=False)
+    assert run.proc.returncode == 2 and "is incomplete: no meshtrain.json marker" in run.proc.stderr
+
+    run = run_train("parallel=single", *FAST, "model.d_model=64", f"trainer.resume={src}", run_dir=tmp_path / "r3",
+                    expect_ok=False)
+    assert run.proc.returncode == 2
+    assert "was written for another model (model.d_model: checkpoint 128 vs this run 64)" in run.proc.stderr
+
+
+def test_corrupt_data_file_is_named(tmp_path):
+    bad = tmp_path / "tokens.npy"
+    bad.write_bytes(b"\x93NUMPY garbage that is not an array")
+    run = run_train("parallel=single", *FAST, f"data.path={bad}", run_dir=tmp_path / "run", expect_ok=False)
+    assert run.proc.returncode == 2
+    assert f"data file {bad} cannot be read as tokens" in run.proc.stderr

@@ -1,0 +1,110 @@
+"""Bad input is refused before any worker starts, with the key, the value and a fix in the message."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.conftest import run_train
+from trainer.validate import ConfigError, validate
+
+
+def _problems(cfg) -> str:
+    with pytest.raises(ConfigError) as err:
+        validate(cfg, environ={})
+    return str(err.value)
+
+
+def test_world_size_mismatch_lists_fitting_layouts(compose_cfg):
+    msg = _problems(compose_cfg("dp.size=4", "topology.nproc_per_node=2"))
+    assert "dp.size=4 x tp.size=1 x pp.size=1 = 4" in msg
+    assert "topology.nproc_per_node=2 = 2 workers" in msg
+    assert "parallel=ddp dp.size=2" in msg and "parallel=tp tp.size=2" in msg and "parallel=pp pp.size=2" in msg
+    assert "topology.nproc_per_node=4" in msg
+
+
+def test_nproc_follows_layout_when_unset(compose_cfg):
+    run = validate(compose_cfg("dp.size=3", "data.global_batch_size=12"), environ={})
+    assert run.layout.nproc_per_node == 3 and run.layout.world_size == 3
+
+
+def test_global_batch_not_divisible_by_dp(compose_cfg):
+    msg = _problems(compose_cfg("data.global_batch_size=15"))
+    assert "data.global_batch_size=15 is not divisible by dp.size=2" in msg
+    assert "data.global_batch_size=14 or 16" in msg
+
+
+def test_micro_batch_must_divide_replica_batch(compose_cfg):
+    msg = _problems(compose_cfg("data.global_batch_size=16", "data.micro_batch_size=3"))
+    assert "data.micro_batch_size=3 does not divide the 8 samples per replica" in msg
+
+
+@pytest.mark.parametrize("key", ["dp.size", "data.global_batch_size", "data.seq_len", "trainer.max_steps",
+                                 "pp.micro_batches", "topology.nnodes"])
+@pytest.mark.parametrize("value", [0, -2])
+def test_non_positive_sizes(compose_cfg, key, value):
+    msg = _problems(compose_cfg(f"{key}={value}"))
+    assert f"{key}={value}: must be a positive integer" in msg
+
+
+def test_dp_with_several_workers(compose_cfg):
+    msg = _problems(compose_cfg("parallel=dp", "topology.nproc_per_node=2"))
+    assert "parallel=dp with 2 workers" in msg and "use parallel=ddp" in msg
+
+
+def test_dp_size_with_legacy_dp(compose_cfg):
+    msg = _problems(compose_cfg("parallel=dp", "dp.size=2"))
+    assert "dp.size=2 with parallel=dp" in msg and "parallel=ddp" in msg
+
+
+def test_strategy_rejects_foreign_dimension(compose_cfg):
+    msg = _problems(compose_cfg("parallel=ddp", "tp.size=2", "topology.nproc_per_node=4"))
+    assert "tp.size=2 with parallel=ddp" in msg and "parallel=hybrid" in msg
+
+
+def test_missing_data_path(compose_cfg, tmp_path):
+    missing = tmp_path / "nope.txt"
+    msg = _problems(compose_cfg(f"data.path={missing}"))
+    assert f"data.path={missing}: no such file" in msg
+
+
+def test_seq_len_beyond_model(compose_cfg):
+    msg = _problems(compose_cfg("data.seq_len=256", "model.max_seq_len=128"))
+    assert "data.seq_len=256 exceeds model.max_seq_len=128" in msg
+
+
+def test_sync_batchnorm_on_cpu(compose_cfg):
+    msg = _problems(compose_cfg("dp.sync_batchnorm=true"))
+    assert "SyncBatchNorm runs on CUDA only" in msg
+
+
+def test_all_problems_reported_at_once(compose_cfg):
+    err = pytest.raises(ConfigError, validate, compose_cfg("data.global_batch_size=15", "topology.backend=mpi"),
+                        environ={})
+    assert len(err.value.problems) == 2
+
+
+def test_torchrun_world_size_checked(compose_cfg):
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "x"}
+    with pytest.raises(ConfigError, match="dp.size=2 x tp.size=1 x pp.size=1 = 2 but topology.nnodes=1 x "
+                                          "topology.nproc_per_node=4 = 4 workers"):
+        validate(compose_cfg(), environ=env)
+
+
+def test_bad_config_exits_fast_without_workers(tmp_path):
+    t0 = time.perf_counter()
+    run = run_train("data.global_batch_size=15", run_dir=tmp_path / "run", expect_ok=False, timeout=60)
+    elapsed = time.perf_counter() - t0
+    assert run.proc.returncode == 2
+    assert "data.global_batch_size=15 is not divisible by dp.size=2" in run.proc.stderr
+    assert "no worker was started" in run.proc.stderr
+    assert "Traceback" not in run.output
+    assert not (run.run_dir / "logs").exists(), "a worker started"
+    assert elapsed < 10, f"refusing took {elapsed:.1f}s"
+
+
+def test_unknown_model_option_is_named(tmp_path):
+    run = run_train("model=gpt_nonexistent", run_dir=tmp_path / "run", expect_ok=False, timeout=60)
+    assert run.proc.returncode != 0
+    assert "gpt_nonexistent" in run.output and "gpt_small" in run.output

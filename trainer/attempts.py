@@ -1,0 +1,49 @@
+"""Which rank took the job down? Exit records per elastic attempt.
+
+Every worker writes ``logs/attempts/{attempt}/rank{R}.json`` when it leaves ``run`` (normally or with
+an exception). A rank killed outright (SIGKILL, the OOM killer, a segfault) writes nothing. When the
+elastic agent restarts the group, rank 0 reads the previous attempt's records and names the ranks
+without one (died abruptly) or, if all wrote one, the first to fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+
+def restart_count() -> int:
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def _folder(run_dir: Path, attempt: int) -> Path:
+    return run_dir / "logs" / "attempts" / str(attempt)
+
+
+def write_exit_record(run_dir: Path, rank: int, *, error: BaseException | None) -> None:
+    folder = _folder(run_dir, restart_count())
+    folder.mkdir(parents=True, exist_ok=True)
+    record = {"rank": rank, "time": time.time(), "error": f"{type(error).__name__}: {error}" if error else None}
+    (folder / f"rank{rank}.json").write_text(json.dumps(record))
+
+
+def previous_attempt_report(run_dir: Path, world_size: int) -> str | None:
+    """A one-line account of why the previous attempt ended, or None on the first attempt."""
+    attempt = restart_count()
+    if attempt == 0:
+        return None
+    folder = _folder(run_dir, attempt - 1)
+    records = {}
+    for r in range(world_size):
+        f = folder / f"rank{r}.json"
+        if f.exists():
+            records[r] = json.loads(f.read_text())
+    missing = [r for r in range(world_size) if r not in records]
+    if missing:
+        cause = f"rank(s) {missing} died without an exit record (killed by a signal, OOM or a crash)"
+    else:
+        failed = sorted((rec for rec in records.values() if rec["error"]), key=lambda rec: rec["time"])
+        cause = f"rank {failed[0]['rank']} failed first: {failed[0]['error']}" if failed else "unknown cause"
+    return f"elastic restart {attempt}: {cause}"
