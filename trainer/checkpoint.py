@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from omegaconf import OmegaConf
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from trainer.checkpoint_files import (
     MARKER,
@@ -34,6 +34,13 @@ from trainer.checkpoint_files import (
     read_marker,
     step_dir_name,
 )
+
+
+#: Optimizer state keyed per parameter FQN, param groups included ("param_groups.<fqn>.lr"): unflattened,
+#: ``param_groups`` is one list that DCP saves from rank 0 only, so a pipeline rank holding other stages
+#: loads rank 0's groups and loses its own ``lr`` (KeyError 'lr' on resume with pp > 1; torchtitan
+#: flattens for the same reason).
+STATE_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 def state_view(parts: list[nn.Module]) -> nn.Module:
@@ -88,7 +95,7 @@ class Checkpointer:
         self.keep = int(ctx.cfg.trainer.keep_checkpoints)
 
     def _state(self) -> dict[str, Any]:
-        model_sd, optim_sd = get_state_dict(self.view, self.optimizer)
+        model_sd, optim_sd = get_state_dict(self.view, self.optimizer, options=STATE_OPTIONS)
         return {"model": model_sd, "optim": optim_sd}
 
     def save(self, step: int) -> Path:
@@ -142,7 +149,8 @@ class Checkpointer:
         except Exception as exc:  # noqa: BLE001 - DCP raises many kinds; the path and cause matter
             raise CheckpointError(f"checkpoint {path} cannot be loaded into this model: {type(exc).__name__}: "
                                   f"{str(exc).splitlines()[0][:300]}") from None
-        set_state_dict(self.view, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(self.view, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=STATE_OPTIONS)
         self.scheduler.load_state_dict(meta["scheduler"])
         rng = Path(path) / f"rng_rank{ctx.rank}.pt"
         if meta.get("world_size") == ctx.world_size and rng.exists():
