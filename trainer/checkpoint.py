@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from omegaconf import OmegaConf
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from trainer.checkpoint_files import (
     MARKER,
@@ -87,8 +87,13 @@ class Checkpointer:
         self.root = checkpoints_root(ctx.run_dir)
         self.keep = int(ctx.cfg.trainer.keep_checkpoints)
 
+    #: optimizer state and param-group settings keyed per parameter FQN ("param_groups.<fqn>.lr"), not
+    #: by group index: ranks holding different stages then never overwrite each other's groups, and a
+    #: checkpoint reshards to any layout (torchtitan does the same)
+    OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
     def _state(self) -> dict[str, Any]:
-        model_sd, optim_sd = get_state_dict(self.view, self.optimizer)
+        model_sd, optim_sd = get_state_dict(self.view, self.optimizer, options=self.OPTIONS)
         return {"model": model_sd, "optim": optim_sd}
 
     def save(self, step: int) -> Path:
@@ -142,7 +147,8 @@ class Checkpointer:
         except Exception as exc:  # noqa: BLE001 - DCP raises many kinds; the path and cause matter
             raise CheckpointError(f"checkpoint {path} cannot be loaded into this model: {type(exc).__name__}: "
                                   f"{str(exc).splitlines()[0][:300]}") from None
-        set_state_dict(self.view, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(self.view, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=self.OPTIONS)
         self.scheduler.load_state_dict(meta["scheduler"])
         rng = Path(path) / f"rng_rank{ctx.rank}.pt"
         if meta.get("world_size") == ctx.world_size and rng.exists():
