@@ -68,3 +68,31 @@ def test_worker_failure_ends_job_with_its_error(tmp_path):
     assert time.perf_counter() - t0 < 60, "failure took too long to end the job"
     assert "Traceback" in (run.run_dir / "logs" / "rank1.log").read_text()
     assert len(run.metrics()) == 2, "steps before the failure stay logged"
+
+
+def test_two_nodes_on_localhost_join_one_rendezvous(tmp_path):
+    """topology=multi_node: two launcher processes ("nodes") with one worker each form one job."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    run_dir = tmp_path / "run"  # one folder for both: checkpoints need a shared filesystem
+    common = [sys.executable, str(ROOT / "train.py"), "topology=multi_node", "topology.nnodes=2",
+              "topology.nproc_per_node=1", f"topology.master_port={port}", *FAST, "trainer.max_steps=5",
+              f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, "WANDB_SILENT": "true"}
+    nodes = [subprocess.Popen([*common, f"topology.node_rank={k}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, cwd=ROOT, env=env) for k in (0, 1)]
+    outs = [p.communicate(timeout=300) for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], outs
+    import json
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [(r["rank"], r["node"]) for r in summary["layout"]["rank_map"]] == [(0, 0), (1, 1)]
+    losses = [json.loads(x)["loss"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    single = run_train("parallel=single", *FAST, "trainer.max_steps=5", run_dir=tmp_path / "single")
+    assert_losses_close(losses, single.losses(), rel=1e-4)
+    from trainer.checkpoint_files import read_marker
+
+    assert read_marker(run_dir / "checkpoints" / "step_0000005")["world_size"] == 2

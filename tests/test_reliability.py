@@ -29,15 +29,23 @@ def straight(tmp_path_factory):
                      run_dir=tmp_path_factory.mktemp("straight") / "run")
 
 
-@pytest.mark.parametrize("strategy", ["single", "ddp"])
+LAYOUTS = {
+    "single": ("parallel=single",),
+    "ddp": ("parallel=ddp",),
+    "pp": ("parallel=pp", "pp.schedule=1f1b", "pp.micro_batches=2"),
+}
+
+
+@pytest.mark.parametrize("strategy", list(LAYOUTS))
 def test_exact_resume_after_crash(tmp_path, strategy):
-    ref = run_train(f"parallel={strategy}", *FAST, *CKPT, "trainer.max_steps=20", run_dir=tmp_path / "ref")
+    layout = LAYOUTS[strategy]
+    ref = run_train(*layout, *FAST, *CKPT, "trainer.max_steps=20", run_dir=tmp_path / "ref")
     run_dir = tmp_path / "crash"
-    crashed = run_train(f"parallel={strategy}", *FAST, *CKPT, "trainer.max_steps=20", "+debug.fail_at_step=11",
+    crashed = run_train(*layout, *FAST, *CKPT, "trainer.max_steps=20", "+debug.fail_at_step=11",
                         run_dir=run_dir, expect_ok=False)
     assert crashed.proc.returncode == 1
     assert (run_dir / "checkpoints" / "step_0000010" / "meshtrain.json").exists()
-    resumed = run_train(f"parallel={strategy}", *FAST, *CKPT, "trainer.max_steps=20", run_dir=run_dir)
+    resumed = run_train(*layout, *FAST, *CKPT, "trainer.max_steps=20", run_dir=run_dir)
     assert "resumed from" in resumed.output and "continuing at step 11 of 20" in resumed.output
     assert [m["step"] for m in resumed.metrics()] == list(range(1, 21))
     assert _full(resumed) == _full(ref), "resumed losses are not bitwise identical"
@@ -52,22 +60,26 @@ def test_keeps_last_checkpoints_only(straight):
     assert set(marker["files"]) >= {".metadata", "rng_rank0.pt"}
 
 
+def _continue(tmp_path, name: str, layout: tuple[str, ...], ckpt, ref: dict[int, float], first: int) -> str:
+    run = run_train(*layout, *FAST, *CKPT, "trainer.max_steps=20", f"trainer.resume={ckpt}", run_dir=tmp_path / name)
+    got = {m["step"]: m["loss"] for m in run.metrics()}
+    assert sorted(got) == list(range(first, 21))
+    assert_losses_close([got[s] for s in range(first, 21)], [ref[s] for s in range(first, 21)], rel=1e-4)
+    return run.output
+
+
 def test_resume_under_another_layout(tmp_path, straight):
-    ddp_dir = tmp_path / "ddp"
-    run_train("parallel=ddp", *FAST, *CKPT, "trainer.max_steps=20", "+debug.fail_at_step=11",
-              run_dir=ddp_dir, expect_ok=False)
-    ckpt = ddp_dir / "checkpoints" / "step_0000010"
-    single = run_train("parallel=single", *FAST, *CKPT, "trainer.max_steps=20", f"trainer.resume={ckpt}",
-                       run_dir=tmp_path / "single")
-    assert "written under ddp with 2 ranks; resharded by DCP" in single.output
-    resumed = {m["step"]: m["loss"] for m in single.metrics()}
+    """pp=2 → ddp=2 and → single; ddp=2 → pp=2: each continues the uninterrupted single run's losses."""
     ref = {m["step"]: m["loss"] for m in straight.metrics()}
-    assert sorted(resumed) == list(range(11, 21))
-    assert_losses_close([resumed[s] for s in range(11, 21)], [ref[s] for s in range(11, 21)], rel=1e-4)
-    back = run_train("parallel=ddp", *FAST, *CKPT, "trainer.max_steps=20",
-                     f"trainer.resume={straight.run_dir / 'checkpoints' / 'step_0000015'}", run_dir=tmp_path / "back")
-    got = {m["step"]: m["loss"] for m in back.metrics()}
-    assert_losses_close([got[s] for s in range(16, 21)], [ref[s] for s in range(16, 21)], rel=1e-4)
+    crash = ("trainer.max_steps=20", "+debug.fail_at_step=11")
+    run_train(*LAYOUTS["pp"], *FAST, *CKPT, *crash, run_dir=tmp_path / "pp", expect_ok=False)
+    pp_ckpt = tmp_path / "pp" / "checkpoints" / "step_0000010"
+    out = _continue(tmp_path, "pp_to_ddp", LAYOUTS["ddp"], pp_ckpt, ref, 11)
+    assert "written under pp with 2 ranks; resharded by DCP" in out
+    _continue(tmp_path, "pp_to_single", LAYOUTS["single"], pp_ckpt, ref, 11)
+    run_train(*LAYOUTS["ddp"], *FAST, *CKPT, *crash, run_dir=tmp_path / "ddp", expect_ok=False)
+    out = _continue(tmp_path, "ddp_to_pp", LAYOUTS["pp"], tmp_path / "ddp" / "checkpoints" / "step_0000010", ref, 11)
+    assert "written under ddp with 2 ranks; resharded by DCP" in out
 
 
 def test_elastic_restart_after_sigkill(tmp_path, straight):

@@ -36,13 +36,6 @@ from trainer.checkpoint_files import (
 )
 
 
-#: Optimizer state keyed per parameter FQN, param groups included ("param_groups.<fqn>.lr"): unflattened,
-#: ``param_groups`` is one list that DCP saves from rank 0 only, so a pipeline rank holding other stages
-#: loads rank 0's groups and loses its own ``lr`` (KeyError 'lr' on resume with pp > 1; torchtitan
-#: flattens for the same reason).
-STATE_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
-
-
 def state_view(parts: list[nn.Module]) -> nn.Module:
     """One module holding this rank's parts under their original names (no copies, no prefixes).
 
@@ -94,8 +87,13 @@ class Checkpointer:
         self.root = checkpoints_root(ctx.run_dir)
         self.keep = int(ctx.cfg.trainer.keep_checkpoints)
 
+    #: optimizer state and param-group settings keyed per parameter FQN ("param_groups.<fqn>.lr"), not
+    #: by group index: ranks holding different stages then never overwrite each other's groups, and a
+    #: checkpoint reshards to any layout (torchtitan does the same)
+    OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
     def _state(self) -> dict[str, Any]:
-        model_sd, optim_sd = get_state_dict(self.view, self.optimizer, options=STATE_OPTIONS)
+        model_sd, optim_sd = get_state_dict(self.view, self.optimizer, options=self.OPTIONS)
         return {"model": model_sd, "optim": optim_sd}
 
     def save(self, step: int) -> Path:
@@ -150,7 +148,7 @@ class Checkpointer:
             raise CheckpointError(f"checkpoint {path} cannot be loaded into this model: {type(exc).__name__}: "
                                   f"{str(exc).splitlines()[0][:300]}") from None
         set_state_dict(self.view, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                       options=STATE_OPTIONS)
+                       options=self.OPTIONS)
         self.scheduler.load_state_dict(meta["scheduler"])
         rng = Path(path) / f"rng_rank{ctx.rank}.pt"
         if meta.get("world_size") == ctx.world_size and rng.exists():
