@@ -33,10 +33,12 @@ LAYOUTS = {
     "single": ("parallel=single",),
     "ddp": ("parallel=ddp",),
     "pp": ("parallel=pp", "pp.schedule=1f1b", "pp.micro_batches=2"),
+    "hybrid": ("parallel=hybrid", "dp.size=1", "tp.size=2", "pp.size=2", "pp.micro_batches=2", "pp.trace_step=0"),
 }
 
 
 @pytest.mark.parametrize("strategy", list(LAYOUTS))
+@pytest.mark.timeout(400)
 def test_exact_resume_after_crash(tmp_path, strategy):
     layout = LAYOUTS[strategy]
     ref = run_train(*layout, *FAST, *CKPT, "trainer.max_steps=20", run_dir=tmp_path / "ref")
