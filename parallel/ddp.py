@@ -16,21 +16,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from parallel.base import Engine, ModuleEngine, Strategy, WorkerContext
-
-
-def union_seconds(intervals: list[tuple[float, float]]) -> float:
-    """Total length covered by possibly overlapping [start, end] intervals."""
-    total, cur_start, cur_end = 0.0, None, None
-    for start, end in sorted(intervals):
-        if cur_end is None or start > cur_end:
-            if cur_end is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = start, end
-        else:
-            cur_end = max(cur_end, end)
-    if cur_end is not None:
-        total += cur_end - cur_start
-    return total
+from parallel.intervals import union_seconds
 
 
 class CommTimer:

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from parallel.intervals import union_seconds
+
 
 @dataclass
 class Action:
@@ -163,17 +165,4 @@ class StageRecorder:
 def union_busy(actions: list[Action], *, start: float, end: float) -> float:
     """Seconds within [start, end] covered by at least one action (actions on one rank never overlap
     in a single thread, but clamp anyway)."""
-    total, cur_s, cur_e = 0.0, None, None
-    for a in sorted(actions, key=lambda a: a.start):
-        s, e = max(a.start, start), min(a.end, end)
-        if e <= s:
-            continue
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return total
+    return union_seconds(((a.start, a.end) for a in actions), within=(start, end))
