@@ -111,9 +111,9 @@ class TopologyConfig:
     """Point-to-point bandwidth between pipeline neighbours (Gbit/s); null = the link's bandwidth."""
     p2p_latency_us: Optional[float] = None
     dp_comm_overlap: float = 0.0
+    """Share of the data-parallel gradient all-reduce hidden behind the backward pass (0 on few CPU cores)."""
     devices_per_nic: int = 1
     """Devices sharing one inter-node link of inter_node_gbps (8 behind a node's single 1 GbE port)."""
-    """Share of the data-parallel gradient all-reduce hidden behind the backward pass (0 on few CPU cores)."""
     calibrate: bool = False
     """Measure FLOP/s, overhead, memory, all-reduce and p2p bandwidth on this machine instead of the preset."""
 
