@@ -35,6 +35,14 @@ def _series_label(row: ReportRow, *, several_splits: bool) -> str:
     return f"{row.schedule} split {row.split}" if several_splits else str(row.schedule)
 
 
+def _m_axis(ax, rows: list[ReportRow]) -> None:
+    """Micro-batches on a log-2 axis, labelled with the swept values themselves."""
+    ms = sorted({r.micro_batches for r in rows})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ms, [str(m) for m in ms])
+    ax.minorticks_off()
+
+
 def _pipeline_rows(rows: list[ReportRow]) -> list[ReportRow]:
     return [r for r in rows if r.status == "completed" and r.micro_batches is not None and r.schedule]
 
@@ -53,7 +61,7 @@ def tokens_vs_m(rows: list[ReportRow], path: Path) -> Path | None:
         members.sort(key=lambda r: r.micro_batches)
         ax.plot([r.micro_batches for r in members], [r.tokens_per_s for r in members], marker="o", label=label)
     ax.set(xlabel="micro-batches (m)", ylabel="tokens/s", title="Throughput vs micro-batches")
-    ax.set_xscale("log", base=2)
+    _m_axis(ax, piped)
     ax.legend(fontsize=8)
     return _save(fig, path)
 
@@ -77,7 +85,7 @@ def bubble_vs_m(rows: list[ReportRow], path: Path) -> Path | None:
             ax.plot([m for m, _ in theory], [b for _, b in theory], color=color, linestyle="--",
                     label=f"{schedule} theoretical")
     ax.set(xlabel="micro-batches (m)", ylabel="bubble fraction", title="Pipeline bubble: measured vs theoretical")
-    ax.set_xscale("log", base=2)
+    _m_axis(ax, piped)
     ax.legend(fontsize=8)
     return _save(fig, path)
 
