@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import yaml
@@ -23,6 +24,16 @@ def table_rows(report_md: str) -> list[list[str]]:
 
 def job_cells(rows: list[list[str]]) -> dict[int, list[str]]:
     return {int(row[0].split()[-1]): row for row in rows}
+
+
+def _finished_run(run_dir, timeout: float = 30.0):
+    """The report's W&B run, read once W&B's service (still alive in this process) has flushed it to disk."""
+    deadline = time.monotonic() + timeout
+    while True:
+        run = read_offline_run(find_run_file(run_dir))
+        if (run.group and "best_tokens_per_s" in run.summary) or time.monotonic() > deadline:
+            return run
+        time.sleep(0.5)
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +83,7 @@ def test_wandb_runs_of_a_sweep_share_one_group_with_the_report_run(grid_sweep):
     assert len({r.run_id for r in runs}) == 4
     if not list(sweep_dir.glob("wandb/*run-*/run-*.wandb")):  # the report test may not have run first
         write_report(sweep_dir, wandb_mode="offline")
-    report_run = read_offline_run(find_run_file(sweep_dir))
+    report_run = _finished_run(sweep_dir)
     assert report_run.group == runs[0].group and report_run.job_type == "sweep-report"
     assert report_run.summary["best_tokens_per_s"] == max(
         json.loads((sweep_dir / str(n) / "summary.json").read_text())["tokens_per_s"] for n in range(4))
