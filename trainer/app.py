@@ -18,6 +18,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from trainer.metrics import write_json
+from trainer.sweep_jobs import sweep_name
 from trainer.validate import ConfigError, resolved_container, validate
 
 log = logging.getLogger("meshtrain")
@@ -34,7 +35,7 @@ def hydra_run_meta() -> tuple[Path, dict[str, Any]]:
     if multirun:
         sweep = Path(hc.sweep.dir)
         meta["sweep_dir"] = str(sweep)
-        meta["sweep_name"] = "sweep-" + "-".join(sweep.parts[-2:])
+        meta["sweep_name"] = sweep_name(sweep)
         meta["job_num"] = int(hc.job.num)
         meta["run_name"] = f"{meta['sweep_name']}-job{hc.job.num}"
     else:
@@ -60,6 +61,9 @@ def run_task(cfg: DictConfig) -> float | None:
             return _fail(run_dir, meta, "failed", str(exc), EXIT_WORKER)
         if isinstance(exc, (DataError, CheckpointError)):
             return _fail(run_dir, meta, "failed", str(exc), EXIT_CONFIG)
+        if meta["multirun"]:  # an unexpected error ends this job only: the sweep goes on and counts it
+            log.exception("job %s failed", meta.get("job_num"))
+            return _fail(run_dir, meta, "failed", f"{type(exc).__name__}: {exc}", EXIT_WORKER)
         raise
     if summary is None:  # not rank 0: nothing to report
         return None

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 class ExternalLaunch:
     """Rank information given by an outer launcher; the worker then runs in this very process."""
 
-    kind: str  # "torchrun" or "slurm"
+    kind: str  # "torchrun", "slurm" or "submitit_local"
     rank: int
     local_rank: int
     world_size: int
@@ -46,4 +46,21 @@ def detect_external_launch(environ: dict[str, str] | None = None) -> ExternalLau
             world_size=world,
             local_world_size=max(1, world // max(1, nnodes)),
         )
+    # submitit's local executor with tasks_per_node > 1 (hydra/launcher=submitit_local): the Slurm layout,
+    # one task per worker on this machine, under submitit's own names (it sets no SLURM_* variables).
+    if "SUBMITIT_LOCAL_GLOBALID" in env and int(env.get("SUBMITIT_LOCAL_NTASKS", "1")) > 1:
+        world = int(env["SUBMITIT_LOCAL_NTASKS"])
+        return ExternalLaunch(
+            kind="submitit_local",
+            rank=int(env["SUBMITIT_LOCAL_GLOBALID"]),
+            local_rank=int(env.get("SUBMITIT_LOCAL_LOCALID", "0")),
+            world_size=world,
+            local_world_size=world,
+        )
     return None
+
+
+def rendezvous_port(job_id: str) -> int:
+    """The TCP store port of a job started by Slurm or submitit: the same on every task, from the job id."""
+    digits = "".join(ch for ch in job_id if ch.isdigit()) or "0"
+    return 20000 + int(digits) % 20000

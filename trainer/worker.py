@@ -27,6 +27,7 @@ from parallel.base import WorkerContext
 from parallel.layout import MESH_DIMS, ParallelLayout
 from trainer.logs import TRACE_LOGGER_NAME, setup_rank_logging, teardown_rank_logging
 from trainer.attempts import previous_attempt_report, restart_count, write_exit_record
+from trainer.environment import rendezvous_port
 from trainer.loop import RankZeroSinks, Trainer, output_listing
 from trainer.preemption import PreemptionFlag
 
@@ -46,7 +47,13 @@ class DistEnv:
             env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
             env["WORLD_SIZE"] = env["SLURM_NTASKS"]
             env.setdefault("MASTER_ADDR", env.get("SLURM_LAUNCH_NODE_IPADDR", "localhost"))
-            env.setdefault("MASTER_PORT", str(20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000))
+            env.setdefault("MASTER_PORT", str(rendezvous_port(env.get("SLURM_JOB_ID", "0"))))
+        if "RANK" not in env and "SUBMITIT_LOCAL_GLOBALID" in env:  # submitit's local executor
+            env["RANK"] = env["SUBMITIT_LOCAL_GLOBALID"]
+            env["LOCAL_RANK"] = env.get("SUBMITIT_LOCAL_LOCALID", "0")
+            env["WORLD_SIZE"] = env["SUBMITIT_LOCAL_NTASKS"]
+            env.setdefault("MASTER_ADDR", "localhost")
+            env.setdefault("MASTER_PORT", str(rendezvous_port(env.get("SUBMITIT_LOCAL_JOB_ID", "0"))))
         return cls(rank=int(env["RANK"]), local_rank=int(env.get("LOCAL_RANK", "0")), world_size=int(env["WORLD_SIZE"]))
 
 

@@ -1,0 +1,141 @@
+"""Sweeps as a user runs them (real multiruns through train.py) and the sweep report."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import yaml
+
+from tests.conftest import FAST, run_train
+from trainer.report import write_report
+from trainer.sweep_jobs import read_sweep, sweep_name
+from trainer.wandb_records import find_run_file, read_offline_run
+
+STEPS = ("trainer.max_steps=3",)
+NO_LOGGER = tuple(o for o in FAST if not o.startswith("logger="))
+
+
+def table_rows(report_md: str) -> list[list[str]]:
+    lines = [line for line in report_md.splitlines() if line.startswith("| ")]
+    return [[cell.strip() for cell in line.strip("|").split(" | ")] for line in lines[1:]]  # without the header
+
+
+def job_cells(rows: list[list[str]]) -> dict[int, list[str]]:
+    return {int(row[0].split()[-1]): row for row in rows}
+
+
+def _finished_run(run_dir, timeout: float = 30.0):
+    """The report's W&B run, read once W&B's service (still alive in this process) has flushed it to disk."""
+    deadline = time.monotonic() + timeout
+    while True:
+        run = read_offline_run(find_run_file(run_dir))
+        if (run.group and "best_tokens_per_s" in run.summary) or time.monotonic() > deadline:
+            return run
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def grid_sweep(tmp_path_factory):
+    """4 jobs: m in {2, 4} x split in {[1], [3]}, logged to W&B offline."""
+    sweep_dir = tmp_path_factory.mktemp("grid") / "sweep"
+    run = run_train("parallel=pp", "pp.micro_batches=2,4", "pp.split_points=[1],[3]", *NO_LOGGER, *STEPS,
+                    "logger=wandb", run_dir=sweep_dir, multirun=True)
+    return run, sweep_dir
+
+
+@pytest.mark.slow
+def test_grid_sweep_report_has_one_row_per_job_with_the_summaries_values(grid_sweep):
+    run, sweep_dir = grid_sweep
+    assert "4 jobs: 4 completed, 0 skipped, 0 failed" in run.output
+    assert json.loads((sweep_dir / "sweep_status.json").read_text())["counts"]["completed"] == 4
+    summaries = {j.num: j.summary for j in read_sweep(sweep_dir)}
+    assert sorted(summaries) == [0, 1, 2, 3] and all(s is not None for s in summaries.values())
+
+    out = write_report(sweep_dir, wandb_mode="offline")
+    cells = job_cells(table_rows(out["report"].read_text()))
+    assert sorted(cells) == [0, 1, 2, 3]
+    seen = set()
+    for num, s in summaries.items():
+        row = cells[num]
+        pipe = s["pipeline"]
+        assert row[2] == "1f1b" and row[3] == str(pipe["micro_batches"]) and row[4] == ",".join(map(str, pipe["split_points"]))
+        assert row[5] == f"{s['tokens_per_s']:,.0f}"
+        assert row[6] == f"{s['median_step_time_s'] * 1000:.1f}"
+        assert row[7] == f"{pipe['bubble_fraction']:.0%}" and row[8] == f"{pipe['bubble_theoretical']:.0%}"
+        assert row[10] == "completed"
+        seen.add((pipe["micro_batches"], tuple(pipe["split_points"])))
+    assert seen == {(2, (1,)), (2, (3,)), (4, (1,)), (4, (3,))}
+    best = max(summaries, key=lambda n: summaries[n]["tokens_per_s"])
+    assert cells[best][0].startswith("★")
+    for name in ("tokens_per_s_vs_m", "bubble_vs_m", "peak_memory_vs_split", "pareto"):
+        assert out["plots"][name].stat().st_size > 5000
+
+
+@pytest.mark.slow
+def test_wandb_runs_of_a_sweep_share_one_group_with_the_report_run(grid_sweep):
+    _, sweep_dir = grid_sweep
+    runs = [read_offline_run(find_run_file(sweep_dir / str(n))) for n in range(4)]
+    assert {r.group for r in runs} == {sweep_name(sweep_dir)}
+    assert {r.job_type for r in runs} == {"pp"}
+    assert all({"pp", "pp2", "1f1b"} <= set(r.tags) for r in runs)
+    assert len({r.run_id for r in runs}) == 4
+    if not list(sweep_dir.glob("wandb/*run-*/run-*.wandb")):  # the report test may not have run first
+        write_report(sweep_dir, wandb_mode="offline")
+    report_run = _finished_run(sweep_dir)
+    assert report_run.group == runs[0].group and report_run.job_type == "sweep-report"
+    assert report_run.summary["best_tokens_per_s"] == max(
+        json.loads((sweep_dir / str(n) / "summary.json").read_text())["tokens_per_s"] for n in range(4))
+
+
+@pytest.mark.slow
+def test_invalid_combinations_are_skipped_with_their_reason_and_the_others_run(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    run = run_train("parallel=pp", "pp.schedule=1f1b", "pp.micro_batches=1,2", "pp.split_points=[2],[9]",
+                    *FAST, *STEPS, run_dir=sweep_dir, multirun=True)
+    assert "4 jobs: 1 completed, 3 skipped, 0 failed" in run.output
+    jobs = {(j.config["pp"]["micro_batches"], tuple(j.config["pp"]["split_points"])): j for j in read_sweep(sweep_dir)}
+    ok = jobs[(2, (2,))]
+    assert ok.status == "completed" and (ok.path / "summary.json").exists()
+    for key, needle in [((1, (2,)), "1f1b needs at least as many micro-batches"), ((2, (9,)), "split"), ((1, (9,)), "")]:
+        job = jobs[key]
+        status = json.loads((job.path / "status.json").read_text())
+        assert status["status"] == "skipped" and needle in status["reason"]
+        assert not (job.path / "logs").exists(), "a skipped job must not start workers"
+    report = write_report(sweep_dir, wandb_mode="disabled")["report"].read_text()
+    cells = job_cells(table_rows(report))
+    assert cells[ok.num][10] == "completed" and cells[ok.num][0].startswith("★")
+    skipped = cells[jobs[(1, (2,))].num]
+    assert skipped[3] == "1" and skipped[5] == "-" and skipped[10].startswith("skipped:")
+    assert "1f1b needs at least as many micro-batches" in report
+
+
+@pytest.mark.slow
+def test_optuna_search_runs_three_trials_and_copes_with_a_skipped_one(tmp_path):
+    """Seeded TPE picks gpipe, 1f1b, gpipe: the 1f1b trial (m=1 < 2 stages) is skipped and marked
+    failed in the study; the best value is the best completed job's tokens/s."""
+    sweep_dir = tmp_path / "optuna"
+    run = run_train("hparams_search=pp_throughput", "hydra.sweeper.n_trials=3", "pp.schedule=choice(1f1b,gpipe)",
+                    "pp.micro_batches=1", "pp.split_points=[2]", *FAST, *STEPS, run_dir=sweep_dir, multirun=True)
+    jobs = read_sweep(sweep_dir)
+    assert [j.status for j in jobs] == ["completed", "skipped", "completed"], run.output[-3000:]
+    assert "Failed experiment: Return value must be float-castable. Got 'None'" in run.output
+    result = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    assert result["best_value"] == pytest.approx(max(j.summary["tokens_per_s"] for j in jobs if j.summary))
+    assert result["best_params"] == {"pp.schedule": "gpipe"}
+
+
+@pytest.mark.slow
+def test_submitit_local_launcher_runs_a_job_with_one_task_per_worker(tmp_path):
+    """The Slurm path (srun-style: one task per worker, rank from the environment) on submitit's local executor."""
+    sweep_dir = tmp_path / "submitit"
+    run = run_train("hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2", "hydra.launcher.timeout_min=5",
+                    "parallel=pp", "pp.micro_batches=2", *FAST, *STEPS, run_dir=sweep_dir, multirun=True)
+    assert "1 jobs: 1 completed" in run.output
+    job = sweep_dir / "0"
+    summary = json.loads((job / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["layout"]["world_size"] == 2
+    assert (job / "logs" / "rank1.log").exists()
+    assert not (job / "logs" / "elastic").exists(), "the tasks are the workers: no elastic agent"
+    assert list((sweep_dir / ".submitit").iterdir())
