@@ -104,8 +104,8 @@ def markdown(rows: list[dict], *, choice: str, choice_s: float, best: dict, step
         "",
         f"`python benchmarks/planner.py --write` on this machine (gpt_small, seq 64, {steps} steps per layout, "
         "median step time after 2 warm-up steps; `topology.calibrate=true` measured FLOP/s, per-micro-batch "
-        "overhead, AdamW bandwidth and gloo all-reduce/p2p first). Only single and ddp exist in this checkout, "
-        "so the six layouts vary dp, micro-batches and batch size.",
+        "overhead, AdamW bandwidth and gloo all-reduce/p2p first). The sweep uses single and ddp only "
+        "(pipeline and TP layouts are not in it yet), so the six layouts vary dp, micro-batches and batch size.",
         "",
         "| layout | predicted s | measured s | error |",
         "|---|---:|---:|---:|",

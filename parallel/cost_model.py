@@ -292,6 +292,8 @@ def estimate(candidate: Candidate, *, model: ModelSpec, hardware: HardwareSpec, 
     ar_per_layer = 4 + (2 if c.recompute == "full" else 0)  # Megatron-LM 2104.04473 section 3.2: 2 fwd + 2 bwd
     tp_ar = ring_allreduce_s(tokens * model.d_model * e, n=c.tp, link=tp_link)
     stage_compute, stage_tp = [], []
+    # ranks sharing a node slow each other down (memory bandwidth, caches): measured, see calibrate.py
+    busy = hardware.busy_node_slowdown if min(c.dp * c.tp * c.pp, hardware.devices_per_node) > 1 else 1.0
     for r, layers in enumerate(layers_of):
         flops = sum(passes * model.layer_forward_flops_per_token(i, s) for i in layers)
         if c.recompute == "selective":
@@ -299,7 +301,7 @@ def estimate(candidate: Candidate, *, model: ModelSpec, hardware: HardwareSpec, 
         if r == last:
             flops += 3 * model.logit_forward_flops_per_token()
         share = (len(layers) + (r == 0) + (r == last)) / (model.n_layers + 2)
-        stage_compute.append(flops * tokens / c.tp / hardware.flops + hardware.microbatch_overhead_s * share)
+        stage_compute.append((flops * tokens / c.tp / hardware.flops + hardware.microbatch_overhead_s * share) * busy)
         stage_tp.append(len(layers) * ar_per_layer * tp_ar)
     pp_link = hardware.link_for(span=c.pp, stride=c.dp * c.tp) if c.pp > 1 else hardware.p2p
     if pp_link is hardware.intra:

@@ -149,6 +149,9 @@ class HardwareSpec:
     p2p: Link
     microbatch_overhead_s: float = 0.0
     dp_comm_overlap: float = 0.0
+    busy_node_slowdown: float = 1.0
+    """How much slower one device computes while the other devices of its node compute too (shared
+    memory bandwidth, caches, power budget); about 1 for GPUs, measured 1.3-1.5 on this 2-core CPU."""
     devices_per_nic: int = 1
     """Devices sharing one inter-node link; ``inter`` already holds each one's share."""
     measured: dict[str, float] = field(default_factory=dict)
@@ -193,6 +196,7 @@ class HardwareSpec:
             p2p=p2p,
             microbatch_overhead_s=float(topo.get("microbatch_overhead_ms", 0.0)) * 1e-3,
             dp_comm_overlap=float(topo.get("dp_comm_overlap", 0.0)),
+            busy_node_slowdown=float(topo.get("busy_node_slowdown", 1.0)),
             devices_per_nic=sharing,
         )
 

@@ -1,6 +1,6 @@
 """The cost model against real runs on this machine: ±25% on six layouts, and the benchmark's machinery.
 
-Only single and ddp exist in this checkout (pp/tp/fsdp are built in other branches): the six layouts vary
+The sweep uses single and ddp only (pipeline/TP layouts are not in it yet): the six layouts vary
 dp, gradient-accumulation micro-batches and the global batch instead (benchmarks/planner.py SWEEP).
 """
 

@@ -112,6 +112,8 @@ class TopologyConfig:
     p2p_latency_us: Optional[float] = None
     dp_comm_overlap: float = 0.0
     """Share of the data-parallel gradient all-reduce hidden behind the backward pass (0 on few CPU cores)."""
+    busy_node_slowdown: float = 1.0
+    """Compute slowdown of a device while its node's other devices compute too (calibrate measures it)."""
     devices_per_nic: int = 1
     """Devices sharing one inter-node link of inter_node_gbps (8 behind a node's single 1 GbE port)."""
     calibrate: bool = False
