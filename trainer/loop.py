@@ -6,6 +6,7 @@ logged steps, the summary at the end). Rank 0 owns the sinks: console, metrics.j
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
@@ -140,13 +141,18 @@ class Trainer:
 
     # ---- checkpoints ---------------------------------------------------------------------------
 
+    @functools.cached_property
+    def checkpointer(self):
+        """Built on first use: ``torch.distributed.checkpoint`` costs ~0.9 s to import (it pulls in
+        dynamo), which a fresh run should not pay before its first step."""
+        from trainer.checkpoint import Checkpointer
+
+        return Checkpointer(ctx=self.ctx, engine=self.engine, optimizer=self.optimizer, scheduler=self.scheduler)
+
     def resume(self) -> int:
         """Load the checkpoint this run continues from (collective); returns the step it ends at."""
-        from trainer.checkpoint import Checkpointer
         from trainer.checkpoint_files import checkpoints_root, complete_checkpoints, resolve_resume
 
-        self.checkpointer = Checkpointer(ctx=self.ctx, engine=self.engine, optimizer=self.optimizer,
-                                         scheduler=self.scheduler)
         resume = str(self.cfg.trainer.resume)
         own = complete_checkpoints(checkpoints_root(self.ctx.run_dir))
         # a restarted or re-launched run continues from its own newest checkpoint, whatever it started from

@@ -1,7 +1,7 @@
 """Weights & Biases from rank 0: the real ``wandb`` library, offline unless told otherwise.
 
 W&B's import and ``init`` cost 1.5–3 s (it starts its own service process). They run in a background
-thread while training starts; steps logged before the run is ready are queued and sent in order, so
+thread started by the first logged step (after the first training step); steps logged before the run is ready are queued and sent in order, so
 W&B adds nothing to the time to the first step. An online run that cannot reach its server within
 ``logger.wandb.init_timeout`` falls back to offline with a warning instead of retrying for minutes.
 ``finish`` is always called, with a non-zero exit code when the run failed.
@@ -53,10 +53,11 @@ class WandbSink:
             dir=str(run_dir),
         )
         settings = dict(console=console, x_disable_stats=not system_stats, x_disable_machine_info=not system_stats)
+        # started by the first logged step, i.e. after the first training step: W&B's import and service
+        # start compete for the cores, and the time to the first step should not pay for them
         self._thread = threading.Thread(
             target=self._init, args=(mode, kwargs, settings, init_timeout), name="wandb-init", daemon=True
         )
-        self._thread.start()
 
     def _init(self, mode: str, kwargs: dict, settings: dict, init_timeout: float) -> None:
         try:
@@ -74,9 +75,14 @@ class WandbSink:
             self.log.warning("W&B could not start (%s: %s); metrics.jsonl still has every logged step",
                              type(exc).__name__, exc)
 
+    def _start(self) -> None:
+        if self._thread is not None and self._thread.ident is None:
+            self._thread.start()
+
     def ready(self) -> bool:
         """Wait for the background init; True when a run is available."""
         if self._thread is not None:
+            self._start()
             self._thread.join()
             self._thread = None
         return self.run is not None
@@ -86,6 +92,7 @@ class WandbSink:
         return str(Path(self.run.dir).parent) if self.ready() else None
 
     def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
+        self._start()
         if self._thread is not None and self._thread.is_alive():
             self._pending.append((metrics, step))
             return
