@@ -1,7 +1,8 @@
 """The training loop: global batch → this rank's share → engine step → optimizer → measurements.
 
-Every rank runs the same loop; collectives happen at the same steps on all ranks (loss reduction on
-logged steps, the summary at the end). Rank 0 owns the sinks: console, metrics.jsonl, summary.json, W&B.
+Every rank runs the same loop; collectives happen at the same steps on all ranks: one small all-reduce
+per step (did a stop signal arrive, did any rank go non-finite), the loss on logged steps, checkpoints,
+the summary at the end. Rank 0 owns the sinks: console, metrics.jsonl, summary.json, W&B.
 """
 
 from __future__ import annotations
