@@ -62,11 +62,10 @@ def warn_small_batchnorm(engine: Engine, ctx: WorkerContext) -> None:
 
 
 class Trainer:
-    def __init__(self, *, ctx: WorkerContext, engine: Engine, run_meta: dict[str, Any]):
+    def __init__(self, *, ctx: WorkerContext, engine: Engine):
         self.ctx = ctx
         self.engine = engine
         self.cfg = ctx.cfg
-        self.run_meta = run_meta
         self.data = instantiate(self.cfg.data, seed=int(self.cfg.trainer.seed))
         self.optimizer = build_optimizer(engine.parameters(), self.cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, max_steps=int(self.cfg.trainer.max_steps))

@@ -149,7 +149,7 @@ def run(
             log.warning(report)
         strategy = instantiate(cfg.parallel)
         engine = strategy.build(ctx=ctx)
-        trainer = Trainer(ctx=ctx, engine=engine, run_meta=run_meta)
+        trainer = Trainer(ctx=ctx, engine=engine)
         start_step = trainer.resume()
         if start_step and env.rank == 0:
             log.info("continuing at step %d of %d", start_step + 1, cfg.trainer.max_steps)
