@@ -5,7 +5,7 @@ TORCH  ?= torch==2.13.0
 PY      = $(VENV)/bin/python
 ARGS   ?=
 
-.PHONY: train test bench clean
+.PHONY: train test lint bench clean
 
 # torch first (pinned CPU build by default, overridable: make train TORCH="torch==2.6.0"), then the
 # project with its own range, which the installed torch satisfies, so pip keeps it.
@@ -22,8 +22,13 @@ train: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m pytest $(ARGS)
 
+# ruff: lint and formatting, configured in pyproject.toml; .ci/run runs it before the tests
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
 bench: $(VENV)/.installed
 	$(PY) benchmarks/overhead.py
 
 clean:
-	rm -rf outputs multirun wandb .pytest_cache
+	rm -rf outputs multirun wandb .pytest_cache .ruff_cache

@@ -1,14 +1,14 @@
 """meshtrain entry point: `python train.py parallel=hybrid pp.micro_batches=8`.
 
-Thin on purpose: Hydra composes conf/ with the command line's overrides, trainer.app validates,
+Thin on purpose: Hydra composes conf/ with the command line's overrides, trainer.task validates,
 launches the workers and returns the objective (tokens/s by default) for sweepers.
 """
 
 import hydra
 from omegaconf import DictConfig
 
-from trainer.config import register_configs
-from trainer.resolvers import register_resolvers
+from conf.resolvers import register_resolvers
+from conf.schema import register_configs
 
 register_resolvers()
 register_configs()
@@ -16,7 +16,7 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
-    from trainer.app import run_task
+    from trainer.task import run_task
 
     return run_task(cfg)
 

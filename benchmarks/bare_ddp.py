@@ -17,8 +17,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from models.gpt import GPT
-from trainer.data import TextCorpus
+from models.gpt.model import GPT
+from trainer.data.datasets import TextCorpus
 
 
 def main() -> None:
@@ -35,7 +35,9 @@ def main() -> None:
     torch.manual_seed(0)
     model = DDP(GPT(vocab_size=256, n_layers=4, d_model=128, n_heads=4, d_ff=512, max_seq_len=args.seq))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95))
-    data = TextCorpus(global_batch_size=args.batch, seq_len=args.seq, cache_dir=os.path.expanduser("~/.cache/meshtrain"))
+    data = TextCorpus(
+        global_batch_size=args.batch, seq_len=args.seq, cache_dir=os.path.expanduser("~/.cache/meshtrain")
+    )
     data.prepare()
     n = args.batch // world
     times, first_step_end = [], None
@@ -55,11 +57,15 @@ def main() -> None:
             loss.item()
     if rank == 0:
         steady = times[2:]
-        print(json.dumps({
-            "tokens_per_s": args.batch * args.seq / statistics.median(steady),
-            "median_step_time_s": statistics.median(steady),
-            "launch_to_first_step_s": first_step_end - args.launch_time,
-        }))
+        print(
+            json.dumps(
+                {
+                    "tokens_per_s": args.batch * args.seq / statistics.median(steady),
+                    "median_step_time_s": statistics.median(steady),
+                    "launch_to_first_step_s": first_step_end - args.launch_time,
+                }
+            )
+        )
     del model, opt
     dist.destroy_process_group()
 

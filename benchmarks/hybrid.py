@@ -33,14 +33,29 @@ LAYOUTS: dict[str, tuple[str, ...]] = {
     "dp2×tp2": ("parallel=hybrid", "dp.size=2", "tp.size=2", "pp.size=1"),
     "tp2×pp2": ("parallel=hybrid", "dp.size=1", "tp.size=2", "pp.size=2"),
 }
-COMMON = ("logger=none", "trainer.log_every=1", "pp.micro_batches=4", "pp.schedule=1f1b", "pp.trace_step=0",
-          "data.global_batch_size=16", "data.seq_len=64", "tp.measure_comm=false")
+COMMON = (
+    "logger=none",
+    "trainer.log_every=1",
+    "pp.micro_batches=4",
+    "pp.schedule=1f1b",
+    "pp.trace_step=0",
+    "data.global_batch_size=16",
+    "data.seq_len=64",
+    "tp.measure_comm=false",
+)
 
 
 def run_layout(name: str, overrides: tuple[str, ...], *, steps: int, extra: list[str], out: Path) -> dict:
     run_dir = out / name.replace("×", "x")
-    cmd = [sys.executable, str(ROOT / "train.py"), *overrides, *COMMON, f"trainer.max_steps={steps}", *extra,
-           f"hydra.run.dir={run_dir}"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        *overrides,
+        *COMMON,
+        f"trainer.max_steps={steps}",
+        *extra,
+        f"hydra.run.dir={run_dir}",
+    ]
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     wall = time.perf_counter() - start
@@ -70,8 +85,10 @@ def table(rows: list[dict]) -> str:
             continue
         peaks = " / ".join(f"{p:.0f}" for p in r["peak_mib_per_rank"])
         bubble = f"{r['bubble']:.0%}" if r["bubble"] is not None else "–"
-        lines.append(f"| {r['layout']} | {r['tokens_per_s']:,.0f} | {r['step_ms']:.0f} | {peaks} | {bubble} | "
-                     f"{r['final_loss']:.4f} |")
+        lines.append(
+            f"| {r['layout']} | {r['tokens_per_s']:,.0f} | {r['step_ms']:.0f} | {peaks} | {bubble} | "
+            f"{r['final_loss']:.4f} |"
+        )
     return "\n".join(lines)
 
 

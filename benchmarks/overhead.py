@@ -27,9 +27,20 @@ def run_bare(steps: int) -> dict:
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
     launch = time.time()
     out = subprocess.run(
-        [torchrun, "--nproc_per_node=2", "--log-dir", tempfile.mkdtemp(), str(ROOT / "benchmarks" / "bare_ddp.py"),
-         f"--steps={steps}", f"--launch-time={launch}"],
-        capture_output=True, text=True, check=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        [
+            torchrun,
+            "--nproc_per_node=2",
+            "--log-dir",
+            tempfile.mkdtemp(),
+            str(ROOT / "benchmarks" / "bare_ddp.py"),
+            f"--steps={steps}",
+            f"--launch-time={launch}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     ).stdout
     return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
 
@@ -38,9 +49,19 @@ def run_meshtrain(steps: int, *extra: str) -> dict:
     run_dir = Path(tempfile.mkdtemp()) / "run"
     launch = time.time()
     subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), f"trainer.max_steps={steps}", f"trainer.log_every={steps}",
-         f"hydra.run.dir={run_dir}", *extra],
-        capture_output=True, text=True, check=True, cwd=ROOT, env={**os.environ, "WANDB_SILENT": "true"},
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            f"trainer.max_steps={steps}",
+            f"trainer.log_every={steps}",
+            f"hydra.run.dir={run_dir}",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        env={**os.environ, "WANDB_SILENT": "true"},
     )
     summary = json.loads((run_dir / "summary.json").read_text())
     summary["launch_to_first_step_s"] = summary["first_step_end_unix"] - launch

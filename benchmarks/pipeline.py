@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from parallel.schedules import SCHEDULES, schedule_spec  # noqa: E402
+from parallel.pipeline.schedules import SCHEDULES, schedule_spec  # noqa: E402
 
 MiB = 1024 * 1024
 
@@ -34,9 +34,20 @@ def run_one(*, schedule: str, m: int, steps: int, extra: list[str], folder: Path
     if problem:
         return {"skipped": problem}
     run_dir = folder / f"{schedule}_m{m}"
-    cmd = [sys.executable, str(ROOT / "train.py"), "parallel=pp", f"pp.schedule={schedule}",
-           f"pp.stages_per_rank={v}", f"pp.micro_batches={m}", f"trainer.max_steps={steps}", "pp.trace_step=0",
-           "logger=none", f"trainer.log_every={steps}", *extra, f"hydra.run.dir={run_dir}"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "parallel=pp",
+        f"pp.schedule={schedule}",
+        f"pp.stages_per_rank={v}",
+        f"pp.micro_batches={m}",
+        f"trainer.max_steps={steps}",
+        "pp.trace_step=0",
+        "logger=none",
+        f"trainer.log_every={steps}",
+        *extra,
+        f"hydra.run.dir={run_dir}",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if proc.returncode != 0:
         return {"skipped": (proc.stderr or proc.stdout).strip().splitlines()[-1][:200]}
@@ -49,14 +60,18 @@ def row(schedule: str, m: int, s: dict) -> str:
     p = s["pipeline"]
     acts = " / ".join(f"{(r['peak_activation_bytes'] or 0) / MiB:.1f}" for r in p["stages"])
     rss = " / ".join(f"{b / MiB:.0f}" for b in s["peak_memory_bytes_per_rank"])
-    return (f"| {schedule} | {m} | {s['median_step_time_s'] * 1e3:.0f} | {s['tokens_per_s']:,.0f} | "
-            f"{p['bubble_fraction']:.2f} | {p['bubble_theoretical']:.2f} | {p['imbalance_ratio']:.2f} | {acts} | "
-            f"{rss} |")
+    return (
+        f"| {schedule} | {m} | {s['median_step_time_s'] * 1e3:.0f} | {s['tokens_per_s']:,.0f} | "
+        f"{p['bubble_fraction']:.2f} | {p['bubble_theoretical']:.2f} | {p['imbalance_ratio']:.2f} | {acts} | "
+        f"{rss} |"
+    )
 
 
-HEADER = ("| schedule | m | step (ms) | tokens/s | bubble (measured) | bubble (theory) | imbalance | "
-          "peak activations per stage (MiB) | peak RSS per rank (MiB) |\n"
-          "|---|---|---|---|---|---|---|---|---|")
+HEADER = (
+    "| schedule | m | step (ms) | tokens/s | bubble (measured) | bubble (theory) | imbalance | "
+    "peak activations per stage (MiB) | peak RSS per rank (MiB) |\n"
+    "|---|---|---|---|---|---|---|---|---|"
+)
 
 
 def main() -> None:
@@ -65,8 +80,12 @@ def main() -> None:
     ap.add_argument("--micro-batches", nargs="+", type=int, default=[1, 2, 4, 8])
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--out", type=Path, help="also write the Markdown table here")
-    ap.add_argument("overrides", nargs="*", default=["data.seq_len=128", "data.global_batch_size=16"],
-                    help="extra train.py overrides (default: data.seq_len=128 data.global_batch_size=16)")
+    ap.add_argument(
+        "overrides",
+        nargs="*",
+        default=["data.seq_len=128", "data.global_batch_size=16"],
+        help="extra train.py overrides (default: data.seq_len=128 data.global_batch_size=16)",
+    )
     args = ap.parse_args()
     lines = [HEADER]
     results: dict[tuple[str, int], dict] = {}
@@ -83,8 +102,11 @@ def main() -> None:
         s = results.get((schedule, m))
         if s and "pipeline" in s:
             peak = [r["peak_activation_bytes"] / MiB for r in s["pipeline"]["stages"]]
-            memory.append(f"- {schedule} at m={m}: peak activations " + " / ".join(f"{x:.1f}" for x in peak)
-                          + " MiB on stage 0 / 1")
+            memory.append(
+                f"- {schedule} at m={m}: peak activations "
+                + " / ".join(f"{x:.1f}" for x in peak)
+                + " MiB on stage 0 / 1"
+            )
     text = "\n".join(lines) + ("\n\n" + "\n".join(memory) if memory else "") + "\n"
     print("\n" + text)
     if args.out:

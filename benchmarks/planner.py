@@ -21,10 +21,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from parallel.cost_model import Candidate, estimate  # noqa: E402
-from parallel.model_spec import HardwareSpec  # noqa: E402
-from parallel.plan import CONF, compose  # noqa: E402
-from parallel.planner import available_strategies, describe, plan, specs_from_cfg  # noqa: E402
+from parallel.plan.cli import CONF, compose  # noqa: E402
+from parallel.plan.cost_model import Candidate, estimate  # noqa: E402
+from parallel.plan.search import available_strategies, describe, plan, specs_from_cfg  # noqa: E402
+from parallel.plan.specs import HardwareSpec  # noqa: E402
 
 BASE = ("model=gpt_small", "logger=none", "data.seq_len=64", "trainer.log_every=100")
 
@@ -41,7 +41,11 @@ def layout_of(c: Candidate, *, global_batch_size: int) -> Layout:
     """The train.py overrides that run candidate ``c`` (non-pipelined strategies: single, ddp, fsdp)."""
     name = {1: "single"}.get(c.dp, "fsdp" if c.zero_stage == 3 else "ddp")
     per_replica = global_batch_size // c.dp
-    mbs = f"data.micro_batch_size={per_replica // c.micro_batches}" if c.micro_batches > 1 else "data.micro_batch_size=null"
+    mbs = (
+        f"data.micro_batch_size={per_replica // c.micro_batches}"
+        if c.micro_batches > 1
+        else "data.micro_batch_size=null"
+    )
     ov = (f"parallel={name}", f"dp.size={c.dp}", f"data.global_batch_size={global_batch_size}", mbs)
     return Layout(f"{describe(c)} B={global_batch_size}", ov, c, global_batch_size)
 
@@ -70,8 +74,14 @@ def predict(layout: Layout, hardware: HardwareSpec) -> float:
 
 def measure(layout: Layout, *, steps: int, run_dir: Path) -> float:
     """Median step time (warm-up excluded) of a real train.py run."""
-    cmd = [sys.executable, str(ROOT / "train.py"), *BASE, *layout.overrides, f"trainer.max_steps={steps}",
-           f"hydra.run.dir={run_dir}"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        *BASE,
+        *layout.overrides,
+        f"trainer.max_steps={steps}",
+        f"hydra.run.dir={run_dir}",
+    ]
     env = {**os.environ, "WANDB_SILENT": "true"}
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
     if proc.returncode != 0:
@@ -86,8 +96,14 @@ def sweep(layouts=SWEEP, *, steps: int = 12, hardware: HardwareSpec | None = Non
         for i, lay in enumerate(layouts):
             measured = measure(lay, steps=steps, run_dir=Path(tmp) / str(i))
             predicted = predict(lay, hardware)
-            rows.append({"layout": lay.label, "predicted_s": predicted, "measured_s": measured,
-                         "error": predicted / measured - 1})
+            rows.append(
+                {
+                    "layout": lay.label,
+                    "predicted_s": predicted,
+                    "measured_s": measured,
+                    "error": predicted / measured - 1,
+                }
+            )
     return rows
 
 
@@ -125,7 +141,7 @@ def write_section(text: str, path: Path = ROOT / "docs" / "benchmarks.md") -> No
     start = old.find("## Planner")
     if start >= 0:
         end = old.find("\n## ", start + 1)
-        old = old[:start] + (old[end + 1:] if end >= 0 else "")
+        old = old[:start] + (old[end + 1 :] if end >= 0 else "")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(old.rstrip("\n") + "\n\n" + text)
 

@@ -38,8 +38,15 @@ class TrainRun:
         return [m["loss"] for m in self.metrics()]
 
 
-def run_train(*overrides: str, run_dir: Path, expect_ok: bool = True, timeout: float = 600,
-              env: dict[str, str] | None = None, multirun: bool = False, cwd: Path = ROOT) -> TrainRun:
+def run_train(
+    *overrides: str,
+    run_dir: Path,
+    expect_ok: bool = True,
+    timeout: float = 600,
+    env: dict[str, str] | None = None,
+    multirun: bool = False,
+    cwd: Path = ROOT,
+) -> TrainRun:
     """``python train.py OVERRIDES`` with its output folder under ``run_dir``."""
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     cmd = [sys.executable, str(ROOT / "train.py"), *(["-m"] if multirun else []), *overrides, f"{key}={run_dir}"]
@@ -57,8 +64,8 @@ def compose_cfg():
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from trainer.config import register_configs
-    from trainer.resolvers import register_resolvers
+    from conf.resolvers import register_resolvers
+    from conf.schema import register_configs
 
     register_resolvers()
     register_configs()

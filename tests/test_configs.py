@@ -22,11 +22,29 @@ def _data_for(model_cfg) -> str:
 
 def test_default_config_has_contract_keys(compose_cfg):
     cfg = compose_cfg()
-    for key in ("dp.size", "tp.size", "pp.size", "pp.micro_batches", "pp.schedule", "pp.split_points",
-                "pp.stages_per_rank", "mp.split_points", "topology.nnodes", "topology.nproc_per_node",
-                "topology.backend", "topology.node_rank", "topology.master_addr", "topology.master_port",
-                "trainer.max_steps", "trainer.seed", "trainer.log_every", "trainer.checkpoint_every",
-                "data.global_batch_size", "data.seq_len", "logger.wandb.mode"):
+    for key in (
+        "dp.size",
+        "tp.size",
+        "pp.size",
+        "pp.micro_batches",
+        "pp.schedule",
+        "pp.split_points",
+        "pp.stages_per_rank",
+        "mp.split_points",
+        "topology.nnodes",
+        "topology.nproc_per_node",
+        "topology.backend",
+        "topology.node_rank",
+        "topology.master_addr",
+        "topology.master_port",
+        "trainer.max_steps",
+        "trainer.seed",
+        "trainer.log_every",
+        "trainer.checkpoint_every",
+        "data.global_batch_size",
+        "data.seq_len",
+        "logger.wandb.mode",
+    ):
         node = cfg
         for part in key.split("."):
             assert part in node, f"missing contract key {key}"
@@ -68,13 +86,15 @@ def test_model_option_instantiates(compose_cfg, name):
 def test_optim_option_builds(compose_cfg, name):
     import torch
 
-    from trainer.optim import build_optimizer, build_scheduler
+    from trainer.loop.optim import build_optimizer, build_scheduler
 
     cfg = compose_cfg(f"optim={name}")
     p = torch.nn.Parameter(torch.ones(3))
     opt = build_optimizer([p], cfg.optim)
     build_scheduler(opt, cfg.optim, max_steps=10)
-    assert opt.param_groups[0]["lr"] == pytest.approx(cfg.optim.lr * (1 / cfg.optim.warmup_steps if cfg.optim.warmup_steps else 1))
+    assert opt.param_groups[0]["lr"] == pytest.approx(
+        cfg.optim.lr * (1 / cfg.optim.warmup_steps if cfg.optim.warmup_steps else 1)
+    )
 
 
 @pytest.mark.parametrize("data", ["text", "images"])

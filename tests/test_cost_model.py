@@ -6,22 +6,42 @@ import math
 
 import pytest
 
-from parallel.cost_model import (
-    Candidate, bubble_fraction, estimate, layer_activation_bytes, micro_batches_in_flight, model_state_bytes,
+from parallel.plan.cost_model import (
+    Candidate,
+    bubble_fraction,
+    estimate,
+    layer_activation_bytes,
+    micro_batches_in_flight,
+    model_state_bytes,
 )
-from parallel.model_spec import HardwareSpec, Link, ModelSpec, Workload
+from parallel.plan.specs import HardwareSpec, Link, ModelSpec, Workload
 
 # Megatron-LM 2021 (arXiv 2104.04473) Table 1: (heads, hidden, layers) -> parameters in billions; V = 51200, s = 2048
 MEGATRON_TABLE_1 = [
-    (24, 2304, 24, 1.7), (32, 3072, 30, 3.6), (32, 4096, 36, 7.5), (48, 6144, 40, 18.4), (64, 8192, 48, 39.1),
-    (80, 10240, 60, 76.1), (96, 12288, 80, 145.6), (128, 16384, 96, 310.1), (128, 20480, 105, 529.6),
+    (24, 2304, 24, 1.7),
+    (32, 3072, 30, 3.6),
+    (32, 4096, 36, 7.5),
+    (48, 6144, 40, 18.4),
+    (64, 8192, 48, 39.1),
+    (80, 10240, 60, 76.1),
+    (96, 12288, 80, 145.6),
+    (128, 16384, 96, 310.1),
+    (128, 20480, 105, 529.6),
     (160, 25600, 128, 1008.0),
 ]
 
 
 def megatron_gpt(heads: int, hidden: int, layers: int) -> ModelSpec:
-    return ModelSpec(name="megatron", n_layers=layers, d_model=hidden, n_heads=heads, vocab_size=51200,
-                     max_seq_len=2048, bias=True, tied_embeddings=True)
+    return ModelSpec(
+        name="megatron",
+        n_layers=layers,
+        d_model=hidden,
+        n_heads=heads,
+        vocab_size=51200,
+        max_seq_len=2048,
+        bias=True,
+        tied_embeddings=True,
+    )
 
 
 @pytest.mark.parametrize("heads,hidden,layers,billions", MEGATRON_TABLE_1)
@@ -32,7 +52,7 @@ def test_parameter_counts_match_megatron_table_1(heads, hidden, layers, billions
 @pytest.mark.parametrize("heads,hidden,layers,_", MEGATRON_TABLE_1[::3])
 def test_flops_with_full_recompute_are_megatrons_formula(heads, hidden, layers, _):
     """96·B·s·l·h²(1 + s/6h + V/16lh) per iteration (arXiv 2104.04473, eq. 3), per token here."""
-    m, s, V, h, l = megatron_gpt(heads, hidden, layers), 2048, 51200, hidden, layers
+    m, s, V, h, l = megatron_gpt(heads, hidden, layers), 2048, 51200, hidden, layers  # noqa: E741 - the paper's names
     paper = 96 * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h)) / s
     assert m.training_flops_per_token(s, recompute="full") == pytest.approx(paper, rel=1e-12)
     # without recomputation: three passes instead of four over the blocks
@@ -94,8 +114,18 @@ def test_micro_batches_in_flight_per_schedule():
 
 
 def _hw(**kw) -> HardwareSpec:
-    base = dict(name="t", nnodes=1, devices_per_node=8, device="cuda", memory_bytes=80e9, flops=100e12,
-                memory_bytes_per_s=2e12, intra=Link(2400, 5e-6), inter=Link(2400, 5e-6), p2p=Link(2400, 5e-6))
+    base = dict(
+        name="t",
+        nnodes=1,
+        devices_per_node=8,
+        device="cuda",
+        memory_bytes=80e9,
+        flops=100e12,
+        memory_bytes_per_s=2e12,
+        intra=Link(2400, 5e-6),
+        inter=Link(2400, 5e-6),
+        p2p=Link(2400, 5e-6),
+    )
     return HardwareSpec(**{**base, **kw})
 
 

@@ -43,11 +43,24 @@ def test_legacy_dp_on_cpu_runs_as_single_with_warning(single_run, tmp_path):
 
 
 def test_batchnorm_small_batch_warning(tmp_path):
-    run = run_train("model=cnn_bn", "data=images", "data.global_batch_size=8", "trainer.max_steps=20",
-                    "logger=none", "trainer.log_every=5", run_dir=tmp_path / "run")
+    run = run_train(
+        "model=cnn_bn",
+        "data=images",
+        "data.global_batch_size=8",
+        "trainer.max_steps=20",
+        "logger=none",
+        "trainer.log_every=5",
+        run_dir=tmp_path / "run",
+    )
     assert "3 BatchNorm layers" in run.output and "sees only 4 samples" in run.output
     losses = run.losses()
     assert losses[-1] < 0.7 * losses[0]
-    big = run_train("model=cnn_bn", "data=images", "data.global_batch_size=32", "trainer.max_steps=2",
-                    "logger=none", run_dir=tmp_path / "big")
+    big = run_train(
+        "model=cnn_bn",
+        "data=images",
+        "data.global_batch_size=32",
+        "trainer.max_steps=2",
+        "logger=none",
+        run_dir=tmp_path / "big",
+    )
     assert "BatchNorm" not in big.output

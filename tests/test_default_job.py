@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from tests.conftest import run_train
-from trainer.wandb_records import find_run_file, read_offline_run
+from trainer.observe.wandb_records import find_run_file, read_offline_run
 
 pytestmark = pytest.mark.slow
 

@@ -24,15 +24,30 @@ def single(tmp_path_factory):
 
 
 def test_dp2_pp2_matches_single(single, tmp_path):
-    run = run_train("parallel=hybrid", "tp.size=1", "pp.micro_batches=2", "pp.trace_step=0", *FAST,
-                    "trainer.max_steps=10", run_dir=tmp_path / "run")
+    run = run_train(
+        "parallel=hybrid",
+        "tp.size=1",
+        "pp.micro_batches=2",
+        "pp.trace_step=0",
+        *FAST,
+        "trainer.max_steps=10",
+        run_dir=tmp_path / "run",
+    )
     assert_same_run(run, single)
     assert all("bubble_fraction" in m for m in run.metrics())
 
 
 def test_tp2_pp2_sequence_parallel_matches_single(single, tmp_path):
-    run = run_train("parallel=hybrid", "dp.size=1", "pp.micro_batches=2", "pp.trace_step=0",
-                    "tp.sequence_parallel=true", *FAST, "trainer.max_steps=10", run_dir=tmp_path / "run")
+    run = run_train(
+        "parallel=hybrid",
+        "dp.size=1",
+        "pp.micro_batches=2",
+        "pp.trace_step=0",
+        "tp.sequence_parallel=true",
+        *FAST,
+        "trainer.max_steps=10",
+        run_dir=tmp_path / "run",
+    )
     assert_same_run(run, single)
     assert all(m["tp_comm_time_s"] > 0 for m in run.metrics())
 
@@ -40,23 +55,38 @@ def test_tp2_pp2_sequence_parallel_matches_single(single, tmp_path):
 def test_tp2_pp2_checkpoint_resumes_in_place_and_under_single(single, tmp_path):
     """Each pipeline rank gets its own optimizer groups back (flattened optimizer state), and TP shards
     of stages save under the full model's names, so parallel=single continues them too."""
-    hybrid = ("parallel=hybrid", "dp.size=1", "pp.micro_batches=2", "pp.trace_step=0", *FAST,
-              "trainer.checkpoint_every=4")
+    hybrid = (
+        "parallel=hybrid",
+        "dp.size=1",
+        "pp.micro_batches=2",
+        "pp.trace_step=0",
+        *FAST,
+        "trainer.checkpoint_every=4",
+    )
     run_train(*hybrid, "trainer.max_steps=4", run_dir=tmp_path / "hybrid")
     again = run_train(*hybrid, "trainer.max_steps=6", run_dir=tmp_path / "hybrid")
     assert "resumed from" in again.output
     assert_losses_close(again.losses()[4:], single.losses()[4:6])
     ckpt = tmp_path / "hybrid" / "checkpoints" / "step_0000004"
-    resumed = run_train("parallel=single", *FAST, "trainer.max_steps=10", f"trainer.resume={ckpt}",
-                        run_dir=tmp_path / "single")
+    resumed = run_train(
+        "parallel=single", *FAST, "trainer.max_steps=10", f"trainer.resume={ckpt}", run_dir=tmp_path / "single"
+    )
     assert [m["step"] for m in resumed.metrics()] == list(range(5, 11))
     assert_losses_close(resumed.losses(), single.losses()[4:])
 
 
 def test_dp2_tp2_without_pipeline_fsdp_over_tp_with_accumulation(single, tmp_path):
     """FSDP2 on top of TP (2-D shards, _StridedShard), sequence parallel, micro-batch accumulation."""
-    run = run_train("parallel=hybrid", "pp.size=1", "dp.shard=false", "tp.sequence_parallel=true",
-                    "data.micro_batch_size=2", *FAST, "trainer.max_steps=10", run_dir=tmp_path / "run")
+    run = run_train(
+        "parallel=hybrid",
+        "pp.size=1",
+        "dp.shard=false",
+        "tp.sequence_parallel=true",
+        "data.micro_batch_size=2",
+        *FAST,
+        "trainer.max_steps=10",
+        run_dir=tmp_path / "run",
+    )
     assert_same_run(run, single)
     assert "DDP over tensor-parallel (DTensor) modules fails" in run.output  # dp.shard=false overridden, said why
     assert run.summary()["layout"]["dp_shard"] is True and "bubble_fraction" not in run.metrics()[0]

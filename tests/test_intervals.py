@@ -1,4 +1,4 @@
-from parallel.intervals import union_seconds
+from parallel.core.intervals import union_seconds
 
 
 def test_union_merges_overlaps_and_clamps():

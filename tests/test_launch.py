@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.conftest import FAST, ROOT, assert_losses_close, run_train
-from trainer.wandb_records import find_run_file, read_offline_run
+from trainer.observe.wandb_records import find_run_file, read_offline_run
 
 pytestmark = pytest.mark.slow
 
@@ -19,10 +19,17 @@ pytestmark = pytest.mark.slow
 def test_torchrun_gives_one_output_folder(tmp_path):
     out = tmp_path / "outputs"
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
-    cmd = [torchrun, "--nproc_per_node=2", str(ROOT / "train.py"), *FAST, "trainer.max_steps=6",
-           f"hydra.run.dir={out}/${{mt_stamp:%H-%M-%S}}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env={**os.environ, "WANDB_SILENT": "true"})
+    cmd = [
+        torchrun,
+        "--nproc_per_node=2",
+        str(ROOT / "train.py"),
+        *FAST,
+        "trainer.max_steps=6",
+        f"hydra.run.dir={out}/${{mt_stamp:%H-%M-%S}}",
+    ]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, "WANDB_SILENT": "true"}
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     folders = list(out.iterdir())
     assert len(folders) == 1, f"one folder per rank: {folders}"
@@ -35,18 +42,32 @@ def test_torchrun_gives_one_output_folder(tmp_path):
 def test_torchrun_matches_builtin_launcher(tmp_path):
     builtin = run_train(*FAST, "trainer.max_steps=6", run_dir=tmp_path / "builtin")
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
-    cmd = [torchrun, "--nproc_per_node=2", str(ROOT / "train.py"), *FAST, "trainer.max_steps=6",
-           f"hydra.run.dir={tmp_path / 'torchrun'}"]
+    cmd = [
+        torchrun,
+        "--nproc_per_node=2",
+        str(ROOT / "train.py"),
+        *FAST,
+        "trainer.max_steps=6",
+        f"hydra.run.dir={tmp_path / 'torchrun'}",
+    ]
     subprocess.run(cmd, check=True, capture_output=True, timeout=300, cwd=tmp_path)
     import json
+
     losses = [json.loads(x)["loss"] for x in (tmp_path / "torchrun" / "metrics.jsonl").read_text().splitlines()]
     assert_losses_close(losses, builtin.losses(), rel=1e-6)
 
 
 def test_multirun_two_jobs_isolated(tmp_path):
     sweep = tmp_path / "sweep"
-    run = run_train("trainer.seed=1,2", "data.seq_len=32", "data.global_batch_size=8", "trainer.max_steps=4",
-                    "trainer.log_every=1", run_dir=sweep, multirun=True)
+    run = run_train(
+        "trainer.seed=1,2",
+        "data.seq_len=32",
+        "data.global_batch_size=8",
+        "trainer.max_steps=4",
+        "trainer.log_every=1",
+        run_dir=sweep,
+        multirun=True,
+    )
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit())
     assert [j.name for j in jobs] == ["0", "1"]
     runs = [read_offline_run(find_run_file(j)) for j in jobs]
@@ -60,8 +81,15 @@ def test_multirun_two_jobs_isolated(tmp_path):
 
 def test_worker_failure_ends_job_with_its_error(tmp_path):
     t0 = time.perf_counter()
-    run = run_train(*FAST, "trainer.max_steps=50", "+debug.fail_at_step=3", "+debug.fail_rank=1",
-                    run_dir=tmp_path / "run", expect_ok=False, timeout=120)
+    run = run_train(
+        *FAST,
+        "trainer.max_steps=50",
+        "+debug.fail_at_step=3",
+        "+debug.fail_rank=1",
+        run_dir=tmp_path / "run",
+        expect_ok=False,
+        timeout=120,
+    )
     assert run.proc.returncode == 1
     assert "worker rank 1 failed" in run.proc.stderr
     assert "injected failure at step 3 on rank 1" in run.proc.stderr
@@ -78,12 +106,29 @@ def test_two_nodes_on_localhost_join_one_rendezvous(tmp_path):
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
     run_dir = tmp_path / "run"  # one folder for both: checkpoints need a shared filesystem
-    common = [sys.executable, str(ROOT / "train.py"), "topology=multi_node", "topology.nnodes=2",
-              "topology.nproc_per_node=1", f"topology.master_port={port}", *FAST, "trainer.max_steps=5",
-              f"hydra.run.dir={run_dir}"]
+    common = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "topology=multi_node",
+        "topology.nnodes=2",
+        "topology.nproc_per_node=1",
+        f"topology.master_port={port}",
+        *FAST,
+        "trainer.max_steps=5",
+        f"hydra.run.dir={run_dir}",
+    ]
     env = {**os.environ, "WANDB_SILENT": "true"}
-    nodes = [subprocess.Popen([*common, f"topology.node_rank={k}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, cwd=ROOT, env=env) for k in (0, 1)]
+    nodes = [
+        subprocess.Popen(
+            [*common, f"topology.node_rank={k}"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env=env,
+        )
+        for k in (0, 1)
+    ]
     outs = [p.communicate(timeout=300) for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], outs
     import json
@@ -93,6 +138,6 @@ def test_two_nodes_on_localhost_join_one_rendezvous(tmp_path):
     losses = [json.loads(x)["loss"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     single = run_train("parallel=single", *FAST, "trainer.max_steps=5", run_dir=tmp_path / "single")
     assert_losses_close(losses, single.losses(), rel=1e-4)
-    from trainer.checkpoint_files import read_marker
+    from trainer.checkpoint.files import read_marker
 
     assert read_marker(run_dir / "checkpoints" / "step_0000005")["world_size"] == 2

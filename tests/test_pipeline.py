@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.gpt import GPT
-from parallel.schedules import SCHEDULES, available_schedules, simulate, single_stage_order, stage_to_rank
-from parallel.split import BlockCosts, even_split, min_max_partition, uniform_costs
-from parallel.stages import build_stage_module, stage_specs
-from trainer.validate import ConfigError, validate
+from models.gpt.model import GPT
+from parallel.pipeline.schedules import SCHEDULES, available_schedules, simulate, single_stage_order, stage_to_rank
+from parallel.pipeline.split import BlockCosts, even_split, min_max_partition, uniform_costs
+from parallel.pipeline.stages import build_stage_module, stage_specs
 from tests.conftest import run_train
+from trainer.validate import ConfigError, validate
 
 
 def _tiny_gpt() -> GPT:
@@ -38,7 +38,7 @@ def test_stages_keep_fqns_and_compose_to_the_full_model():
 
 
 def test_cnn_stages_compose_to_the_full_model():
-    from models.cnn import ConvNet
+    from models.cnn.model import ConvNet
 
     torch.manual_seed(0)
     model = ConvNet(channels=[4, 8, 8], num_classes=3, batch_norm=False)
@@ -169,7 +169,7 @@ class _FakeStage:
 
 
 def test_recorder_times_every_action_and_tracks_saved_activation_bytes():
-    from parallel.stage_timing import StageRecorder, union_busy
+    from parallel.pipeline.timing import StageRecorder, union_busy
 
     torch.manual_seed(0)
     stage = _FakeStage(torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.GELU(), torch.nn.Linear(64, 4)), 1)

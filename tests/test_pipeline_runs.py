@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from parallel.schedules import SCHEDULES, available_schedules
+from parallel.pipeline.schedules import SCHEDULES, available_schedules
 from tests.conftest import FAST, assert_losses_close, run_train
 
 pytestmark = pytest.mark.slow
@@ -24,8 +24,14 @@ def single_losses(tmp_path_factory):
 @pytest.fixture(scope="module")
 def gpipe_run(tmp_path_factory):
     """GPipe, 2 stages, 4 micro-batches: checked for parity and for its timeline."""
-    return run_train("parallel=pp", "pp.schedule=gpipe", "pp.micro_batches=4", *FAST, *STEPS,
-                     run_dir=tmp_path_factory.mktemp("gpipe") / "run")
+    return run_train(
+        "parallel=pp",
+        "pp.schedule=gpipe",
+        "pp.micro_batches=4",
+        *FAST,
+        *STEPS,
+        run_dir=tmp_path_factory.mktemp("gpipe") / "run",
+    )
 
 
 PARITY = {
@@ -89,9 +95,18 @@ def test_gpipe_bubble_is_measured_near_theory_and_falls_with_micro_batches(tmp_p
     """
     bubbles = {}
     for m in (1, 2, 4):
-        run = run_train("parallel=pp", "pp.schedule=gpipe", f"pp.micro_batches={m}", "logger=none",
-                        "trainer.log_every=1", "trainer.max_steps=6", "pp.trace_step=0", "data.seq_len=128",
-                        "data.global_batch_size=32", run_dir=tmp_path / f"m{m}")
+        run = run_train(
+            "parallel=pp",
+            "pp.schedule=gpipe",
+            f"pp.micro_batches={m}",
+            "logger=none",
+            "trainer.log_every=1",
+            "trainer.max_steps=6",
+            "pp.trace_step=0",
+            "data.seq_len=128",
+            "data.global_batch_size=32",
+            run_dir=tmp_path / f"m{m}",
+        )
         assert run.summary()["bubble_theoretical"] == pytest.approx(1 / (m + 1))
         bubbles[m] = min(r["bubble_fraction"] for r in run.metrics()[1:])  # step 1 infers shapes
     # m=1: one stage works while the other waits, (p-1)/p = 0.5; communication only adds idle time
@@ -100,8 +115,14 @@ def test_gpipe_bubble_is_measured_near_theory_and_falls_with_micro_batches(tmp_p
 
 
 def test_balanced_split_beats_uniform_on_an_uneven_model(tmp_path):
-    uneven = ("model.n_layers=6", "model.layer_d_ff=[4096,64,64,64,64,64]", "pp.schedule=gpipe",
-              "pp.micro_batches=2", "trainer.max_steps=6", "pp.trace_step=0")
+    uneven = (
+        "model.n_layers=6",
+        "model.layer_d_ff=[4096,64,64,64,64,64]",
+        "pp.schedule=gpipe",
+        "pp.micro_batches=2",
+        "trainer.max_steps=6",
+        "pp.trace_step=0",
+    )
     result = {}
     for policy in ("uniform", "balanced"):
         run = run_train("parallel=pp", f"pp.split={policy}", *FAST, *uneven, run_dir=tmp_path / policy)

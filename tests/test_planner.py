@@ -9,20 +9,27 @@ import time
 
 import pytest
 
-from parallel.cost_model import Candidate
-from parallel.layout import ParallelLayout
-from parallel.model_spec import PlanError
-from parallel.plan import CONF, main
-from parallel.planner import (
-    apply_candidate, available_strategies, crosses_nodes, plan, run_warnings, specs_from_cfg, strategy_of,
+from parallel.core.layout import ParallelLayout
+from parallel.plan.cli import CONF, main
+from parallel.plan.cost_model import Candidate
+from parallel.plan.search import (
+    apply_candidate,
+    available_strategies,
+    crosses_nodes,
+    plan,
+    run_warnings,
+    specs_from_cfg,
+    strategy_of,
 )
+from parallel.plan.specs import PlanError
 from trainer.validate import ConfigError, validate
 
 ROOT = CONF.parent
 
 
-@pytest.mark.parametrize("model,topology", [("gpt_175b", "cluster_1024xh100"), ("gpt_70b", "cluster_1024xh100"),
-                                            ("gpt_7b", "gpu_node")])
+@pytest.mark.parametrize(
+    "model,topology", [("gpt_175b", "cluster_1024xh100"), ("gpt_70b", "cluster_1024xh100"), ("gpt_7b", "gpu_node")]
+)
 def test_big_model_plans_fast_and_fits(compose_cfg, model, topology):
     t0 = time.perf_counter()
     cfg = compose_cfg(f"model={model}", f"topology={topology}")
@@ -45,8 +52,13 @@ def test_one_gbe_keeps_dp_off_the_inter_node_link(compose_cfg):
     assert not crosses_nodes(span=best.dp, stride=best.tp, hardware=hw)
     assert crosses_nodes(span=best.pp, stride=best.dp * best.tp, hardware=hw)
     # the same model and batch on InfiniBand-class links may run dp across nodes
-    fast = compose_cfg("model=gpt_7b", "topology=cluster_1gbe", "planner.global_batch_size=128",
-                       "topology.inter_node_gbps=3200", "topology.devices_per_nic=1")
+    fast = compose_cfg(
+        "model=gpt_7b",
+        "topology=cluster_1gbe",
+        "planner.global_batch_size=128",
+        "topology.inter_node_gbps=3200",
+        "topology.devices_per_nic=1",
+    )
     m, hw2, w = specs_from_cfg(fast)
     p2 = plan(model=m, hardware=hw2, workload=w)
     assert p2.best.step_time_s < plan(model=m, hardware=hw, workload=w).best.step_time_s
@@ -68,7 +80,17 @@ def test_plan_json_contract(capsys):
     cands = out["candidates"]
     assert len(cands) == 5 and [c["rank"] for c in cands] == [1, 2, 3, 4, 5]
     for c in cands:
-        for key in ("dp", "tp", "pp", "micro_batches", "schedule", "step_time_s", "bubble_fraction", "comm_fraction", "fits"):
+        for key in (
+            "dp",
+            "tp",
+            "pp",
+            "micro_batches",
+            "schedule",
+            "step_time_s",
+            "bubble_fraction",
+            "comm_fraction",
+            "fits",
+        ):
             assert key in c
         assert set(c["memory_per_rank_bytes"]) >= {"params", "grads", "optimizer", "activations"}
         assert c["dp"] * c["tp"] * c["pp"] == 1024 and c["fits"]
@@ -76,16 +98,28 @@ def test_plan_json_contract(capsys):
 
 
 def test_plan_cli_is_torch_free_and_refuses_clearly():
-    code = ("import sys, parallel.plan as p; rc = p.main(['model=gpt_small', '--top', '3']); "
-            "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)")
+    code = (
+        "import sys, parallel.plan.cli as p; rc = p.main(['model=gpt_small', '--top', '3']); "
+        "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "reason:" in proc.stdout and "ddp" in proc.stdout
-    bad = subprocess.run([sys.executable, "-m", "parallel.plan", "model=cnn_bn", "data=images"], capture_output=True,
-                         text=True, cwd=ROOT, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "parallel.plan", "model=cnn_bn", "data=images"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "GPT-style models only" in bad.stderr
-    tiny = subprocess.run([sys.executable, "-m", "parallel.plan", "model=gpt_175b", "topology=gpu_node"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    tiny = subprocess.run(
+        [sys.executable, "-m", "parallel.plan", "model=gpt_175b", "topology=gpu_node"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
     assert tiny.returncode == 2 and "no layout of model=gpt_175b fits" in tiny.stderr
 
 
@@ -97,13 +131,13 @@ def test_planner_only_models_are_refused_by_validation(compose_cfg):
 def test_available_strategies_follow_the_checkout():
     found = available_strategies(CONF)
     assert {"single", "ddp"} <= set(found) and "auto" not in found
-    assert found["ddp"] == "parallel.ddp.DDPStrategy"
+    assert found["ddp"] == "parallel.strategies.ddp.DDPStrategy"
 
 
 def test_apply_candidate_rewrites_the_config(compose_cfg):
     cfg = compose_cfg("parallel=auto", "data.global_batch_size=16")
     apply_candidate(cfg, Candidate(dp=2, micro_batches=4), strategies=available_strategies(CONF))
-    assert cfg.parallel.name == "ddp" and cfg.parallel._target_ == "parallel.ddp.DDPStrategy"
+    assert cfg.parallel.name == "ddp" and cfg.parallel._target_ == "parallel.strategies.ddp.DDPStrategy"
     assert cfg.dp.size == 2 and cfg.data.micro_batch_size == 2
     assert validate(cfg).layout.dp == 2
 
@@ -115,9 +149,16 @@ def test_run_warnings_name_the_pitfalls(compose_cfg):
     warnings = run_warnings(cfg, layout)
     assert any("imbalanced" in w and "pp.split_points" in w for w in warnings), warnings
     # dp across two nodes joined by 1 Gbit/s Ethernet, with a model whose gradients are large
-    cfg = compose_cfg("model=gpt_small", "topology=multi_node", "topology.nproc_per_node=1", "model.d_model=1024",
-                      "model.d_ff=4096", "model.n_heads=8", "topology.inter_node_gbps=1.0",
-                      "data.global_batch_size=2")
+    cfg = compose_cfg(
+        "model=gpt_small",
+        "topology=multi_node",
+        "topology.nproc_per_node=1",
+        "model.d_model=1024",
+        "model.d_ff=4096",
+        "model.n_heads=8",
+        "topology.inter_node_gbps=1.0",
+        "data.global_batch_size=2",
+    )
     layout = ParallelLayout(strategy="ddp", dp=2, nnodes=2, nproc_per_node=1)
     assert any("spans 2 nodes" in w and "topology.inter_node_gbps" in w for w in run_warnings(cfg, layout))
     # activations over the budget

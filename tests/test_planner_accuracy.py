@@ -16,9 +16,14 @@ from benchmarks.planner import SWEEP, calibrated, first_choice, layout_of, markd
 def test_predicted_step_time_within_25_percent_of_measured(tmp_path):
     hardware = calibrated()
     rows = sweep(SWEEP, steps=12, hardware=hardware)
-    report = "\n".join(f"{r['layout']}: predicted {r['predicted_s']:.4f} s, measured {r['measured_s']:.4f} s ({r['error']:+.0%})" for r in rows)
+    report = "\n".join(
+        f"{r['layout']}: predicted {r['predicted_s']:.4f} s, measured {r['measured_s']:.4f} s ({r['error']:+.0%})"
+        for r in rows
+    )
     within = [r for r in rows if abs(r["error"]) <= 0.25]
-    assert len(within) >= 6, f"{len(within)} of {len(rows)} layouts within ±25% (measured {hardware.measured}):\n{report}"
+    assert len(within) >= 6, (
+        f"{len(within)} of {len(rows)} layouts within ±25% (measured {hardware.measured}):\n{report}"
+    )
     # the benchmark's report machinery: the first choice is one of the layouts and the section is written
     choice = layout_of(first_choice(hardware), global_batch_size=16)
     best = min(rows[:4], key=lambda r: r["measured_s"])

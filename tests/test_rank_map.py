@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from parallel.layout import ParallelLayout
-from parallel.rank_map import draw_rank_map, gather_rank_map, held_layers, short_label
+from parallel.core.layout import ParallelLayout
+from parallel.core.rank_map import draw_rank_map, gather_rank_map, held_layers, short_label
 
 
 def test_rank_map_rows_cover_every_rank_once_with_mesh_coordinates():
@@ -22,8 +22,8 @@ def test_rank_map_rows_cover_every_rank_once_with_mesh_coordinates():
 def test_held_layers_of_pipeline_stages_and_labels():
     import torch
 
-    from models.gpt import GPT
-    from parallel.stages import StageSpec, build_stage_module
+    from models.gpt.model import GPT
+    from parallel.pipeline.stages import StageSpec, build_stage_module
 
     torch.manual_seed(0)
     model = GPT(n_layers=4, d_model=16, n_heads=2, max_seq_len=8)
@@ -37,7 +37,7 @@ def test_held_layers_of_pipeline_stages_and_labels():
 
 
 def test_single_process_gather_and_png(tmp_path):
-    from models.gpt import GPT
+    from models.gpt.model import GPT
 
     layout = ParallelLayout(strategy="tp", tp=1)
     rows = gather_rank_map(layout=layout, rank=0, stages=[0], modules=[GPT(n_layers=2, d_model=16, n_heads=2)])

@@ -25,8 +25,9 @@ def _full(run) -> list[float]:
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
     """20 uninterrupted single-process steps: the reference for resumed runs."""
-    return run_train("parallel=single", *FAST, *CKPT, "trainer.max_steps=20",
-                     run_dir=tmp_path_factory.mktemp("straight") / "run")
+    return run_train(
+        "parallel=single", *FAST, *CKPT, "trainer.max_steps=20", run_dir=tmp_path_factory.mktemp("straight") / "run"
+    )
 
 
 LAYOUTS = {
@@ -43,8 +44,9 @@ def test_exact_resume_after_crash(tmp_path, strategy):
     layout = LAYOUTS[strategy]
     ref = run_train(*layout, *FAST, *CKPT, "trainer.max_steps=20", run_dir=tmp_path / "ref")
     run_dir = tmp_path / "crash"
-    crashed = run_train(*layout, *FAST, *CKPT, "trainer.max_steps=20", "+debug.fail_at_step=11",
-                        run_dir=run_dir, expect_ok=False)
+    crashed = run_train(
+        *layout, *FAST, *CKPT, "trainer.max_steps=20", "+debug.fail_at_step=11", run_dir=run_dir, expect_ok=False
+    )
     assert crashed.proc.returncode == 1
     assert (run_dir / "checkpoints" / "step_0000010" / "meshtrain.json").exists()
     resumed = run_train(*layout, *FAST, *CKPT, "trainer.max_steps=20", run_dir=run_dir)
@@ -85,8 +87,17 @@ def test_resume_under_another_layout(tmp_path, straight):
 
 
 def test_elastic_restart_after_sigkill(tmp_path, straight):
-    run = run_train("parallel=ddp", *FAST, *CKPT, "trainer.max_steps=20", "topology.max_restarts=1",
-                    "+debug.kill_at_step=12", "+debug.kill_rank=1", run_dir=tmp_path / "run", timeout=300)
+    run = run_train(
+        "parallel=ddp",
+        *FAST,
+        *CKPT,
+        "trainer.max_steps=20",
+        "topology.max_restarts=1",
+        "+debug.kill_at_step=12",
+        "+debug.kill_rank=1",
+        run_dir=tmp_path / "run",
+        timeout=300,
+    )
     assert "elastic restart 1: rank(s) [1] died without an exit record" in run.output
     assert "resumed from" in run.output and "step_0000010 at step 10" in run.output
     summary = run.summary()
@@ -97,8 +108,15 @@ def test_elastic_restart_after_sigkill(tmp_path, straight):
 
 def test_preemption_saves_and_resumes(tmp_path):
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, str(ROOT / "train.py"), *FAST, "trainer.max_steps=100000", "trainer.checkpoint_every=0",
-           "trainer.log_every=1", f"hydra.run.dir={run_dir}"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "train.py"),
+        *FAST,
+        "trainer.max_steps=100000",
+        "trainer.checkpoint_every=0",
+        "trainer.log_every=1",
+        f"hydra.run.dir={run_dir}",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     metrics = run_dir / "metrics.jsonl"
     deadline = time.time() + 120
@@ -118,20 +136,33 @@ def test_preemption_saves_and_resumes(tmp_path):
 
 
 def test_nan_guard_stops_and_keeps_checkpoint(tmp_path):
-    run = run_train(*FAST, *CKPT, "trainer.max_steps=20", "+debug.nan_at_step=7", "+debug.nan_rank=1",
-                    run_dir=tmp_path / "run", expect_ok=False)
+    run = run_train(
+        *FAST,
+        *CKPT,
+        "trainer.max_steps=20",
+        "+debug.nan_at_step=7",
+        "+debug.nan_rank=1",
+        run_dir=tmp_path / "run",
+        expect_ok=False,
+    )
     assert run.proc.returncode == 1
     assert "non-finite loss or gradient norm at step 7 on rank(s) [1]" in run.proc.stderr
     assert "step_0000005" in run.proc.stderr  # the last good checkpoint is named
-    from trainer.checkpoint_files import read_marker
+    from trainer.checkpoint.files import read_marker
 
     assert read_marker(run.run_dir / "checkpoints" / "step_0000005")["step"] == 5
     assert max(m["step"] for m in run.metrics()) == 6
 
 
 def test_nan_guard_skip(tmp_path):
-    run = run_train("parallel=single", *FAST, "trainer.max_steps=10", "trainer.on_nonfinite=skip",
-                    "+debug.nan_at_step=4", run_dir=tmp_path / "run")
+    run = run_train(
+        "parallel=single",
+        *FAST,
+        "trainer.max_steps=10",
+        "trainer.on_nonfinite=skip",
+        "+debug.nan_at_step=4",
+        run_dir=tmp_path / "run",
+    )
     summary = run.summary()
     assert summary["skipped_steps"] == [4] and summary["last_step"] == 10
     assert 4 not in [m["step"] for m in run.metrics()]
@@ -140,8 +171,17 @@ def test_nan_guard_skip(tmp_path):
 
 def test_unresponsive_rank_fails_job_within_timeout(tmp_path):
     t0 = time.perf_counter()
-    run = run_train(*FAST, "trainer.max_steps=50", "topology.timeout_s=5", "trainer.stop_grace_s=2",
-                    "+debug.hang_at_step=3", "+debug.hang_rank=1", run_dir=tmp_path / "run", expect_ok=False, timeout=120)
+    run = run_train(
+        *FAST,
+        "trainer.max_steps=50",
+        "topology.timeout_s=5",
+        "trainer.stop_grace_s=2",
+        "+debug.hang_at_step=3",
+        "+debug.hang_rank=1",
+        run_dir=tmp_path / "run",
+        expect_ok=False,
+        timeout=120,
+    )
     elapsed = time.perf_counter() - t0
     assert run.proc.returncode == 1
     assert "rank(s) [1] stopped answering at step 3" in run.proc.stderr
@@ -165,7 +205,10 @@ def test_truncated_and_foreign_checkpoints_are_refused(tmp_path, straight):
     shard = next(truncated.glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[:100])
     run = run_train("parallel=single", *FAST, f"trainer.resume={truncated}", run_dir=tmp_path / "r1", expect_ok=False)
-    assert run.proc.returncode == 2 and f"checkpoint {truncated} is truncated: {shard.name} has 100 bytes" in run.proc.stderr
+    assert (
+        run.proc.returncode == 2
+        and f"checkpoint {truncated} is truncated: {shard.name} has 100 bytes" in run.proc.stderr
+    )
 
     partial = tmp_path / "partial"
     shutil.copytree(src, partial)
@@ -173,8 +216,9 @@ def test_truncated_and_foreign_checkpoints_are_refused(tmp_path, straight):
     run = run_train("parallel=single", *FAST, f"trainer.resume={partial}", run_dir=tmp_path / "r2", expect_ok=False)
     assert run.proc.returncode == 2 and "is incomplete: no meshtrain.json marker" in run.proc.stderr
 
-    run = run_train("parallel=single", *FAST, "model.d_model=64", f"trainer.resume={src}", run_dir=tmp_path / "r3",
-                    expect_ok=False)
+    run = run_train(
+        "parallel=single", *FAST, "model.d_model=64", f"trainer.resume={src}", run_dir=tmp_path / "r3", expect_ok=False
+    )
     assert run.proc.returncode == 2
     assert "was written for another model (model.d_model: checkpoint 128 vs this run 64)" in run.proc.stderr
 

@@ -9,23 +9,40 @@ import pytest
 import yaml
 
 from tests.conftest import CONF
-from trainer.environment import detect_external_launch
-from trainer.report import main as report_main
-from trainer.report import write_report
-from trainer.report_rows import ReportRow, mark_best_and_pareto, peak_memory_per_stage
-from trainer.sweep_jobs import read_sweep
+from trainer.launch.environment import detect_external_launch
+from trainer.report.cli import main as report_main
+from trainer.report.cli import write_report
+from trainer.report.rows import ReportRow, mark_best_and_pareto, peak_memory_per_stage
+from trainer.sweeps.jobs import read_sweep
 
 MIB = 1024 * 1024
 
 
 def _row(job: int, tps: float | None, mem_mib: int | None, status: str = "completed") -> ReportRow:
-    return ReportRow(job=job, status=status, strategy="pp", dp=1, tp=1, pp=2, schedule="1f1b", micro_batches=4,
-                     split_points=[2], tokens_per_s=tps, peak_memory_per_stage=[mem_mib * MIB] if mem_mib else [])
+    return ReportRow(
+        job=job,
+        status=status,
+        strategy="pp",
+        dp=1,
+        tp=1,
+        pp=2,
+        schedule="1f1b",
+        micro_batches=4,
+        split_points=[2],
+        tokens_per_s=tps,
+        peak_memory_per_stage=[mem_mib * MIB] if mem_mib else [],
+    )
 
 
 def test_best_and_pareto_front():
-    rows = [_row(0, 100, 300), _row(1, 200, 400), _row(2, 150, 500), _row(3, 90, 250), _row(4, None, None, "skipped"),
-            _row(5, 200, 450)]
+    rows = [
+        _row(0, 100, 300),
+        _row(1, 200, 400),
+        _row(2, 150, 500),
+        _row(3, 90, 250),
+        _row(4, None, None, "skipped"),
+        _row(5, 200, 450),
+    ]
     mark_best_and_pareto(rows)
     assert [r.job for r in rows if r.best] == [1]
     # 2 is beaten by 1 (faster, less memory); 5 ties 1 on speed with more memory
@@ -33,8 +50,12 @@ def test_best_and_pareto_front():
 
 
 def test_peak_memory_per_stage_takes_the_max_over_each_stages_ranks():
-    summary = {"peak_memory_bytes_per_rank": [10, 30, 20, 5],
-               "layout": {"rank_map": [{"rank": 0, "pp": 0}, {"rank": 1, "pp": 1}, {"rank": 2, "pp": 0}, {"rank": 3, "pp": 1}]}}
+    summary = {
+        "peak_memory_bytes_per_rank": [10, 30, 20, 5],
+        "layout": {
+            "rank_map": [{"rank": 0, "pp": 0}, {"rank": 1, "pp": 1}, {"rank": 2, "pp": 0}, {"rank": 3, "pp": 1}]
+        },
+    }
     assert peak_memory_per_stage(summary) == [20, 30]
 
 
@@ -42,7 +63,9 @@ def _job(root: Path, num: int, *, config: dict, summary: dict | None = None, sta
     folder = root / str(num)
     (folder / ".hydra").mkdir(parents=True)
     (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
-    (folder / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([f"pp.micro_batches={config['pp']['micro_batches']}"]))
+    (folder / ".hydra" / "overrides.yaml").write_text(
+        yaml.safe_dump([f"pp.micro_batches={config['pp']['micro_batches']}"])
+    )
     if summary is not None:
         (folder / "summary.json").write_text(json.dumps(summary))
     if status is not None:
@@ -50,17 +73,40 @@ def _job(root: Path, num: int, *, config: dict, summary: dict | None = None, sta
 
 
 def test_report_of_a_sweep_with_completed_skipped_and_crashed_jobs(tmp_path):
-    cfg = {"parallel": {"name": "pp"}, "dp": {"size": 1}, "tp": {"size": 1},
-           "pp": {"size": 2, "micro_batches": 4, "schedule": "gpipe", "split_points": [2]},
-           "logger": {"wandb": {"mode": "disabled"}}}
-    summary = {"status": "completed", "tokens_per_s": 1234.4, "median_step_time_s": 0.05,
-               "peak_memory_bytes_per_rank": [100 * MIB, 80 * MIB],
-               "layout": {"strategy": "pp", "dp": 1, "tp": 1, "pp": 2, "rank_map": [{"rank": 0, "pp": 0}, {"rank": 1, "pp": 1}]},
-               "pipeline": {"schedule": "gpipe", "micro_batches": 4, "split_points": [2], "bubble_fraction": 0.3,
-                            "bubble_theoretical": 0.2}}
+    cfg = {
+        "parallel": {"name": "pp"},
+        "dp": {"size": 1},
+        "tp": {"size": 1},
+        "pp": {"size": 2, "micro_batches": 4, "schedule": "gpipe", "split_points": [2]},
+        "logger": {"wandb": {"mode": "disabled"}},
+    }
+    summary = {
+        "status": "completed",
+        "tokens_per_s": 1234.4,
+        "median_step_time_s": 0.05,
+        "peak_memory_bytes_per_rank": [100 * MIB, 80 * MIB],
+        "layout": {
+            "strategy": "pp",
+            "dp": 1,
+            "tp": 1,
+            "pp": 2,
+            "rank_map": [{"rank": 0, "pp": 0}, {"rank": 1, "pp": 1}],
+        },
+        "pipeline": {
+            "schedule": "gpipe",
+            "micro_batches": 4,
+            "split_points": [2],
+            "bubble_fraction": 0.3,
+            "bubble_theoretical": 0.2,
+        },
+    }
     _job(tmp_path, 0, config=cfg, summary=summary)
-    _job(tmp_path, 1, config={**cfg, "pp": {**cfg["pp"], "micro_batches": 1, "schedule": "1f1b"}},
-         status={"status": "skipped", "reason": "invalid configuration:\n  - 1f1b needs m >= 2", "overrides": ["x=1"]})
+    _job(
+        tmp_path,
+        1,
+        config={**cfg, "pp": {**cfg["pp"], "micro_batches": 1, "schedule": "1f1b"}},
+        status={"status": "skipped", "reason": "invalid configuration:\n  - 1f1b needs m >= 2", "overrides": ["x=1"]},
+    )
     _job(tmp_path, 2, config=cfg)  # neither summary nor status: crashed outside the task
     assert [j.status for j in read_sweep(tmp_path)] == ["completed", "skipped", "failed"]
     assert report_main([str(tmp_path), "--wandb", "disabled"]) == 0
@@ -70,7 +116,11 @@ def test_report_of_a_sweep_with_completed_skipped_and_crashed_jobs(tmp_path):
     assert "| 1 | dp1·tp1·pp2 | 1f1b | 1 | 2 | - | - | - | - | - | skipped: 1f1b needs m >= 2 |" in report
     assert "job 2 **failed**" in report and "crashed outside the task" in report
     assert json.loads((tmp_path / "sweep_status.json").read_text())["counts"] == {
-        "completed": 1, "skipped": 1, "failed": 1, "preempted": 0}
+        "completed": 1,
+        "skipped": 1,
+        "failed": 1,
+        "preempted": 0,
+    }
 
 
 def test_report_refuses_a_folder_without_jobs(tmp_path, capsys):
@@ -81,8 +131,12 @@ def test_report_refuses_a_folder_without_jobs(tmp_path, capsys):
 
 
 def test_submitit_local_tasks_are_an_external_launch():
-    env = {"SUBMITIT_LOCAL_GLOBALID": "1", "SUBMITIT_LOCAL_LOCALID": "1", "SUBMITIT_LOCAL_NTASKS": "2",
-           "SUBMITIT_LOCAL_JOB_ID": "4242"}
+    env = {
+        "SUBMITIT_LOCAL_GLOBALID": "1",
+        "SUBMITIT_LOCAL_LOCALID": "1",
+        "SUBMITIT_LOCAL_NTASKS": "2",
+        "SUBMITIT_LOCAL_JOB_ID": "4242",
+    }
     ext = detect_external_launch(env)
     assert (ext.kind, ext.rank, ext.local_rank, ext.world_size, ext.nnodes) == ("submitit_local", 1, 1, 2, 1)
     assert detect_external_launch({**env, "SUBMITIT_LOCAL_NTASKS": "1"}) is None  # one task: it starts the workers

@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from tests.conftest import FAST, run_train
-from trainer.report import write_report
-from trainer.sweep_jobs import read_sweep, sweep_name
-from trainer.wandb_records import find_run_file, read_offline_run
+from trainer.observe.wandb_records import find_run_file, read_offline_run
+from trainer.report.cli import write_report
+from trainer.sweeps.jobs import read_sweep, sweep_name
 
 STEPS = ("trainer.max_steps=3",)
 NO_LOGGER = tuple(o for o in FAST if not o.startswith("logger="))
@@ -40,8 +40,16 @@ def _finished_run(run_dir, timeout: float = 30.0):
 def grid_sweep(tmp_path_factory):
     """4 jobs: m in {2, 4} x split in {[1], [3]}, logged to W&B offline."""
     sweep_dir = tmp_path_factory.mktemp("grid") / "sweep"
-    run = run_train("parallel=pp", "pp.micro_batches=2,4", "pp.split_points=[1],[3]", *NO_LOGGER, *STEPS,
-                    "logger=wandb", run_dir=sweep_dir, multirun=True)
+    run = run_train(
+        "parallel=pp",
+        "pp.micro_batches=2,4",
+        "pp.split_points=[1],[3]",
+        *NO_LOGGER,
+        *STEPS,
+        "logger=wandb",
+        run_dir=sweep_dir,
+        multirun=True,
+    )
     return run, sweep_dir
 
 
@@ -60,7 +68,11 @@ def test_grid_sweep_report_has_one_row_per_job_with_the_summaries_values(grid_sw
     for num, s in summaries.items():
         row = cells[num]
         pipe = s["pipeline"]
-        assert row[2] == "1f1b" and row[3] == str(pipe["micro_batches"]) and row[4] == ",".join(map(str, pipe["split_points"]))
+        assert (
+            row[2] == "1f1b"
+            and row[3] == str(pipe["micro_batches"])
+            and row[4] == ",".join(map(str, pipe["split_points"]))
+        )
         assert row[5] == f"{s['tokens_per_s']:,.0f}"
         assert row[6] == f"{s['median_step_time_s'] * 1000:.1f}"
         assert row[7] == f"{pipe['bubble_fraction']:.0%}" and row[8] == f"{pipe['bubble_theoretical']:.0%}"
@@ -86,19 +98,32 @@ def test_wandb_runs_of_a_sweep_share_one_group_with_the_report_run(grid_sweep):
     report_run = _finished_run(sweep_dir)
     assert report_run.group == runs[0].group and report_run.job_type == "sweep-report"
     assert report_run.summary["best_tokens_per_s"] == max(
-        json.loads((sweep_dir / str(n) / "summary.json").read_text())["tokens_per_s"] for n in range(4))
+        json.loads((sweep_dir / str(n) / "summary.json").read_text())["tokens_per_s"] for n in range(4)
+    )
 
 
 @pytest.mark.slow
 def test_invalid_combinations_are_skipped_with_their_reason_and_the_others_run(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    run = run_train("parallel=pp", "pp.schedule=1f1b", "pp.micro_batches=1,2", "pp.split_points=[2],[9]",
-                    *FAST, *STEPS, run_dir=sweep_dir, multirun=True)
+    run = run_train(
+        "parallel=pp",
+        "pp.schedule=1f1b",
+        "pp.micro_batches=1,2",
+        "pp.split_points=[2],[9]",
+        *FAST,
+        *STEPS,
+        run_dir=sweep_dir,
+        multirun=True,
+    )
     assert "4 jobs: 1 completed, 3 skipped, 0 failed" in run.output
     jobs = {(j.config["pp"]["micro_batches"], tuple(j.config["pp"]["split_points"])): j for j in read_sweep(sweep_dir)}
     ok = jobs[(2, (2,))]
     assert ok.status == "completed" and (ok.path / "summary.json").exists()
-    for key, needle in [((1, (2,)), "1f1b needs at least as many micro-batches"), ((2, (9,)), "split"), ((1, (9,)), "")]:
+    for key, needle in [
+        ((1, (2,)), "1f1b needs at least as many micro-batches"),
+        ((2, (9,)), "split"),
+        ((1, (9,)), ""),
+    ]:
         job = jobs[key]
         status = json.loads((job.path / "status.json").read_text())
         assert status["status"] == "skipped" and needle in status["reason"]
@@ -116,8 +141,17 @@ def test_optuna_search_runs_three_trials_and_copes_with_a_skipped_one(tmp_path):
     """Seeded TPE picks gpipe, 1f1b, gpipe: the 1f1b trial (m=1 < 2 stages) is skipped and marked
     failed in the study; the best value is the best completed job's tokens/s."""
     sweep_dir = tmp_path / "optuna"
-    run = run_train("hparams_search=pp_throughput", "hydra.sweeper.n_trials=3", "pp.schedule=choice(1f1b,gpipe)",
-                    "pp.micro_batches=1", "pp.split_points=[2]", *FAST, *STEPS, run_dir=sweep_dir, multirun=True)
+    run = run_train(
+        "hparams_search=pp_throughput",
+        "hydra.sweeper.n_trials=3",
+        "pp.schedule=choice(1f1b,gpipe)",
+        "pp.micro_batches=1",
+        "pp.split_points=[2]",
+        *FAST,
+        *STEPS,
+        run_dir=sweep_dir,
+        multirun=True,
+    )
     jobs = read_sweep(sweep_dir)
     assert [j.status for j in jobs] == ["completed", "skipped", "completed"], run.output[-3000:]
     assert "Failed experiment: Return value must be float-castable. Got 'None'" in run.output
@@ -130,8 +164,17 @@ def test_optuna_search_runs_three_trials_and_copes_with_a_skipped_one(tmp_path):
 def test_submitit_local_launcher_runs_a_job_with_one_task_per_worker(tmp_path):
     """The Slurm path (srun-style: one task per worker, rank from the environment) on submitit's local executor."""
     sweep_dir = tmp_path / "submitit"
-    run = run_train("hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2", "hydra.launcher.timeout_min=5",
-                    "parallel=pp", "pp.micro_batches=2", *FAST, *STEPS, run_dir=sweep_dir, multirun=True)
+    run = run_train(
+        "hydra/launcher=submitit_local",
+        "hydra.launcher.tasks_per_node=2",
+        "hydra.launcher.timeout_min=5",
+        "parallel=pp",
+        "pp.micro_batches=2",
+        *FAST,
+        *STEPS,
+        run_dir=sweep_dir,
+        multirun=True,
+    )
     assert "1 jobs: 1 completed" in run.output
     job = sweep_dir / "0"
     summary = json.loads((job / "summary.json").read_text())

@@ -29,8 +29,15 @@ def test_tp2_matches_single_and_times_its_collectives(single, tmp_path):
 
 
 def test_tp2_sequence_and_loss_parallel_match_single(single, tmp_path):
-    run = run_train("parallel=tp", "tp.sequence_parallel=true", "tp.loss_parallel=true", "tp.measure_comm=false",
-                    *FAST, *STEPS, run_dir=tmp_path / "run")
+    run = run_train(
+        "parallel=tp",
+        "tp.sequence_parallel=true",
+        "tp.loss_parallel=true",
+        "tp.measure_comm=false",
+        *FAST,
+        *STEPS,
+        run_dir=tmp_path / "run",
+    )
     assert_losses_close(run.losses(), single.losses())
     assert "tp_comm_time_s" not in run.metrics()[0]
 

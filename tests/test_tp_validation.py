@@ -15,16 +15,31 @@ def problems(compose_cfg, *overrides: str) -> str:
 
 
 def test_heads_and_widths_must_divide_by_tp(compose_cfg):
-    msg = problems(compose_cfg, "parallel=tp", "model.n_heads=3", "model.d_model=96", "model.d_ff=250",
-                   "tp.size=4", "topology.nproc_per_node=4")
+    msg = problems(
+        compose_cfg,
+        "parallel=tp",
+        "model.n_heads=3",
+        "model.d_model=96",
+        "model.d_ff=250",
+        "tp.size=4",
+        "topology.nproc_per_node=4",
+    )
     assert "model.n_heads=3 is not divisible by tp.size=4" in msg
     assert "feed-forward width 250" in msg and "tp.size=4" in msg
     assert "model.d_model=96" not in msg  # 96 divides by 4
 
 
 def test_d_model_and_sequence_parallel_seq_len(compose_cfg):
-    msg = problems(compose_cfg, "parallel=tp", "tp.size=4", "model.n_heads=4", "model.d_model=130",
-                   "model.d_ff=128", "tp.sequence_parallel=true", "data.seq_len=30")
+    msg = problems(
+        compose_cfg,
+        "parallel=tp",
+        "tp.size=4",
+        "model.n_heads=4",
+        "model.d_model=130",
+        "model.d_ff=128",
+        "tp.sequence_parallel=true",
+        "data.seq_len=30",
+    )
     assert "model.d_model=130 is not divisible by tp.size=4" in msg
     assert "data.seq_len=30 is not divisible by tp.size=4 with tp.sequence_parallel=true" in msg
     assert "use data.seq_len=28 or 32" in msg
@@ -32,7 +47,7 @@ def test_d_model_and_sequence_parallel_seq_len(compose_cfg):
 
 def test_tp_needs_a_model_with_a_plan(compose_cfg):
     msg = problems(compose_cfg, "parallel=tp", "model=cnn_bn", "data=images")
-    assert "tp.size=2 with model.name=cnn_bn" in msg and "models/gpt_tp_plan.py" in msg
+    assert "tp.size=2 with model.name=cnn_bn" in msg and "models/gpt/parallelize.py" in msg
 
 
 def test_layers_cover_pipeline_stages(compose_cfg):
@@ -62,14 +77,23 @@ def test_ddp_with_tp_or_pp_becomes_fsdp_with_its_reason(compose_cfg):
     (warning,) = [w for w in run.warnings if "dp.shard=false" in w]
     assert "aten.cat.default got mixed torch.Tensor and DTensor" in warning
     assert "PipelineStage" in warning
-    plain = validate(compose_cfg("parallel=hybrid", "pp.size=1", "tp.size=1", "dp.shard=false",
-                                 "topology.nproc_per_node=2"), environ={})
+    plain = validate(
+        compose_cfg("parallel=hybrid", "pp.size=1", "tp.size=1", "dp.shard=false", "topology.nproc_per_node=2"),
+        environ={},
+    )
     assert not plain.layout.dp_shard and plain.layout.schedule is None  # pp=1: DDP, no pipeline
 
 
 def test_refused_on_the_command_line_without_workers(tmp_path):
-    run = run_train("parallel=hybrid", "model.n_heads=3", "model.d_model=96", "logger=none",
-                    run_dir=tmp_path / "run", expect_ok=False, timeout=120)
+    run = run_train(
+        "parallel=hybrid",
+        "model.n_heads=3",
+        "model.d_model=96",
+        "logger=none",
+        run_dir=tmp_path / "run",
+        expect_ok=False,
+        timeout=120,
+    )
     assert run.proc.returncode == 2
     assert "model.n_heads=3 is not divisible by tp.size=2" in run.output
     assert "no worker was started" in run.output

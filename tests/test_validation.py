@@ -40,8 +40,10 @@ def test_micro_batch_must_divide_replica_batch(compose_cfg):
     assert "data.micro_batch_size=3 does not divide the 8 samples per replica" in msg
 
 
-@pytest.mark.parametrize("key", ["dp.size", "data.global_batch_size", "data.seq_len", "trainer.max_steps",
-                                 "pp.micro_batches", "topology.nnodes"])
+@pytest.mark.parametrize(
+    "key",
+    ["dp.size", "data.global_batch_size", "data.seq_len", "trainer.max_steps", "pp.micro_batches", "topology.nnodes"],
+)
 @pytest.mark.parametrize("value", [0, -2])
 def test_non_positive_sizes(compose_cfg, key, value):
     msg = _problems(compose_cfg(f"{key}={value}"))
@@ -80,15 +82,18 @@ def test_sync_batchnorm_on_cpu(compose_cfg):
 
 
 def test_all_problems_reported_at_once(compose_cfg):
-    err = pytest.raises(ConfigError, validate, compose_cfg("data.global_batch_size=15", "topology.backend=mpi"),
-                        environ={})
+    err = pytest.raises(
+        ConfigError, validate, compose_cfg("data.global_batch_size=15", "topology.backend=mpi"), environ={}
+    )
     assert len(err.value.problems) == 2
 
 
 def test_torchrun_world_size_checked(compose_cfg):
     env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "x"}
-    with pytest.raises(ConfigError, match="dp.size=2 x tp.size=1 x pp.size=1 = 2 but topology.nnodes=1 x "
-                                          "topology.nproc_per_node=4 = 4 workers"):
+    with pytest.raises(
+        ConfigError,
+        match="dp.size=2 x tp.size=1 x pp.size=1 = 2 but topology.nnodes=1 x topology.nproc_per_node=4 = 4 workers",
+    ):
         validate(compose_cfg(), environ=env)
 
 

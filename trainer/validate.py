@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from parallel.layout import ParallelLayout, describe_factorization, factorizations
-from trainer.config import STRATEGIES
-from trainer.environment import ExternalLaunch, detect_external_launch
+from conf.schema import STRATEGIES
+from parallel.core.layout import ParallelLayout, describe_factorization, factorizations, why_dp_needs_fsdp
+from trainer.launch.environment import ExternalLaunch, detect_external_launch
 
 
 class ConfigError(ValueError):
@@ -257,8 +257,8 @@ def model_blocks(model: DictConfig) -> int | None:
 
 def check_pipeline(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
     """Schedule, micro-batches, stages per rank and split points of pp / mp / hybrid runs."""
-    from parallel.schedules import SCHEDULES
-    from parallel.split import POLICIES
+    from parallel.pipeline.schedules import SCHEDULES
+    from parallel.pipeline.split import POLICIES
 
     if layout.schedule is None:
         return
@@ -268,11 +268,15 @@ def check_pipeline(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None
     split_key = "mp.split_points" if name == "mp" else "pp.split_points"
     if name == "mp":
         if m != 1:
-            f.error(f"pp.micro_batches={m} with parallel=mp: model parallel runs one micro-batch through the "
-                    "stages in turn; use parallel=pp to pipeline micro-batches, or set pp.micro_batches=1")
+            f.error(
+                f"pp.micro_batches={m} with parallel=mp: model parallel runs one micro-batch through the "
+                "stages in turn; use parallel=pp to pipeline micro-batches, or set pp.micro_batches=1"
+            )
         if layout.schedule != "gpipe" or v != 1:
-            f.error(f"pp.schedule={layout.schedule} pp.stages_per_rank={v} with parallel=mp: model parallel "
-                    "runs stages in order (gpipe, one stage per rank); use parallel=pp for other schedules")
+            f.error(
+                f"pp.schedule={layout.schedule} pp.stages_per_rank={v} with parallel=mp: model parallel "
+                "runs stages in order (gpipe, one stage per rank); use parallel=pp for other schedules"
+            )
     spec = SCHEDULES.get(layout.schedule)
     if spec is None:
         f.error(f"pp.schedule={layout.schedule}: unknown schedule; use one of {', '.join(SCHEDULES)}")
@@ -285,10 +289,15 @@ def check_pipeline(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None
             if problem:
                 per_replica = int(cfg.data.global_batch_size) // max(1, layout.dp)
                 ok = spec.suggest_micro_batches(pp=pp, stages=num_stages, per_replica=per_replica)
-                fix = (f"use pp.micro_batches={' or '.join(map(str, ok))}" if ok else
-                       f"raise data.global_batch_size so it holds at least {num_stages} micro-batches per replica")
-                f.error(f"pp.micro_batches={m} with pp.schedule={spec.name}: {spec.name} {problem}; {fix}"
-                        + ("" if spec.name != "1f1b" else ", or pp.schedule=gpipe"))
+                fix = (
+                    f"use pp.micro_batches={' or '.join(map(str, ok))}"
+                    if ok
+                    else f"raise data.global_batch_size so it holds at least {num_stages} micro-batches per replica"
+                )
+                f.error(
+                    f"pp.micro_batches={m} with pp.schedule={spec.name}: {spec.name} {problem}; {fix}"
+                    + ("" if spec.name != "1f1b" else ", or pp.schedule=gpipe")
+                )
     if str(cfg.pp.split) not in POLICIES:
         f.error(f"pp.split={cfg.pp.split}: unknown split policy; use one of {', '.join(POLICIES)}")
     if int(cfg.pp.trace_step) < 0:
@@ -297,27 +306,35 @@ def check_pipeline(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None
     if n is None:
         return
     if num_stages > n:
-        f.error(f"pp.size={pp} x pp.stages_per_rank={v} = {num_stages} stages but model.n_layers={n}: every stage "
-                f"needs at least one block; use at most {n} stages or a deeper model")
+        f.error(
+            f"pp.size={pp} x pp.stages_per_rank={v} = {num_stages} stages but model.n_layers={n}: every stage "
+            f"needs at least one block; use at most {n} stages or a deeper model"
+        )
         return
     points = layout.split_points
     if points is None:
         return
     shown = list(points)
     if len(points) != num_stages - 1:
-        f.error(f"{split_key}={shown}: {len(points)} split point(s) make {len(points) + 1} stages but the layout has "
-                f"{num_stages} (pp.size={pp} x pp.stages_per_rank={v}); give {num_stages - 1} block indices")
+        f.error(
+            f"{split_key}={shown}: {len(points)} split point(s) make {len(points) + 1} stages but the layout has "
+            f"{num_stages} (pp.size={pp} x pp.stages_per_rank={v}); give {num_stages - 1} block indices"
+        )
     bad = [p for p in points if not 0 < p < n]
     if bad:
-        f.error(f"{split_key}={shown}: {bad} out of range; split points are block indices where a new stage "
-                f"starts, between 1 and {n - 1} for model.n_layers={n}")
+        f.error(
+            f"{split_key}={shown}: {bad} out of range; split points are block indices where a new stage "
+            f"starts, between 1 and {n - 1} for model.n_layers={n}"
+        )
     elif any(b <= a for a, b in zip(points, points[1:])):
-        f.error(f"{split_key}={shown}: split points must be strictly increasing (a repeated point leaves an "
-                "empty stage); e.g. " + str(list(range(1, num_stages)) if num_stages <= n else []))
+        f.error(
+            f"{split_key}={shown}: split points must be strictly increasing (a repeated point leaves an "
+            "empty stage); e.g. " + str(list(range(1, num_stages)) if num_stages <= n else [])
+        )
 
 
 def check_tensor_parallel(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
-    """What the GPT tensor-parallel plan (models/gpt_tp_plan.py) needs from the model's sizes."""
+    """What the GPT tensor-parallel plan (models/gpt/parallelize.py) needs from the model's sizes."""
     tp, model = layout.tp, cfg.model
     if tp == 1:
         if cfg.tp.sequence_parallel or cfg.tp.loss_parallel:
@@ -326,51 +343,42 @@ def check_tensor_parallel(cfg: DictConfig, layout: ParallelLayout, f: Findings) 
     if "n_heads" not in model:
         f.error(
             f"tp.size={tp} with model.name={model.get('name')}: the tensor-parallel plan exists for the GPT "
-            "(models/gpt_tp_plan.py); use model=gpt_small, or tp.size=1 with parallel=ddp or fsdp"
+            "(models/gpt/parallelize.py); use model=gpt_small, or tp.size=1 with parallel=ddp or fsdp"
         )
         return
     heads, d_model = int(model.n_heads), int(model.d_model)
     widths = [int(w) for w in (model.get("layer_d_ff") or [])] or [int(model.get("d_ff") or 0) or 4 * d_model]
     if heads % tp:
-        f.error(f"model.n_heads={heads} is not divisible by tp.size={tp}: each tp rank owns whole attention heads; "
-                f"use a tp.size dividing {heads}")
+        f.error(
+            f"model.n_heads={heads} is not divisible by tp.size={tp}: each tp rank owns whole attention heads; "
+            f"use a tp.size dividing {heads}"
+        )
     if d_model % tp:
-        f.error(f"model.d_model={d_model} is not divisible by tp.size={tp}: wq/wk/wv/wo are split by columns; "
-                f"use a model.d_model that is a multiple of {tp}")
+        f.error(
+            f"model.d_model={d_model} is not divisible by tp.size={tp}: wq/wk/wv/wo are split by columns; "
+            f"use a model.d_model that is a multiple of {tp}"
+        )
     for width in sorted(set(widths)):
         if width % tp:
-            f.error(f"feed-forward width {width} (model.d_ff / model.layer_d_ff) is not divisible by tp.size={tp}: "
-                    f"w1/w2 are split by it; use a multiple of {tp}")
+            f.error(
+                f"feed-forward width {width} (model.d_ff / model.layer_d_ff) is not divisible by tp.size={tp}: "
+                f"w1/w2 are split by it; use a multiple of {tp}"
+            )
     if cfg.tp.loss_parallel and int(model.vocab_size) % tp:
-        f.error(f"model.vocab_size={model.vocab_size} is not divisible by tp.size={tp} with tp.loss_parallel=true; "
-                "set tp.loss_parallel=false")
+        f.error(
+            f"model.vocab_size={model.vocab_size} is not divisible by tp.size={tp} with tp.loss_parallel=true; "
+            "set tp.loss_parallel=false"
+        )
     if cfg.tp.loss_parallel and layout.pp > 1:
-        f.error(f"tp.loss_parallel=true with pp.size={layout.pp}: the pipeline schedule computes the loss outside "
-                "loss_parallel() on plain tensors; set tp.loss_parallel=false (the head then gathers the logits)")
+        f.error(
+            f"tp.loss_parallel=true with pp.size={layout.pp}: the pipeline schedule computes the loss outside "
+            "loss_parallel() on plain tensors; set tp.loss_parallel=false (the head then gathers the logits)"
+        )
     if cfg.tp.sequence_parallel and int(cfg.data.seq_len) % tp:
-        f.error(f"data.seq_len={cfg.data.seq_len} is not divisible by tp.size={tp} with tp.sequence_parallel=true: "
-                f"the sequence is split over tp ranks; use data.seq_len={_nearest_multiples(int(cfg.data.seq_len), tp)}")
-
-
-#: why the dp dimension cannot be DDP when tp > 1 or pp > 1 (seen with torch 2.13 on gloo)
-DDP_OVER_DTENSOR = (
-    "DDP over tensor-parallel (DTensor) modules fails on torch 2.13 "
-    "(aten.cat.default got mixed torch.Tensor and DTensor)"
-)
-DDP_IN_PIPELINE = (
-    "DDP inside a PipelineStage with several micro-batches fails on torch 2.13 (reducer.cpp: rebuilt "
-    "parameter indices size is not same as original model parameters size; with static_graph it runs "
-    "but the gradients are 2% off)"
-)
-
-
-def why_dp_needs_fsdp(layout: ParallelLayout) -> str:
-    reasons = []
-    if layout.tp > 1:
-        reasons.append(f"tp.size={layout.tp}: {DDP_OVER_DTENSOR}")
-    if layout.pp > 1:
-        reasons.append(f"pp.size={layout.pp}: {DDP_IN_PIPELINE}")
-    return "; ".join(reasons)
+        f.error(
+            f"data.seq_len={cfg.data.seq_len} is not divisible by tp.size={tp} with tp.sequence_parallel=true: "
+            f"the sequence is split over tp ranks; use data.seq_len={_nearest_multiples(int(cfg.data.seq_len), tp)}"
+        )
 
 
 def check_dp_composition(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:

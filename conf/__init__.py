@@ -1,0 +1,1 @@
+"""Hydra config groups (YAML) and the typed schema that checks them at compose time (schema.py)."""

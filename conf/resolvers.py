@@ -1,0 +1,36 @@
+"""OmegaConf resolvers needed before Hydra composes the config.
+
+``mt_stamp`` formats the launch time of this job. Under torchrun every rank runs ``hydra.main`` and
+Hydra's ``${now:}`` may differ by a second between ranks, giving one output folder per rank
+(hydra#2070). All local ranks of one torchrun share their parent, the elastic agent, so under
+torchelastic the stamp is the agent's start time: one folder for the whole job on a node.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from functools import lru_cache
+
+from omegaconf import OmegaConf
+
+
+@lru_cache(maxsize=1)
+def _launch_time() -> float:
+    if "TORCHELASTIC_RUN_ID" in os.environ or "SLURM_STEP_ID" in os.environ:
+        import psutil
+
+        try:
+            return psutil.Process(os.getppid()).create_time()
+        except (psutil.Error, OSError):  # pragma: no cover - no parent info: fall back to now
+            pass
+    return time.time()
+
+
+def launch_stamp(fmt: str) -> str:
+    return time.strftime(fmt, time.localtime(_launch_time()))
+
+
+def register_resolvers() -> None:
+    if not OmegaConf.has_resolver("mt_stamp"):
+        OmegaConf.register_new_resolver("mt_stamp", launch_stamp)

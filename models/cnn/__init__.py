@@ -1,0 +1,1 @@
+"""A small convolutional classifier with BatchNorm (the BatchNorm-under-data-parallel example)."""

@@ -1,0 +1,34 @@
+"""Config schema of the GPT family (``conf/model/gpt_*.yaml``). No torch import."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List
+
+
+@dataclass
+class GPTConfig:
+    _target_: str = "models.gpt.model.GPT"
+    name: str = "gpt"
+    vocab_size: int = 256
+    n_layers: int = 4
+    d_model: int = 128
+    n_heads: int = 4
+    d_ff: int = 0
+    """Feed-forward width; 0 means 4 * d_model."""
+    layer_d_ff: List[int] = field(default_factory=list)
+    """Per-block feed-forward widths (uneven models); empty means d_ff everywhere."""
+    max_seq_len: int = 128
+    dropout: float = 0.0
+
+
+@dataclass
+class GPTDescriptionConfig(GPTConfig):
+    """A GPT far too big to build here, described for the planner only (``python -m parallel.plan``)."""
+
+    _target_: str = "parallel.plan.specs.refuse_to_build"
+    planner_only: bool = True
+    global_batch_size: int = 512
+    """The batch the published run used (samples of max_seq_len tokens)."""
+    source: str = ""
+    """Where the shape comes from."""

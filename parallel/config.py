@@ -1,0 +1,131 @@
+"""Config schema of the keys the parallel layer reads: parallel, dp, tp, pp, mp, topology, planner.
+
+The trainer's root schema (``conf/schema.py``) extends ``ParallelJobConfig`` with its own
+groups; the planner CLI composes conf/ with ``ParallelJobConfig`` alone, so it needs nothing from the
+trainer. No torch import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+@dataclass
+class ParallelConfig:
+    """Which strategy class builds the engine; ``_target_`` may name a user's own class."""
+
+    _target_: str = "parallel.strategies.ddp.DDPStrategy"
+    name: str = "ddp"
+
+
+@dataclass
+class DPConfig:
+    size: int = 1
+    """Data-parallel degree (replicas)."""
+    shard: bool = False
+    """Shard parameters, gradients and optimizer state over the dp dimension (FSDP2 ``fully_shard``)."""
+    bucket_cap_mb: float = 25.0
+    """DDP gradient bucket size: on few cores, bucket size decides how much all-reduce overlaps backward."""
+    sync_batchnorm: bool = False
+    """Convert BatchNorm layers to SyncBatchNorm so statistics span the global batch."""
+    find_unused_parameters: bool = False
+
+
+@dataclass
+class TPConfig:
+    size: int = 1
+    """Tensor-parallel degree (intra-layer, DTensor)."""
+    sequence_parallel: bool = False
+    """Shard the residual stream along the sequence between sub-blocks (norms run on the shard)."""
+    loss_parallel: bool = False
+    """Keep the output projection vocabulary-sharded and compute the loss on the shards."""
+    measure_comm: bool = True
+    """Time the tp group's collectives (tp_comm_time_s); costs a Python dispatch per op."""
+
+
+@dataclass
+class PPConfig:
+    size: int = 1
+    """Pipeline-parallel degree (ranks along the pipeline)."""
+    micro_batches: int = 1
+    schedule: str = "1f1b"
+    """gpipe, 1f1b, interleaved_1f1b, looped_bfs, zero_bubble, zbv, dualpipev."""
+    split_points: Any = field(default_factory=list)
+    """Block indices where a new stage starts; empty or 'auto' lets ``pp.split`` decide."""
+    split: str = "uniform"
+    """Split policy when split_points are not given: uniform or balanced (measured)."""
+    stages_per_rank: int = 1
+    """Virtual stages per rank, for interleaved/looped/V schedules."""
+    trace_step: int = 5
+    """Step whose measured schedule is written as a Chrome trace and a Gantt PNG (0 = none)."""
+
+
+@dataclass
+class MPConfig:
+    split_points: Any = field(default_factory=list)
+    """Layer-split model parallel (no micro-batching): block indices where a new stage starts."""
+
+
+@dataclass
+class TopologyConfig:
+    name: str = "local_cpu"
+    nnodes: int = 1
+    nproc_per_node: Optional[int] = None
+    """Workers per node; null means dp.size*tp.size*pp.size / nnodes."""
+    node_rank: int = 0
+    backend: str = "auto"
+    """auto (nccl on CUDA, else gloo), gloo or nccl."""
+    device: str = "auto"
+    """auto, cpu or cuda."""
+    master_addr: str = "localhost"
+    master_port: int = 0
+    """0 picks a free port (single node)."""
+    max_restarts: int = 0
+    timeout_s: float = 300.0
+    """Collective timeout: a rank that stops answering fails the job after this long."""
+    threads_per_rank: int = 1
+    """torch.set_num_threads per worker; ranks share the cores."""
+    # Hardware description for the planner (per device / per link).
+    device_memory_gb: float = 8.0
+    device_tflops: float = 0.05
+    intra_node_gbps: float = 8.0
+    inter_node_gbps: float = 1.0
+    intra_node_latency_us: float = 50.0
+    inter_node_latency_us: float = 100.0
+    """Bandwidths are per device and in Gbit/s (1 GbE = 1.0); latencies per message."""
+    devices_per_node: Optional[int] = None
+    """Devices the planner may use per node; null = nproc_per_node, else the CPU count (cpu) or 8 (cuda)."""
+    memory_gbps: float = 100.0
+    """Device memory bandwidth in GB/s (bytes): the optimizer step is bound by it."""
+    microbatch_overhead_ms: float = 0.0
+    """Fixed cost of one forward+backward pass of the whole model besides its FLOPs (framework, small kernels)."""
+    p2p_gbps: Optional[float] = None
+    """Point-to-point bandwidth between pipeline neighbours (Gbit/s); null = the link's bandwidth."""
+    p2p_latency_us: Optional[float] = None
+    dp_comm_overlap: float = 0.0
+    """Share of the data-parallel gradient all-reduce hidden behind the backward pass (0 on few CPU cores)."""
+    busy_node_slowdown: float = 1.0
+    """Compute slowdown of a device while its node's other devices compute too (calibrate measures it)."""
+    devices_per_nic: int = 1
+    """Devices sharing one inter-node link of inter_node_gbps (8 behind a node's single 1 GbE port)."""
+    calibrate: bool = False
+    """Measure FLOP/s, overhead, memory, all-reduce and p2p bandwidth on this machine instead of the preset."""
+
+
+@dataclass
+class PlannerConfig:
+    """What the cost model assumes about a training job (``parallel.plan.search``, ``python -m parallel.plan``)."""
+
+    precision: str = "auto"
+    """fp32 (4-byte params, grads, Adam states), mixed (bf16/fp16 params and grads + fp32 master and Adam, ZeRO's K=12), or auto (mixed on cuda, fp32 on cpu)."""
+    recompute: str = "none"
+    """Activation recomputation the planner may use: none, selective, full, or any (enumerate all three)."""
+    memory_fraction: float = 0.9
+    """Share of device memory a layout may plan to use (the rest: allocator, buffers, fragmentation)."""
+    global_batch_size: Optional[int] = None
+    """Samples per step to plan for; null = model.global_batch_size (planner-only models) or data.global_batch_size."""
+    seq_len: Optional[int] = None
+    """Tokens per sample to plan for; null = model.max_seq_len (planner-only models) or data.seq_len."""
+    top: int = 10
+    """Candidates printed by parallel=auto and python -m parallel.plan."""

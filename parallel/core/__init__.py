@@ -1,0 +1,1 @@
+"""What every strategy shares: Strategy/Engine, the layout and rank map, gradient clipping, timers."""

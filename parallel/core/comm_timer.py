@@ -1,0 +1,111 @@
+"""How long a rank blocks in the collectives of one process group (tensor parallel's, typically).
+
+DTensor turns redistributions into functional collectives (``_c10d_functional.all_reduce`` ...,
+then ``wait_tensor``). A ``TorchDispatchMode`` sees them, forward and backward: it lets DTensor
+desugar its ops first (returning ``NotImplemented`` for DTensor arguments, as ``CommDebugMode``
+does), then times each collective on the watched group from issue to the matching ``wait_tensor``.
+The sum is the time this rank spent issuing and waiting for that group's communication; on 2 CPU
+cores nothing overlaps it, so it reads directly as a share of the step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+
+import torch
+from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import TorchDispatchMode
+
+_funcol = torch.ops._c10d_functional
+COLLECTIVES = {
+    _funcol.all_reduce,
+    _funcol.all_reduce_coalesced,
+    _funcol.all_gather_into_tensor,
+    _funcol.all_gather_into_tensor_coalesced,
+    _funcol.reduce_scatter_tensor,
+    _funcol.reduce_scatter_tensor_coalesced,
+    _funcol.all_to_all_single,
+    _funcol.broadcast,
+}
+WAIT = _funcol.wait_tensor
+
+
+class CollectiveTimer(TorchDispatchMode):
+    """Use as a context manager around forward and backward; ``take()`` returns what was measured."""
+
+    def __init__(self, *, group_name: str):
+        super().__init__()
+        self.group_name = group_name
+        self._pending: dict[int, float] = {}  # id(output) -> time the collective was issued
+        self.seconds = 0.0
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return func(*args, **kwargs)
+        if any(t is DTensor for t in types):
+            return NotImplemented  # let DTensor desugar into local ops and collectives first
+        packet = func._overloadpacket
+        if packet in COLLECTIVES and self.group_name in (a for a in args if isinstance(a, str)):
+            start = time.perf_counter()
+            out = func(*args, **kwargs)
+            self.count += 1
+            for t in out if isinstance(out, (list, tuple)) else (out,):
+                self._pending[id(t)] = start
+            return out
+        if packet is WAIT and id(args[0]) in self._pending:
+            start = self._pending.pop(id(args[0]))
+            out = func(*args, **kwargs)
+            self.seconds += time.perf_counter() - start
+            return out
+        return func(*args, **kwargs)
+
+    def take(self) -> tuple[float, int]:
+        """(seconds, collectives) since the last call."""
+        seconds, count = self.seconds, self.count
+        self.seconds, self.count = 0.0, 0
+        self._pending.clear()
+        return seconds, count
+
+
+class SampledCommMeter:
+    """Runs a ``CollectiveTimer`` on steps 1, k, 2k ... (the steps the loop logs, k = log_every).
+
+    The timer costs a Python dispatch per op, so unlogged steps run without it.
+    """
+
+    def __init__(self, timer: CollectiveTimer | None, *, every: int, prefix: str = "tp"):
+        self.timer = timer
+        self.every = max(1, every)
+        self.prefix = prefix
+        self.steps = 0
+        self.active = False
+        self._start = 0.0
+        self._step_s = 0.0
+
+    def step(self) -> AbstractContextManager:
+        """Context for one whole step (forward and backward of all its micro-batches)."""
+        self.steps += 1
+        self.active = self.timer is not None and (self.steps == 1 or self.steps % self.every == 0)
+        return self._measuring() if self.active else nullcontext()
+
+    @contextmanager
+    def _measuring(self) -> Iterator[None]:
+        start = time.perf_counter()
+        with self.timer:
+            yield
+        self._step_s = time.perf_counter() - start
+
+    def metrics(self) -> dict[str, float]:
+        if not self.active:
+            return {}
+        seconds, count = self.timer.take()
+        p = self.prefix
+        return {
+            f"{p}_comm_time_s": seconds,
+            f"{p}_comm_fraction": min(1.0, seconds / max(self._step_s, 1e-9)),
+            f"{p}_collectives": count,
+        }

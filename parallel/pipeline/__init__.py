@@ -1,0 +1,1 @@
+"""Pipeline parallel: stages (split, build), torch schedules, per-action timing, timelines."""

@@ -1,0 +1,395 @@
+"""The pipeline engine behind parallel=pp, mp and hybrid: blocks split into stages, driven by a torch schedule.
+
+How one rank gets its engine (``build_pipeline_engine``), in order:
+1. split: explicit split points, or a policy (``parallel/pipeline/split.py``) — the same on every rank;
+2. place: stage s runs on pp rank ``stage_to_rank`` (one per rank, looped, or V; ``parallel/pipeline/schedules.py``);
+3. build: each local stage is the full model pruned to its blocks, names kept (``parallel/pipeline/stages.py``),
+   optionally wrapped (``wrap_stage``: the hook hybrid dp/tp uses), then a ``PipelineStage``;
+4. schedule: torch's class for ``pp.schedule`` with ``scale_grads=False`` and the loss divided by the
+   number of micro-batches, so the accumulated gradient is exactly the gradient of the global mean
+   loss (torch's default ``scale_grads=True`` divides the accumulated gradients after the fact instead;
+   torchtitan#1733);
+5. measure: every F/B/W action timed on its stage (``parallel/pipeline/timing.py``); per step the pp group
+   exchanges a few numbers to give the measured bubble, per-stage busy time, imbalance, bytes sent and
+   peak activation memory; at ``pp.trace_step`` every rank's actions go to rank 0, which writes a Chrome
+   trace and a Gantt PNG (``parallel/pipeline/timeline.py``).
+
+``parallel=mp`` is the same machinery with one micro-batch and GPipe: stages run strictly one after the
+other, and the same measurements show what that costs (per-stage busy time, idle share, bytes sent).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from parallel.core.base import Engine, WorkerContext, cross_entropy
+from parallel.pipeline.schedules import schedule_class, schedule_spec, stage_to_rank, theoretical_bubble
+from parallel.pipeline.split import SplitPlan, even_split, min_max_partition, profile_blocks, uniform_costs
+from parallel.pipeline.stages import StageSpec, build_stage_module, pipeline_parts, stage_specs
+from parallel.pipeline.timing import StageRecorder, StepRecord, union_busy
+
+#: per-rank numbers exchanged each step: window start/end, busy, bytes sent (act, grad), peak live act
+_FIXED = 6
+
+
+def choose_split(model: nn.Module, *, ctx: WorkerContext, num_stages: int) -> SplitPlan:
+    """Split points for this run, identical on every rank (``balanced`` measures on rank 0 only)."""
+    layout, cfg = ctx.layout, ctx.cfg
+    pre, blocks, post = pipeline_parts(model)
+    n = len(blocks)
+    # torchtitan's weights: an embedding or a head counts as one block (when the model has one)
+    uniform = uniform_costs(n, input_weight=1.0 if pre else 0.0, output_weight=1.0 if post else 0.0)
+    if layout.split_points is not None:
+        return SplitPlan(split_points=tuple(layout.split_points), policy="explicit", costs=uniform)
+    if layout.strategy == "mp":
+        return SplitPlan(
+            split_points=even_split(n, num_stages),
+            policy="even",
+            costs=uniform_costs(n, input_weight=0, output_weight=0),
+        )
+    policy = str(cfg.pp.split)
+    if policy == "uniform":
+        costs = uniform
+        return SplitPlan(split_points=min_max_partition(costs, num_stages), policy="uniform", costs=costs)
+    # balanced: profile on global rank 0, share the result
+    box: list[Any] = [None]
+    if ctx.rank == 0:
+        from hydra.utils import instantiate
+
+        data = instantiate(cfg.data, seed=int(cfg.trainer.seed))
+        inputs, targets = data.global_batch(1)
+        mb = max(1, ctx.per_replica_batch() // max(1, layout.micro_batches))
+        costs = profile_blocks(model, inputs[:mb], targets[:mb], loss_fn=cross_entropy)
+        box[0] = costs
+        ctx.log.info(
+            "balanced split: measured block costs (ms) pre %.2f, blocks %s, post %.2f",
+            costs.pre * 1e3,
+            [round(c * 1e3, 2) for c in costs.blocks],
+            costs.post * 1e3,
+        )
+    if ctx.world_size > 1:
+        dist.broadcast_object_list(box, src=0)
+    costs = box[0]
+    return SplitPlan(split_points=min_max_partition(costs, num_stages), policy="balanced", costs=costs)
+
+
+class PipelineEngine(Engine):
+    """This rank's stages and their schedule; measures every action and reports per stage."""
+
+    def __init__(
+        self,
+        *,
+        ctx: WorkerContext,
+        stages: list[Any],
+        specs: list[StageSpec],
+        schedule: Any,
+        recorder: StageRecorder,
+        plan: SplitPlan,
+        part_names: tuple[list[str], list[str], list[str]],
+    ):
+        self.ctx = ctx
+        self.stages = stages
+        self.specs = specs
+        self.local_specs = [s for s in specs if s.pp_rank == ctx.coords["pp"]]
+        self.schedule = schedule
+        self.recorder = recorder
+        self.plan = plan
+        self.part_names = part_names
+        self.model_parts = [st.submod for st in stages]
+        self.pp_group = ctx.mesh["pp"].get_group() if ctx.mesh is not None else None
+        self.pp = ctx.layout.pp
+        self.m = ctx.layout.micro_batches
+        self.has_first = any(st.is_first for st in stages)
+        self.has_last = any(st.is_last for st in stages)
+        self.bubble_theoretical = theoretical_bubble(
+            str(ctx.layout.schedule), pp=self.pp, micro_batches=self.m, num_stages=len(specs), schedule=schedule
+        )
+        trace_step = int(ctx.cfg.pp.trace_step)
+        self.trace_step = min(trace_step, int(ctx.cfg.trainer.max_steps)) if trace_step > 0 else 0
+        self.steps = 0
+        self.history: list[dict[str, Any]] = []
+        self.artifacts: dict[str, Any] = {"images": {}, "files": []}
+        self._last: StepRecord | None = None
+
+    # ---- one step --------------------------------------------------------------------------------
+
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        self.steps += 1
+        losses: list[torch.Tensor] | None = [] if self.has_last else None
+        args = (inputs,) if self.has_first else ()
+        self.recorder.begin_step()
+        self.schedule.step(*args, target=targets if self.has_last else None, losses=losses)
+        self._last = self.recorder.end_step()
+        if not losses:
+            return None
+        return torch.stack([loss.detach() for loss in losses]).sum()  # each is already divided by m
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Global norm over all stages: local squared norms summed over the pp group."""
+        params = [p for p in self.parameters() if p.grad is not None]
+        grads = [p.grad for p in params]
+        local = torch.nn.utils.get_total_norm(grads, foreach=True) if grads else torch.zeros((), device=self.ctx.device)
+        sq = local.double() ** 2
+        if self.pp_group is not None and self.pp > 1:
+            dist.all_reduce(sq, group=self.pp_group)
+        total = sq.sqrt().float()
+        if max_norm > 0 and params:
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
+        return total
+
+    # ---- measurement -----------------------------------------------------------------------------
+
+    def step_metrics(self) -> dict[str, float]:
+        rec = self._last
+        if rec is None:
+            return {}
+        busy = union_busy(rec.actions, start=rec.start, end=rec.end)
+        local = [
+            rec.start,
+            rec.end,
+            busy,
+            rec.sent_activation_bytes,
+            rec.sent_gradient_bytes,
+            sum(rec.peak_live_activation_bytes.values()),
+        ]
+        per_stage = {}
+        for spec in self.local_specs:
+            acts = [a for a in rec.actions if a.stage == spec.index]
+            per_stage[spec.index] = [sum(a.seconds for a in acts if a.kind == k) for k in "FBW"]
+            per_stage[spec.index].append(rec.peak_live_activation_bytes.get(spec.index, 0))
+        vec = local + [x for s in self.local_specs for x in per_stage[s.index]]
+        rows = self._gather_pp(torch.tensor(vec, dtype=torch.float64))
+        start = min(r[0] for r in rows)
+        end = max(r[1] for r in rows)
+        window = max(end - start, 1e-9)
+        rank_busy = [r[2] for r in rows]
+        stage_rows: dict[int, list[float]] = {}
+        for pp_rank, row in enumerate(rows):
+            specs = [s for s in self.specs if s.pp_rank == pp_rank]
+            for k, spec in enumerate(specs):
+                stage_rows[spec.index] = row[_FIXED + 4 * k : _FIXED + 4 * k + 4]
+        stage_busy = [sum(stage_rows[s][:3]) for s in range(len(self.specs))]
+        out: dict[str, float] = {
+            "bubble_fraction": 1.0 - sum(rank_busy) / (self.pp * window),
+            "bubble_theoretical": self.bubble_theoretical,
+            "pipeline_time_s": window,
+            "imbalance_ratio": max(stage_busy) / max(min(stage_busy), 1e-9),
+            "activation_bytes_sent": sum(r[3] for r in rows),
+            "gradient_bytes_sent": sum(r[4] for r in rows),
+            "peak_activation_bytes": max(r[5] for r in rows),
+        }
+        for s, b in enumerate(stage_busy):
+            out[f"stage{s}_busy_s"] = b
+        for r, b in enumerate(rank_busy):
+            out[f"rank{r}_idle_s"] = window - b
+        self.history.append({"step": self.steps, **out, "stage_rows": stage_rows, "rank_busy": rank_busy})
+        if self.steps == self.trace_step:
+            self._write_timeline(rec)
+        return out
+
+    def _gather_pp(self, vec: torch.Tensor) -> list[list[float]]:
+        if self.pp_group is None or self.pp == 1:
+            return [vec.tolist()]
+        # ranks hold different numbers of stages only if placement is uneven; pad to the longest
+        size = _FIXED + 4 * max(sum(1 for s in self.specs if s.pp_rank == r) for r in range(self.pp))
+        padded = torch.zeros(size, dtype=torch.float64)
+        padded[: vec.numel()] = vec
+        out = [torch.zeros_like(padded) for _ in range(self.pp)]
+        dist.all_gather(out, padded, group=self.pp_group)
+        return [t.tolist() for t in out]
+
+    def _write_timeline(self, rec: StepRecord) -> None:
+        from parallel.pipeline.timeline import write_chrome_trace, write_gantt_png
+
+        mine = {
+            "rank": self.ctx.rank,
+            "pp_rank": self.ctx.coords["pp"],
+            "start": rec.start,
+            "end": rec.end,
+            "actions": [(a.kind, a.stage, a.micro_batch, a.start, a.end) for a in rec.actions],
+        }
+        gathered: list[Any] | None = [None] * self.ctx.world_size if self.ctx.rank == 0 else None
+        if self.ctx.world_size > 1:
+            dist.gather_object(mine, gathered, dst=0)
+        else:
+            gathered = [mine]
+        if self.ctx.rank != 0:
+            return
+        folder = self.ctx.run_dir / "timeline"
+        title = (
+            f"{self.ctx.layout.strategy} {self.ctx.layout.schedule}, {len(self.specs)} stages on "
+            f"{self.pp} ranks, m={self.m}, step {self.steps}"
+        )
+        trace = write_chrome_trace(folder / f"pipeline_step{self.steps}.trace.json", ranks=gathered, title=title)
+        png = write_gantt_png(folder / f"pipeline_step{self.steps}.png", ranks=gathered, title=title)
+        self.artifacts["files"].append(str(trace))
+        self.artifacts["images"]["pipeline_timeline"] = str(png)
+        self.ctx.log.info("pipeline timeline of step %d: %s, %s", self.steps, trace, png)
+
+    # ---- report ------------------------------------------------------------------------------------
+
+    def summary(self) -> dict[str, Any]:
+        hist = self.history[1:] or self.history  # step 1 includes shape inference
+        med = (lambda key: statistics.median(h[key] for h in hist)) if hist else (lambda key: None)
+        pre, _, post = self.part_names
+        predicted = self.plan.predicted
+        costs = self.plan.costs
+        total_pred = sum(predicted) if predicted else None
+        params = self._gather_params()
+        stages = []
+        for spec in self.specs:
+            f = statistics.median(h["stage_rows"][spec.index][0] for h in hist) if hist else None
+            b = statistics.median(h["stage_rows"][spec.index][1] for h in hist) if hist else None
+            w = statistics.median(h["stage_rows"][spec.index][2] for h in hist) if hist else None
+            busy = (f or 0) + (b or 0) + (w or 0)
+            row = {
+                "stage": spec.index,
+                "pp_rank": spec.pp_rank,
+                "layers": spec.describe(pre, post),
+                "blocks": [spec.start, spec.stop],
+                "parameters": params.get(spec.index),
+                "forward_s": f,
+                "backward_s": b,
+                "weight_grad_s": w,
+                "busy_s": busy,
+                "busy_per_micro_batch_s": busy / self.m,
+                "peak_activation_bytes": max(h["stage_rows"][spec.index][3] for h in hist) if hist else None,
+            }
+            if predicted:
+                row["predicted_share"] = predicted[spec.index] / total_pred if total_pred else None
+                if costs is not None and costs.unit == "s":
+                    row["predicted_per_micro_batch_s"] = predicted[spec.index]
+            stages.append(row)
+        busy_all = sum(r["busy_s"] for r in stages) or 1.0
+        for r in stages:
+            r["measured_share"] = r["busy_s"] / busy_all
+        pipeline = {
+            "schedule": self.ctx.layout.schedule,
+            "micro_batches": self.m,
+            "stages_per_rank": self.ctx.layout.stages_per_rank,
+            "num_stages": len(self.specs),
+            "split_points": list(self.plan.split_points),
+            "split_policy": self.plan.policy,
+            "bubble_fraction": med("bubble_fraction") if hist else None,
+            "bubble_theoretical": self.bubble_theoretical,
+            # slowest over fastest stage, from each stage's median busy time (robust to one noisy step)
+            "imbalance_ratio": (
+                max(r["busy_s"] for r in stages) / max(min(r["busy_s"] for r in stages), 1e-9) if hist else None
+            ),
+            "activation_bytes_sent_per_step": med("activation_bytes_sent") if hist else None,
+            "gradient_bytes_sent_per_step": med("gradient_bytes_sent") if hist else None,
+            "pipeline_time_s": med("pipeline_time_s") if hist else None,
+            "stages": stages,
+        }
+        if self.ctx.rank == 0:
+            for r in stages:
+                pred = r.get("predicted_per_micro_batch_s")
+                self.ctx.log.info(
+                    "stage %d (%s): %.2f ms busy per micro-batch%s, share %.0f%% (predicted %.0f%%)",
+                    r["stage"],
+                    r["layers"],
+                    r["busy_per_micro_batch_s"] * 1e3,
+                    f" (predicted {pred * 1e3:.2f} ms)" if pred is not None else "",
+                    100 * r["measured_share"],
+                    100 * (r.get("predicted_share") or 0.0),
+                )
+        out: dict[str, Any] = {
+            "pipeline": pipeline,
+            "bubble_fraction": pipeline["bubble_fraction"],
+            "bubble_theoretical": self.bubble_theoretical,
+        }
+        if self.artifacts["files"] or self.artifacts["images"]:
+            out["artifacts"] = self.artifacts
+        return out
+
+    def _gather_params(self) -> dict[int, int]:
+        mine = {
+            spec.index: sum(p.numel() for p in st.submod.parameters())
+            for spec, st in zip(self.local_specs, self.stages)
+        }
+        if self.ctx.world_size == 1:
+            return mine
+        everyone: list[Any] = [None] * self.ctx.world_size
+        dist.all_gather_object(everyone, mine)
+        merged: dict[int, int] = {}
+        for d in everyone:
+            merged.update(d)
+        return merged
+
+    def close(self) -> None:
+        self.schedule = None
+        self.stages = []
+        super().close()
+
+
+def build_pipeline_engine(
+    *,
+    ctx: WorkerContext,
+    model: nn.Module | None = None,
+    wrap_stage: Callable[[nn.Module, StageSpec], nn.Module] | None = None,
+) -> PipelineEngine:
+    """This rank's pipeline engine. ``wrap_stage`` may wrap each stage module (TP, DDP, FSDP2) before
+    it becomes a ``PipelineStage``."""
+    from torch.distributed.pipelining import PipelineStage
+
+    layout = ctx.layout
+    spec = schedule_spec(str(layout.schedule))
+    num_stages = layout.pp * layout.stages_per_rank
+    model = model if model is not None else ctx.build_model()
+    part_names = pipeline_parts(model)
+    plan = choose_split(model, ctx=ctx, num_stages=num_stages)
+    ranks = stage_to_rank(placement=spec.placement, pp=layout.pp, num_stages=num_stages)
+    specs = stage_specs(n_blocks=len(part_names[1]), split_points=plan.split_points, stage_ranks=ranks)
+    pp_rank = ctx.coords["pp"]
+    group = ctx.mesh["pp"].get_group()
+    recorder = StageRecorder()
+    stages = []
+    for s in specs:
+        if s.pp_rank != pp_rank:
+            continue
+        module = build_stage_module(model, spec=s).to(ctx.device)
+        if wrap_stage is not None:
+            module = wrap_stage(module, s)
+        stage = PipelineStage(module, s.index, num_stages, ctx.device, group=group)
+        recorder.instrument(
+            stage,
+            sends_forward=not s.last and ranks[s.index + 1] != pp_rank,
+            sends_backward=not s.first and ranks[s.index - 1] != pp_rank,
+        )
+        stages.append(stage)
+    del model
+    m = layout.micro_batches
+
+    def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return cross_entropy(output, target) / m
+
+    cls = schedule_class(str(layout.schedule))
+    schedule = cls(
+        stages[0] if spec.placement == "single" else stages,
+        n_microbatches=m,
+        loss_fn=recorder.wrap_loss(loss_fn),
+        scale_grads=False,
+    )
+    if ctx.world_size > 1:
+        dist.barrier(group=group)
+    recorder.origin = time.perf_counter()
+    ctx.log.info(
+        "pipeline: %s, %d stages (split %s, %s), this rank runs %s",
+        layout.schedule,
+        num_stages,
+        list(plan.split_points),
+        plan.policy,
+        "; ".join(
+            f"stage {s.index}: {s.describe(part_names[0], part_names[2])}" for s in specs if s.pp_rank == pp_rank
+        ),
+    )
+    return PipelineEngine(
+        ctx=ctx, stages=stages, specs=specs, schedule=schedule, recorder=recorder, plan=plan, part_names=part_names
+    )

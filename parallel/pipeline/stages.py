@@ -1,0 +1,73 @@
+"""How a pipeline stage is built: a copy of the full model with the parts other stages own removed.
+
+A model is pipeline-ready when its blocks live in ``layers`` (a ModuleDict keyed "0".."n-1") and its
+``forward`` skips top-level parts set to None. The top-level children before ``layers`` (embeddings)
+belong to the first stage, those after it (final norm, head) to the last. Pruning a deep copy keeps
+every parameter's name (``layers.3.feed_forward.w1.weight``), so a stage's state dict is a slice of the
+full model's, and split points, checkpoints and TP plans speak the same names (torchtitan's pattern).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torch import nn
+
+
+def pipeline_parts(model: nn.Module) -> tuple[list[str], list[str], list[str]]:
+    """(parts before the blocks, block keys, parts after the blocks) of a pipeline-ready model."""
+    names = [name for name, _ in model.named_children()]
+    layers = getattr(model, "layers", None)
+    if not isinstance(layers, nn.ModuleDict):
+        raise TypeError(
+            f"{type(model).__name__} cannot be split into pipeline stages: it needs its blocks in "
+            "`self.layers = nn.ModuleDict({'0': ..., '1': ...})` and a forward that skips parts set to None"
+        )
+    i = names.index("layers")
+    return names[:i], list(layers.keys()), names[i + 1 :]
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One stage: its index, the pp rank that runs it, and the blocks [start, stop) it owns."""
+
+    index: int
+    pp_rank: int
+    start: int
+    stop: int
+    first: bool
+    last: bool
+
+    def describe(self, pre: Sequence[str], post: Sequence[str]) -> str:
+        parts = list(pre) if self.first else []
+        blocks = f"layers.{self.start}" if self.stop - self.start == 1 else f"layers.{self.start}-{self.stop - 1}"
+        parts.append(blocks)
+        parts += list(post) if self.last else []
+        return " + ".join(parts)
+
+
+def stage_specs(*, n_blocks: int, split_points: Sequence[int], stage_ranks: Sequence[int]) -> list[StageSpec]:
+    bounds = [0, *split_points, n_blocks]
+    num = len(bounds) - 1
+    if len(stage_ranks) != num:
+        raise ValueError(f"{num} stages from split points {list(split_points)} but {len(stage_ranks)} stage ranks")
+    return [
+        StageSpec(index=s, pp_rank=stage_ranks[s], start=bounds[s], stop=bounds[s + 1], first=s == 0, last=s == num - 1)
+        for s in range(num)
+    ]
+
+
+def build_stage_module(model: nn.Module, *, spec: StageSpec) -> nn.Module:
+    """A deep copy of ``model`` keeping only what ``spec`` owns; parameter names unchanged."""
+    pre, blocks, post = pipeline_parts(model)
+    stage = copy.deepcopy(model)
+    for key in blocks:
+        if not spec.start <= int(key) < spec.stop:
+            del stage.layers[key]
+    for name in pre if not spec.first else ():
+        setattr(stage, name, None)
+    for name in post if not spec.last else ():
+        setattr(stage, name, None)
+    return stage

@@ -1,0 +1,245 @@
+"""``topology.calibrate=true``: measure this machine instead of trusting the preset (a few seconds).
+
+Four measurements, each fitted to the cost model's own formula so that the planner's terms mean what
+was measured:
+- compute: forward + backward of the configured GPT (or a 2-block proxy of a model too big to build) at
+  two micro-batch sizes; t = overhead + FLOPs / (FLOP/s) gives sustained FLOP/s and the fixed cost of one
+  micro-batch (``microbatch_overhead_ms``);
+- optimizer: AdamW step + gradient clipping, as bytes moved per second (``memory_gbps``);
+- all-reduce: two gloo processes, two buffer sizes; t = 2α + bytes/β (ring with n = 2);
+- point-to-point: ping-pong between the same two processes; t = α + bytes/β one way;
+- a busy node: the same forward + backward run by both processes at once, over the time alone
+  (``busy_node_slowdown``): ranks of one node share memory bandwidth and caches (and on a CPU, the
+  cores' turbo budget), so a rank computes slower when its neighbours compute too. On 2 cores here
+  this was 1.3-1.5x, the largest error of a cost model that assumed independent devices.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from parallel.plan.specs import HardwareSpec, Link, ModelSpec, Workload
+
+MAX_BUILD_PARAMS = 50_000_000
+COMM_SIZES = (64 * 1024, 4 * 2**20)
+COMM_REPS = 15
+
+
+def _timed(fn: Callable[[], None], *, min_time: float = 0.15, min_reps: int = 5, reps: int | None = None) -> float:
+    """Median of the timed calls after two warm-up calls: what a training step will typically see (the
+    minimum flatters the machine: training runs long enough to meet its slow moments too).
+
+    ``reps`` fixes the number of calls: a collective must be called equally often on every rank, and a
+    count decided by each rank's own clock deadlocks (seen here: one rank stopped, the other waited)."""
+    fn(), fn()
+    times, start = [], time.perf_counter()
+    while (
+        (len(times) < reps) if reps is not None else (len(times) < min_reps or time.perf_counter() - start < min_time)
+    ):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        if len(times) >= 50:
+            break
+    times.sort()
+    return times[len(times) // 2]
+
+
+def _fit_line(x1: float, t1: float, x2: float, t2: float) -> tuple[float, float]:
+    """(intercept, slope) through two points, both kept non-negative."""
+    slope = max((t2 - t1) / (x2 - x1), 1e-15)
+    return max(t1 - slope * x1, 0.0), slope
+
+
+def _gpt_step(kwargs: dict[str, Any], seq_len: int, batch: int, *, model: Any = None) -> Callable[[], None]:
+    """One forward + backward of a GPT built from ``kwargs`` on ``batch`` random rows."""
+    import torch
+    import torch.nn.functional as F
+
+    from models.gpt.model import GPT
+
+    if model is None:
+        torch.manual_seed(0)
+        model = GPT(**kwargs)
+    x = torch.randint(0, kwargs["vocab_size"], (batch, seq_len))
+
+    def run() -> None:
+        model.zero_grad(set_to_none=True)
+        logits = model(x)
+        F.cross_entropy(logits.flatten(0, 1), x.flatten()).backward()
+
+    return run
+
+
+BUSY_BATCH = 8
+
+
+def measure_compute(model_cfg: Any, *, seq_len: int, threads: int) -> dict[str, float]:
+    import torch
+
+    from models.gpt.model import GPT
+
+    torch.set_num_threads(threads)
+    spec = ModelSpec.from_cfg(model_cfg)
+    kwargs = dict(
+        vocab_size=spec.vocab_size,
+        n_layers=spec.n_layers,
+        d_model=spec.d_model,
+        n_heads=spec.n_heads,
+        layer_d_ff=list(spec.layer_d_ff),
+        max_seq_len=max(spec.max_seq_len, seq_len),
+    )
+    proxy = spec.params > MAX_BUILD_PARAMS
+    if proxy:  # same width, two blocks, shorter rows: the FLOP rate of big matmuls, not the model's memory
+        kwargs.update(n_layers=2, layer_d_ff=list(spec.layer_d_ff[:2]), vocab_size=min(spec.vocab_size, 4096))
+        seq_len = min(seq_len, 256)
+    torch.manual_seed(0)
+    model = GPT(**kwargs)
+    measured = ModelSpec(
+        name="calib",
+        n_layers=kwargs["n_layers"],
+        d_model=spec.d_model,
+        n_heads=spec.n_heads,
+        vocab_size=kwargs["vocab_size"],
+        max_seq_len=kwargs["max_seq_len"],
+        layer_d_ff=tuple(kwargs["layer_d_ff"]),
+    )
+    flops_per_token = measured.training_flops_per_token(seq_len)
+
+    def step(b: int) -> Callable[[], None]:
+        return _gpt_step(kwargs, seq_len, b, model=model)
+
+    b1, b2 = 1, BUSY_BATCH
+    t1, t2 = _timed(step(b1)), _timed(step(b2))
+    overhead, s_per_flop = _fit_line(b1 * seq_len * flops_per_token, t1, b2 * seq_len * flops_per_token, t2)
+    if proxy:
+        overhead *= (spec.n_layers + 2) / (measured.n_layers + 2)
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    step(b1)()
+
+    def optimizer_step() -> None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    t_opt = _timed(optimizer_step)
+    n_params = sum(p.numel() for p in model.parameters())
+    return {
+        "flops": 1.0 / s_per_flop,
+        "microbatch_overhead_s": overhead,
+        "memory_bytes_per_s": n_params * (2 * 4 + 2 * 4 + 2 * 8) / t_opt,
+        "alone_s": t2,
+        "gpt_kwargs": kwargs,
+        "seq_len": seq_len,
+    }
+
+
+def _comm_worker(rank: int, port: int, out_path: str, sizes: tuple[int, ...], busy: dict[str, Any] | None) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    results: dict[str, float] = {}
+    if busy is not None:  # both processes compute at once, as the ranks of one node do
+        step = _gpt_step(busy["gpt_kwargs"], busy["seq_len"], BUSY_BATCH)
+        dist.barrier()
+        results["busy_s"] = _timed(step)
+    for n in sizes:
+        buf = torch.ones(n // 4)
+
+        def allreduce(buf: torch.Tensor = buf) -> None:
+            dist.all_reduce(buf)
+
+        def pingpong(buf: torch.Tensor = buf) -> None:
+            if rank == 0:
+                dist.send(buf, 1)
+                dist.recv(buf, 1)
+            else:
+                dist.recv(buf, 0)
+                dist.send(buf, 0)
+
+        dist.barrier()
+        results[f"allreduce_{n}"] = _timed(allreduce, reps=COMM_REPS)
+        dist.barrier()
+        results[f"p2p_{n}"] = _timed(pingpong, reps=COMM_REPS) / 2
+    if rank == 0:
+        import json
+
+        with open(out_path, "w") as f:
+            json.dump(results, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measure_links(sizes: tuple[int, ...] = COMM_SIZES, *, busy: dict[str, Any] | None = None) -> dict[str, float]:
+    """Link bandwidths and latencies between two local processes; with ``busy`` (``measure_compute``'s
+    result) also the slowdown of compute when both processes compute at once."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "links.json")
+        mp.start_processes(
+            _comm_worker, args=(_free_port(), out, sizes, busy), nprocs=2, start_method="spawn", join=True
+        )
+        with open(out) as f:
+            r = json.load(f)
+    small, big = sizes[0], sizes[-1]
+    ar_lat2, ar_spb = _fit_line(small, r[f"allreduce_{small}"], big, r[f"allreduce_{big}"])  # t = 2α + bytes/β
+    p2p_lat, p2p_spb = _fit_line(small, r[f"p2p_{small}"], big, r[f"p2p_{big}"])
+    busy_slowdown = max(1.0, r["busy_s"] / busy["alone_s"]) if busy is not None else 1.0
+    return {
+        "busy_node_slowdown": busy_slowdown,
+        "allreduce_gbps": 8 / ar_spb / 1e9,
+        "allreduce_latency_s": ar_lat2 / 2,
+        "p2p_gbps": 8 / p2p_spb / 1e9,
+        "p2p_latency_s": p2p_lat,
+    }
+
+
+def calibrate_hardware(
+    hardware: HardwareSpec, *, model_cfg: Any, workload: Workload, threads: int, links: bool = True
+) -> HardwareSpec:
+    """``hardware`` with FLOP/s, overhead, memory bandwidth and (``links``) intra-node links measured here."""
+    c = measure_compute(model_cfg, seq_len=workload.seq_len, threads=threads)
+    updates: dict[str, Any] = {
+        "flops": c["flops"],
+        "microbatch_overhead_s": c["microbatch_overhead_s"],
+        "memory_bytes_per_s": c["memory_bytes_per_s"],
+    }
+    measured = {
+        "tflops": c["flops"] / 1e12,
+        "microbatch_overhead_ms": c["microbatch_overhead_s"] * 1e3,
+        "memory_gbps": c["memory_bytes_per_s"] / 1e9,
+    }
+    if links and hardware.world_size > 1:
+        lk = measure_links(busy=c if hardware.devices_per_node > 1 else None)
+        intra = Link(lk["allreduce_gbps"], lk["allreduce_latency_s"])
+        updates.update(
+            intra=intra, p2p=Link(lk["p2p_gbps"], lk["p2p_latency_s"]), busy_node_slowdown=lk["busy_node_slowdown"]
+        )
+        if hardware.nnodes == 1:
+            updates["inter"] = intra
+        measured.update(
+            busy_node_slowdown=lk["busy_node_slowdown"],
+            allreduce_gbps=lk["allreduce_gbps"],
+            allreduce_latency_us=lk["allreduce_latency_s"] * 1e6,
+            p2p_gbps=lk["p2p_gbps"],
+            p2p_latency_us=lk["p2p_latency_s"] * 1e6,
+        )
+    return replace(hardware, measured=measured, **updates)

@@ -1,0 +1,155 @@
+"""``python -m parallel.plan [OVERRIDES] [--top N] [--json]``: rank layouts for a model on a topology.
+
+Composes conf/ with Hydra-style overrides exactly as train.py does (``model=gpt_175b
+topology=cluster_1024xh100 planner.recompute=any``), starts no worker, needs no GPU and imports no torch
+(unless ``topology.calibrate=true`` asks to measure this machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from parallel.plan.cost_model import Estimate
+from parallel.plan.search import Plan, describe, plan, specs_from_cfg, strategy_of
+from parallel.plan.specs import GB, PlanError
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
+
+def compose(overrides: list[str]):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from conf.resolvers import register_resolvers
+    from conf.schema import register_configs
+
+    register_resolvers()
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return hydra_compose("config", overrides=overrides)
+
+
+def plan_json(p: Plan, *, top: int) -> dict:
+    m, h, w = p.model, p.hardware, p.workload
+    return {
+        "model": {
+            "name": m.name,
+            "params": m.params,
+            "n_layers": m.n_layers,
+            "d_model": m.d_model,
+            "n_heads": m.n_heads,
+            "vocab_size": m.vocab_size,
+            "seq_len": w.seq_len,
+            "global_batch_size": w.global_batch_size,
+            "precision": w.precision,
+            "flops_per_token": m.training_flops_per_token(w.seq_len),
+        },
+        "topology": {
+            "name": h.name,
+            "nnodes": h.nnodes,
+            "devices_per_node": h.devices_per_node,
+            "world_size": h.world_size,
+            "device_memory_bytes": h.memory_bytes,
+            "memory_budget_bytes": h.memory_bytes * w.memory_fraction,
+            "device_flops": h.flops,
+            "intra_node_gbps": h.intra.gbps,
+            "inter_node_gbps": h.inter.gbps,
+            "intra_node_latency_s": h.intra.latency_s,
+            "inter_node_latency_s": h.inter.latency_s,
+            "microbatch_overhead_s": h.microbatch_overhead_s,
+            "measured": h.measured,
+        },
+        "reason": p.reason if p.ranked else None,
+        "rejected_over_memory": p.rejected,
+        "candidates": [
+            {"rank": i + 1, "strategy": strategy_of(e.candidate), **e.to_dict()} for i, e in enumerate(p.ranked[:top])
+        ],
+    }
+
+
+def _row(i: int, e: Estimate) -> list[str]:
+    c, mem = e.candidate, e.memory
+    return [
+        str(i),
+        strategy_of(c),
+        str(c.dp),
+        str(c.tp),
+        str(c.pp),
+        str(c.micro_batches),
+        describe(c).split(f"m={c.micro_batches}", 1)[1].strip() or "-",
+        f"{mem.total / GB:.3g}",
+        f"{(mem.params + mem.grads + mem.optimizer) / GB:.3g}",
+        f"{mem.activations / GB:.3g}",
+        f"{e.step_time_s:.4g}",
+        f"{e.bubble_fraction:.1%}",
+        f"{e.comm_fraction:.1%}",
+    ]
+
+
+def print_table(p: Plan, *, top: int, elapsed_s: float, file=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=file or sys.stdout, width=160)
+    m, h, w = p.model, p.hardware, p.workload
+    console.print(
+        f"[bold]{m.name}[/]: {m.params / 1e9:.4g}B params, {m.training_flops_per_token(w.seq_len):.3g} FLOPs/token, "
+        f"batch {w.global_batch_size} x {w.seq_len} tokens, {w.precision} | [bold]{h.name}[/]: {h.world_size} devices "
+        f"({h.nnodes} x {h.devices_per_node}), {h.memory_bytes / GB:g} GB, {h.flops / 1e12:.3g} TFLOP/s, "
+        f"links {h.intra.gbps:g}/{h.inter.gbps:g} Gbit/s intra/inter"
+        + (f" [measured: {', '.join(f'{k}={v:.3g}' for k, v in h.measured.items())}]" if h.measured else "")
+    )
+    table = Table(
+        title=f"top {min(top, len(p.ranked))} of {len(p.ranked)} layouts that fit ({p.rejected} over the memory budget; planned in {elapsed_s:.2f} s)"
+    )
+    for col in (
+        "#",
+        "strategy",
+        "dp",
+        "tp",
+        "pp",
+        "m",
+        "schedule/sharding",
+        "mem GB",
+        "states GB",
+        "act GB",
+        "step s",
+        "bubble",
+        "comm",
+    ):
+        table.add_column(col, justify="right" if col not in ("strategy", "schedule/sharding") else "left")
+    for i, e in enumerate(p.ranked[:top], start=1):
+        table.add_row(*_row(i, e))
+    console.print(table)
+    console.print(f"[bold]reason:[/] {p.reason}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m parallel.plan", description=__doc__.splitlines()[0])
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=gpt_175b topology=cluster_1024xh100")
+    parser.add_argument("--top", type=int, default=None, help="candidates to show (default planner.top)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    args = parser.parse_args(argv)
+    t0 = time.perf_counter()
+    try:
+        cfg = compose(args.overrides)
+        top = args.top if args.top is not None else int(cfg.planner.top)
+        model, hardware, workload = specs_from_cfg(cfg)
+        result = plan(model=model, hardware=hardware, workload=workload)
+        if not result.ranked:
+            _ = result.best  # raises PlanError naming the budget and the fix
+    except PlanError as exc:
+        print(f"parallel.plan: {exc}", file=sys.stderr)
+        return 2
+    elapsed = time.perf_counter() - t0
+    if args.json:
+        print(json.dumps({**plan_json(result, top=top), "planning_time_s": elapsed}, indent=1))
+    else:
+        print_table(result, top=top, elapsed_s=elapsed)
+    return 0

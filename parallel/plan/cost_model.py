@@ -1,0 +1,376 @@
+"""How much memory a rank needs and how long a step takes, for one layout, from the config alone.
+
+Every term is a closed formula from a paper, named in its docstring; ``estimate`` adds them up. Notation
+as in Megatron-LM: s sequence length, b micro-batch size (samples), h hidden size, a heads, L layers,
+V vocabulary, t tensor-parallel size, p pipeline size, v virtual stages per rank, m micro-batches, n
+data-parallel size, Ψ parameters. No torch import: ``python -m parallel.plan`` plans for a 1024-GPU
+cluster on a laptop.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from parallel.plan.specs import HardwareSpec, Link, ModelSpec, Workload
+
+#: schedules the cost model knows; the bubble and in-flight terms of each are below
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "zero_bubble", "zbv")
+INTERLEAVED = ("interleaved_1f1b", "looped_bfs", "zbv")
+DDP_BUCKET_BYTES = 25 * 2**20
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One layout the planner may choose: degrees, micro-batching, schedule, sharding, recomputation."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    micro_batches: int = 1
+    schedule: str = "none"
+    """``none`` when pp == 1 (gradient accumulation over micro_batches), else one of SCHEDULES."""
+    stages_per_rank: int = 1
+    zero_stage: int = 0
+    """0 DDP, 1 optimizer states, 2 + gradients, 3 + parameters sharded over dp (FSDP ``fully_shard``)."""
+    sequence_parallel: bool = False
+    recompute: str = "none"
+    split_points: tuple[int, ...] | None = None
+    """Block indices where a new (virtual) stage starts; None = uniform split."""
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+
+@dataclass(frozen=True)
+class Memory:
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations
+
+
+@dataclass(frozen=True)
+class Estimate:
+    candidate: Candidate
+    memory: Memory
+    """Bytes on the rank that needs the most (pipeline stage 0 holds the most micro-batches)."""
+    step_time_s: float
+    compute_s: float
+    bubble_fraction: float
+    tp_comm_s: float
+    pp_comm_s: float
+    dp_comm_s: float
+    optimizer_s: float
+    stage_times_s: tuple[float, ...]
+    fits: bool
+    budget_bytes: float
+
+    @property
+    def comm_fraction(self) -> float:
+        return (self.tp_comm_s + self.pp_comm_s + self.dp_comm_s) / self.step_time_s if self.step_time_s else 0.0
+
+    @property
+    def stage_imbalance(self) -> float:
+        """Slowest stage over the mean stage, minus one (0 = balanced)."""
+        mean = sum(self.stage_times_s) / len(self.stage_times_s)
+        return max(self.stage_times_s) / mean - 1 if mean > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            **asdict(self.candidate),
+            "memory_per_rank_bytes": {**asdict(self.memory), "total": self.memory.total},
+            "step_time_s": self.step_time_s,
+            "bubble_fraction": self.bubble_fraction,
+            "comm_fraction": self.comm_fraction,
+            "fits": self.fits,
+            "breakdown_s": {
+                "compute": self.compute_s,
+                "tp_comm": self.tp_comm_s,
+                "pp_comm": self.pp_comm_s,
+                "dp_comm": self.dp_comm_s,
+                "optimizer": self.optimizer_s,
+            },
+            "stage_imbalance": self.stage_imbalance,
+        }
+
+
+# ---- how layers are placed --------------------------------------------------------------------
+
+
+def chunk_layers(n_layers: int, chunks: int) -> list[range]:
+    """Uniform contiguous split of the blocks into ``chunks`` pieces, earlier pieces one larger."""
+    base, extra = divmod(n_layers, chunks)
+    out, start = [], 0
+    for c in range(chunks):
+        size = base + (1 if c < extra else 0)
+        out.append(range(start, start + size))
+        start += size
+    return out
+
+
+def chunks_at(n_layers: int, split_points: tuple[int, ...]) -> list[range]:
+    bounds = [0, *split_points, n_layers]
+    return [range(lo, hi) for lo, hi in zip(bounds, bounds[1:])]
+
+
+def rank_layers(
+    n_layers: int, *, pp: int, stages_per_rank: int, schedule: str, split_points: tuple[int, ...] | None = None
+) -> list[list[int]]:
+    """Blocks held by each pipeline rank: chunk c goes to rank c mod p (Megatron's interleaving); ZB-V folds
+    the second half back (rank r holds chunks r and 2p-1-r: arXiv 2401.10241, section 6)."""
+    v = stages_per_rank
+    if split_points is not None and len(split_points) == pp * v - 1:
+        chunks = chunks_at(n_layers, split_points)
+    else:
+        chunks = chunk_layers(n_layers, pp * v)
+    ranks: list[list[int]] = [[] for _ in range(pp)]
+    for c, layers in enumerate(chunks):
+        r = c % pp
+        if schedule == "zbv" and (c // pp) % 2 == 1:
+            r = pp - 1 - r
+        ranks[r].extend(layers)
+    return ranks
+
+
+def last_chunk_rank(*, pp: int, schedule: str, stages_per_rank: int) -> int:
+    return 0 if schedule == "zbv" and stages_per_rank % 2 == 0 else pp - 1
+
+
+# ---- memory terms -----------------------------------------------------------------------------
+
+
+def model_state_bytes(
+    params: float, *, bytes_per_param: tuple[int, int, int], zero_stage: int, dp: int
+) -> tuple[float, float, float]:
+    """Weights, gradients, optimizer states of ``params`` parameters on one rank.
+
+    ZeRO (arXiv 1910.02054, section 5, Figure 1): with w, g, K bytes per parameter (2, 2, 12 in mixed
+    precision with Adam) a DDP rank holds (w + g + K)Ψ; stage 1 (P_os) shards K over N_d, stage 2
+    (P_os+g) also g, stage 3 (P_os+g+p) also w. Paper example, Ψ = 7.5B, N_d = 64: 120 GB, 31.4 GB, 16.6 GB,
+    1.9 GB.
+    """
+    w, g, k = bytes_per_param
+    return (
+        params * w / (dp if zero_stage >= 3 else 1),
+        params * g / (dp if zero_stage >= 2 else 1),
+        params * k / (dp if zero_stage >= 1 else 1),
+    )
+
+
+def layer_activation_bytes(
+    model: ModelSpec,
+    layer: int,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    tp: int,
+    sequence_parallel: bool,
+    recompute: str,
+    element_bytes: int,
+) -> float:
+    """Activations one block keeps for its backward pass, for one micro-batch.
+
+    Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models" (arXiv 2205.05198,
+    section 4, 16-bit activations, 1-byte dropout masks): sbh(34 + 5as/h) without parallelism, of which
+    attention 11sbh + 5as²b, MLP 19sbh, LayerNorms 4sbh. With tensor parallel t: sbh(10 + 24/t + 5as/(ht));
+    with sequence parallel as well everything is divided by t; selective recomputation drops the 5as²b
+    attention term; full recomputation keeps only the block's input, 2sbh (divided by t with sequence
+    parallel). The MLP's 19sbh is written here as 3sbh + 4sb·d_ff so that d_ff ≠ 4h works; other element
+    sizes scale the whole formula by element_bytes / 2 (masks included: a slight overestimate in fp32).
+    """
+    s, b, h, a, f = seq_len, micro_batch, model.d_model, model.n_heads, model.layer_d_ff[layer]
+    scale = element_bytes / 2
+    if recompute == "full":
+        return scale * 2 * s * b * h / (tp if sequence_parallel else 1)
+    unsharded = 10 * s * b * h  # LayerNorm inputs and the attention/MLP inputs (replicated without SP)
+    sharded = s * b * (8 * h + 4 * f)  # 34sbh - 10sbh with d_ff = 4h: Q, K, V, projections, MLP
+    scores = 0.0 if recompute == "selective" else 5 * a * s * s * b
+    if sequence_parallel or tp == 1:
+        return scale * (unsharded + sharded + scores) / tp
+    return scale * (unsharded + (sharded + scores) / tp)
+
+
+def logits_bytes(model: ModelSpec, *, seq_len: int, micro_batch: int, tp: int, element_bytes: int) -> float:
+    """The last stage keeps the logits (s·b·V) and an fp32 copy for cross entropy, split over t by the
+    vocabulary-parallel head (Megatron-LM). Our estimate; arXiv 2205.05198 section 4.3 counts the output
+    layer's 4sbh·V-scale term the same way."""
+    return seq_len * micro_batch * model.vocab_size * (element_bytes + 4) / tp
+
+
+def micro_batches_in_flight(schedule: str, *, pp: int, m: int, v: int, stage: int = 0) -> float:
+    """Micro-batches whose activations pipeline stage ``stage`` holds at its peak.
+
+    GPipe (arXiv 1811.06965): all m forwards run before the backwards, so m. 1F1B (PipeDream-Flush, used by
+    Megatron-LM arXiv 2104.04473 section 2.2.1): stage i holds at most p - i. Interleaved 1F1B (same paper,
+    2.2.2; memory in arXiv 2205.05198 section 4.2.3): stage 0 holds L(1 + (p-1)/(pv)) layers worth, i.e.
+    p + (p-1)/v micro-batches of its L/p layers. ZB-H1 (arXiv 2401.10241, section 2.1) keeps 1F1B's peak;
+    ZB-V (section 6) too. Looped BFS runs every forward first, as GPipe.
+    """
+    if pp == 1:
+        return 1.0
+    if schedule in ("gpipe", "looped_bfs"):
+        held = float(m)
+    elif schedule == "interleaved_1f1b":
+        held = (pp - stage) + (pp - 1) / v
+    else:  # 1f1b, zero_bubble (ZB-H1), zbv
+        held = float(pp - stage)
+    return min(float(m), held)
+
+
+# ---- time terms -------------------------------------------------------------------------------
+
+
+def bubble_fraction(schedule: str, *, pp: int, m: int, v: int = 1) -> float:
+    """Share of a pipelined step that stages sit idle (fill and drain), for equal stage times.
+
+    GPipe (arXiv 1811.06965, section 2.2) and 1F1B: (p-1)/(m+p-1), i.e. an overhead of (p-1)/m over the
+    ideal m micro-batches (Megatron-LM arXiv 2104.04473 eq. 1). Interleaved with v virtual stages per rank
+    divides the bubble by v: (p-1)/v over m (eq. 2). ZB-H1 (arXiv 2401.10241 section 2.1, T_F = T_B = T_W)
+    cuts 1F1B's bubble to a third; ZB-V (section 6) reaches zero once m >= 2p, and behaves like
+    interleaving with v = 2 below that.
+    """
+    if pp <= 1:
+        return 0.0
+    idle = {
+        "gpipe": pp - 1,
+        "1f1b": pp - 1,
+        "interleaved_1f1b": (pp - 1) / v,
+        "looped_bfs": (pp - 1) / v,
+        "zero_bubble": (pp - 1) / 3,
+        "zbv": 0.0 if m >= 2 * pp else (pp - 1) / 2,
+    }[schedule]
+    return idle / (m + idle)
+
+
+def ring_allreduce_s(nbytes: float, *, n: int, link: Link, messages: int = 1) -> float:
+    """Ring all-reduce: each rank sends and receives 2(n-1)/n of the buffer (reduce-scatter + all-gather)
+    in 2(n-1) steps, each paying the link latency (Patarasuk & Yuan 2009; the cost Megatron-LM
+    arXiv 2104.04473 section 3 uses for its data- and tensor-parallel all-reduces)."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * (n - 1) / n * nbytes / link.bytes_per_s + 2 * (n - 1) * link.latency_s * messages
+
+
+def p2p_s(nbytes: float, *, link: Link) -> float:
+    """One point-to-point message: latency + bytes / bandwidth."""
+    return link.latency_s + nbytes / link.bytes_per_s
+
+
+# ---- the estimate -----------------------------------------------------------------------------
+
+
+def estimate(candidate: Candidate, *, model: ModelSpec, hardware: HardwareSpec, workload: Workload) -> Estimate:
+    """Memory of the fullest rank and time of one optimizer step for ``candidate``."""
+    c, s = candidate, workload.seq_len
+    v = c.stages_per_rank if c.pp > 1 else 1
+    e = workload.activation_bytes
+    b = workload.global_batch_size / (c.dp * c.micro_batches)  # samples per micro-batch
+    layers_of = rank_layers(
+        model.n_layers, pp=c.pp, stages_per_rank=v, schedule=c.schedule, split_points=c.split_points
+    )
+    last = last_chunk_rank(pp=c.pp, schedule=c.schedule, stages_per_rank=v)
+
+    # ---- memory of each pipeline rank, keep the fullest
+    worst: Memory | None = None
+    for r, layers in enumerate(layers_of):
+        params = sum(model.layer_params(i) for i in layers)
+        params += model.embedding_params if r == 0 else 0
+        params += model.head_params if r == last else 0
+        if r == last and model.tied_embeddings and r != 0:
+            params += model.vocab_size * model.d_model
+        w, g, o = model_state_bytes(
+            params / c.tp, bytes_per_param=workload.bytes_per_param, zero_stage=c.zero_stage, dp=c.dp
+        )
+        per_mb = sum(
+            layer_activation_bytes(
+                model,
+                i,
+                seq_len=s,
+                micro_batch=b,
+                tp=c.tp,
+                sequence_parallel=c.sequence_parallel,
+                recompute=c.recompute,
+                element_bytes=e,
+            )
+            for i in layers
+        )
+        held = micro_batches_in_flight(c.schedule, pp=c.pp, m=c.micro_batches, v=v, stage=r)
+        acts = per_mb * held
+        if r == last:
+            acts += logits_bytes(model, seq_len=s, micro_batch=b, tp=c.tp, element_bytes=e)
+        mem = Memory(params=w, grads=g, optimizer=o, activations=acts)
+        if worst is None or mem.total > worst.total:
+            worst = mem
+    assert worst is not None
+
+    # ---- time of one micro-batch on each pipeline rank (forward + backward)
+    tokens = b * s
+    passes = {"none": 3.0, "selective": 3.0, "full": 4.0}[c.recompute]
+    tp_link = hardware.link_for(span=c.tp, stride=1)
+    ar_per_layer = 4 + (2 if c.recompute == "full" else 0)  # Megatron-LM 2104.04473 section 3.2: 2 fwd + 2 bwd
+    tp_ar = ring_allreduce_s(tokens * model.d_model * e, n=c.tp, link=tp_link)
+    stage_compute, stage_tp = [], []
+    # ranks sharing a node slow each other down (memory bandwidth, caches): measured, see calibrate.py
+    busy = hardware.busy_node_slowdown if min(c.dp * c.tp * c.pp, hardware.devices_per_node) > 1 else 1.0
+    for r, layers in enumerate(layers_of):
+        flops = sum(passes * model.layer_forward_flops_per_token(i, s) for i in layers)
+        if c.recompute == "selective":
+            flops += 4 * s * model.d_model * len(layers)
+        if r == last:
+            flops += 3 * model.logit_forward_flops_per_token()
+        share = (len(layers) + (r == 0) + (r == last)) / (model.n_layers + 2)
+        stage_compute.append((flops * tokens / c.tp / hardware.flops + hardware.microbatch_overhead_s * share) * busy)
+        stage_tp.append(len(layers) * ar_per_layer * tp_ar)
+    pp_link = hardware.link_for(span=c.pp, stride=c.dp * c.tp) if c.pp > 1 else hardware.p2p
+    if pp_link is hardware.intra:
+        pp_link = hardware.p2p
+    act_msg = tokens * model.d_model * e / (c.tp if c.sequence_parallel else 1)
+    hops = (2 if c.schedule == "zbv" else 1) * v  # each virtual stage boundary sends once forward, once back
+    pp_per_mb = 2 * hops * p2p_s(act_msg, link=pp_link) if c.pp > 1 else 0.0
+    stage_times = tuple(cp + tp_ + pp_per_mb for cp, tp_ in zip(stage_compute, stage_tp))
+    bubble = bubble_fraction(c.schedule, pp=c.pp, m=c.micro_batches, v=v)
+    pipeline_s = c.micro_batches * max(stage_times) / (1 - bubble)
+    scale = pipeline_s / (c.micro_batches * max(stage_times)) if max(stage_times) > 0 else 1.0
+    bottleneck = max(range(len(stage_times)), key=lambda r: stage_times[r])
+    compute_s = c.micro_batches * stage_compute[bottleneck] * scale
+    tp_comm_s = c.micro_batches * stage_tp[bottleneck] * scale
+    pp_comm_s = c.micro_batches * pp_per_mb * scale
+
+    # ---- once per step: data-parallel gradient reduction and the optimizer
+    grad_bytes = worst.grads * (c.dp if c.zero_stage >= 2 else 1)  # full local gradient before reduce-scatter
+    volume = grad_bytes * (1.5 if c.zero_stage >= 3 else 1.0)  # ZeRO section 7: P_os+g+p moves 3Ψ vs 2Ψ
+    dp_link = hardware.link_for(span=c.dp, stride=c.tp)
+    buckets = max(1, math.ceil(grad_bytes / DDP_BUCKET_BYTES))
+    dp_total = ring_allreduce_s(volume, n=c.dp, link=dp_link, messages=buckets)
+    # bucketed all-reduce overlaps the backward pass (PyTorch DDP, Li et al., VLDB 2020): it hides at most
+    # dp_comm_overlap of itself, and never more than the step's backward compute (2/3 of the compute)
+    hidden = min(hardware.dp_comm_overlap * dp_total, (2 / 3) * compute_s)
+    dp_comm_s = dp_total - hidden
+    w, g, k = workload.bytes_per_param
+    shard_params = worst.optimizer / k  # parameters whose optimizer states this rank updates
+    optimizer_s = (
+        shard_params * (2 * w + 2 * g + 2 * k) / hardware.memory_bytes_per_s
+    )  # read w,g,K + write w,K; clip reads g
+
+    budget = hardware.memory_bytes * workload.memory_fraction
+    step = pipeline_s + dp_comm_s + optimizer_s
+    return Estimate(
+        candidate=c,
+        memory=worst,
+        step_time_s=step,
+        compute_s=compute_s,
+        bubble_fraction=bubble,
+        tp_comm_s=tp_comm_s,
+        pp_comm_s=pp_comm_s,
+        dp_comm_s=dp_comm_s,
+        optimizer_s=optimizer_s,
+        stage_times_s=stage_times,
+        fits=worst.total <= budget,
+        budget_bytes=budget,
+    )

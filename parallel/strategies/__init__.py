@@ -1,0 +1,1 @@
+"""One module per parallel=NAME strategy; each builds an Engine from the model."""

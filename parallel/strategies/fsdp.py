@@ -1,0 +1,64 @@
+"""parallel=fsdp: how FSDP2 (``fully_shard``) wraps a model over the mesh's dp dimension.
+
+Each block becomes its own FSDP unit (its parameters all-gathered just before it runs and freed
+after), then the root takes what is left (embeddings, final norm, head), the order torchtitan uses.
+Parameters, gradients and optimizer state are sharded over dp; gradients are reduce-scattered with
+the mean over replicas, so the update equals one process on the global batch. Applied after tensor
+parallel, ``fully_shard`` sees DTensor parameters and shards them over (dp, tp) in 2-D.
+Gradient accumulation skips the reduce-scatter on all but the last micro-batch
+(``set_requires_gradient_sync(False)``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+
+from parallel.core.base import Engine, Strategy, WorkerContext
+
+
+def apply_fsdp(model: nn.Module, *, dp_mesh: DeviceMesh, reshard_after_forward: bool = True) -> nn.Module:
+    """Shard ``model`` in place: every block in ``model.layers`` (when it has them), then the root."""
+    # With TP the root returns ``to_local()`` of the gathered logits, a view; FSDP2 warns that an in-place
+    # op on it would skip its pre-backward hook. Engines here never modify outputs in place.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+    blocks = getattr(model, "layers", None)
+    if isinstance(blocks, nn.ModuleDict):
+        for block in blocks.values():
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+    return model
+
+
+def fsdp_no_sync(module: nn.Module):
+    """A context factory: inside it, backward keeps gradients unsharded-local (no reduce-scatter)."""
+
+    @contextmanager
+    def no_sync() -> Iterator[None]:
+        assert isinstance(module, FSDPModule)
+        module.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            module.set_requires_gradient_sync(True)
+
+    return no_sync
+
+
+class FSDPStrategy(Strategy):
+    def build(self, *, ctx: WorkerContext) -> Engine:
+        from parallel.core.rank_map import announce_rank_map
+        from parallel.strategies.tp import MeshModuleEngine
+
+        model = ctx.build_model().to(ctx.device)
+        apply_fsdp(model, dp_mesh=ctx.mesh["dp"])
+        ctx.log.info("parallel=fsdp: fully_shard per block and root over dp=%d", ctx.layout.dp)
+        rank_map = announce_rank_map(ctx, stage_modules=[model])
+        return MeshModuleEngine(
+            model, accumulation=ctx.accumulation_steps(), no_sync=fsdp_no_sync(model), rank_map=rank_map
+        )

@@ -1,0 +1,1 @@
+"""Checkpoints with torch.distributed.checkpoint: atomic folders, markers, resume."""

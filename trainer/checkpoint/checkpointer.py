@@ -1,0 +1,178 @@
+"""Save and load training state with ``torch.distributed.checkpoint`` (DCP), under any layout.
+
+State is keyed by parameter names (FQNs), which every strategy keeps (pipeline stages are pruned
+copies of the full model; DDP/FSDP/TP wrappers are looked through by DCP's ``get_state_dict``). So a
+checkpoint written under pp=2 loads under ddp=2 or single: DCP reads each rank's keys from whichever
+files hold them. What a checkpoint holds: model and optimizer (DCP), lr schedule and step (marker),
+each rank's RNG states (``rng_rank{R}.pt``). The data position is the step: batches are a function
+of (seed, step).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from omegaconf import OmegaConf
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+from trainer.checkpoint.files import (
+    MARKER,
+    CheckpointError,
+    check_model_matches,
+    checkpoints_root,
+    complete_checkpoints,
+    read_marker,
+    step_dir_name,
+)
+
+
+def state_view(parts: list[nn.Module]) -> nn.Module:
+    """One module holding this rank's parts under their original names (no copies, no prefixes).
+
+    A rank with several pipeline stages holds several pruned copies of the model; merging their
+    children (``layers`` dicts merged) gives one module whose FQNs are those of the full model, which
+    is what DCP and one optimizer over all parts need.
+    """
+    unwrapped = [
+        p.module if isinstance(p, (nn.parallel.DistributedDataParallel, nn.DataParallel)) else p for p in parts
+    ]
+    if len(unwrapped) == 1:
+        return unwrapped[0]
+    view = nn.Module()
+    for part in unwrapped:
+        for name, child in part.named_children():
+            if isinstance(child, nn.ModuleDict):
+                merged = view._modules.get(name) or nn.ModuleDict()
+                merged.update(child)
+                view.add_module(name, merged)
+            elif child is not None:
+                view.add_module(name, child)
+    return view
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+class Checkpointer:
+    def __init__(self, *, ctx, engine, optimizer: torch.optim.Optimizer, scheduler):
+        self.ctx = ctx
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.view = state_view(engine.model_parts)
+        self.root = checkpoints_root(ctx.run_dir)
+        self.keep = int(ctx.cfg.trainer.keep_checkpoints)
+
+    #: optimizer state and param-group settings keyed per parameter FQN ("param_groups.<fqn>.lr"), not
+    #: by group index: ranks holding different stages then never overwrite each other's groups, and a
+    #: checkpoint reshards to any layout (torchtitan does the same)
+    OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+    def _state(self) -> dict[str, Any]:
+        model_sd, optim_sd = get_state_dict(self.view, self.optimizer, options=self.OPTIONS)
+        return {"model": model_sd, "optim": optim_sd}
+
+    def save(self, step: int) -> Path:
+        """Collective: every rank writes its shard; rank 0 adds the marker and renames into place."""
+        ctx = self.ctx
+        final = self.root / step_dir_name(step)
+        tmp = self.root / f".tmp-{final.name}"
+        t0 = time.perf_counter()
+        if ctx.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        _barrier()
+        dcp.save(self._state(), checkpoint_id=str(tmp))
+        torch.save(_rng_state(), tmp / f"rng_rank{ctx.rank}.pt")
+        _barrier()
+        if ctx.rank == 0:
+            files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+            marker = {
+                "step": step,
+                "time": time.time(),
+                "world_size": ctx.world_size,
+                "layout": ctx.layout.to_dict(),
+                "model": OmegaConf.to_container(ctx.cfg.model, resolve=True),
+                "seed": int(ctx.cfg.trainer.seed),
+                "scheduler": self.scheduler.state_dict(),
+                "files": files,
+            }
+            (tmp / MARKER).write_text(json.dumps(marker, indent=2, default=str))
+            if final.exists():
+                shutil.rmtree(final)
+            tmp.rename(final)
+            self._prune()
+        _barrier()
+        ctx.log.info("checkpoint step %d saved to %s (%.2fs)", step, final, time.perf_counter() - t0)
+        return final
+
+    def _prune(self) -> None:
+        if self.keep <= 0:
+            return
+        for _, path in complete_checkpoints(self.root)[: -self.keep]:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def load(self, path: Path) -> int:
+        """Collective: restore model, optimizer, schedule and (same world size) RNG; returns the step."""
+        ctx = self.ctx
+        meta = read_marker(path)
+        check_model_matches(meta, OmegaConf.to_container(ctx.cfg.model, resolve=True), path)
+        state = self._state()
+        try:
+            dcp.load(state, checkpoint_id=str(path))
+        except Exception as exc:  # noqa: BLE001 - DCP raises many kinds; the path and cause matter
+            raise CheckpointError(
+                f"checkpoint {path} cannot be loaded into this model: {type(exc).__name__}: "
+                f"{str(exc).splitlines()[0][:300]}"
+            ) from None
+        set_state_dict(
+            self.view,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+            options=self.OPTIONS,
+        )
+        self.scheduler.load_state_dict(meta["scheduler"])
+        rng = Path(path) / f"rng_rank{ctx.rank}.pt"
+        if meta.get("world_size") == ctx.world_size and rng.exists():
+            _set_rng_state(torch.load(rng, weights_only=False))
+        step = int(meta["step"])
+        same = (
+            meta.get("layout", {}).get("strategy") == ctx.layout.strategy and meta.get("world_size") == ctx.world_size
+        )
+        ctx.log.info(
+            "resumed from %s at step %d%s",
+            path,
+            step,
+            ""
+            if same
+            else f" (written under {meta.get('layout', {}).get('strategy')} with "
+            f"{meta.get('world_size')} ranks; resharded by DCP)",
+        )
+        return step

@@ -1,0 +1,120 @@
+"""Checkpoint folders on disk: naming, completeness, choosing one to resume from. No torch import.
+
+A checkpoint is ``checkpoints/step_NNNNNNN/``: the files of ``torch.distributed.checkpoint`` (one
+``.distcp`` per writing rank plus ``.metadata``), ``rng_rank{R}.pt`` per rank, and ``meshtrain.json``,
+the marker, written last. Writers fill ``.tmp-step_NNNNNNN`` and rename it when every rank is done, so
+a crash mid-write leaves a folder that is ignored, never one that looks complete. The marker records
+each file's size, so a truncated copy is caught before any worker loads it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+MARKER = "meshtrain.json"
+PREFIX = "step_"
+#: model keys that must match between a checkpoint and the run loading it (shape-defining)
+MODEL_KEYS = (
+    "_target_",
+    "vocab_size",
+    "n_layers",
+    "d_model",
+    "n_heads",
+    "d_ff",
+    "layer_d_ff",
+    "channels",
+    "num_classes",
+)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, incomplete, truncated or written for another model; names the path."""
+
+
+def checkpoints_root(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def step_dir_name(step: int) -> str:
+    return f"{PREFIX}{step:07d}"
+
+
+def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every complete checkpoint under ``root``, oldest first."""
+    if not root.is_dir():
+        return []
+    out = []
+    for p in root.iterdir():
+        if p.is_dir() and p.name.startswith(PREFIX) and (p / MARKER).is_file():
+            try:
+                out.append((int(p.name[len(PREFIX) :]), p))
+            except ValueError:
+                continue
+    return sorted(out)
+
+
+def read_marker(path: Path) -> dict[str, Any]:
+    """The marker of a checkpoint folder, after checking that the folder is complete and whole."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(
+            f"checkpoint {path} does not exist; set trainer.resume to an existing "
+            f"checkpoints/step_* folder, or trainer.resume=never"
+        )
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path} is a file; trainer.resume takes a checkpoints/step_* folder")
+    marker = path / MARKER
+    if not marker.is_file():
+        hint = (
+            "it was interrupted while being written"
+            if (path / ".metadata").exists() or path.name.startswith(".tmp")
+            else "it is not a meshtrain checkpoint"
+        )
+        raise CheckpointError(
+            f"checkpoint {path} is incomplete: no {MARKER} marker ({hint}); "
+            f"resume from an earlier checkpoint or use trainer.resume=never"
+        )
+    try:
+        meta = json.loads(marker.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"checkpoint {path}: marker {MARKER} is unreadable ({exc})") from None
+    for name, size in meta.get("files", {}).items():
+        f = path / name
+        if not f.is_file():
+            raise CheckpointError(f"checkpoint {path} is missing {name}; the copy is incomplete")
+        if f.stat().st_size != size:
+            raise CheckpointError(
+                f"checkpoint {path} is truncated: {name} has {f.stat().st_size} bytes, expected {size}"
+            )
+    return meta
+
+
+def check_model_matches(meta: dict[str, Any], model_cfg: dict[str, Any], path: Path) -> None:
+    saved = meta.get("model", {})
+    diffs = [
+        f"model.{k}: checkpoint {saved.get(k)!r} vs this run {model_cfg.get(k)!r}"
+        for k in MODEL_KEYS
+        if (k in saved or k in model_cfg) and saved.get(k) != model_cfg.get(k)
+    ]
+    if diffs:
+        raise CheckpointError(
+            f"checkpoint {path} was written for another model ({'; '.join(diffs)}); "
+            "resume with the same model settings or use trainer.resume=never"
+        )
+
+
+def resolve_resume(resume: str, run_dir: Path) -> Path | None:
+    """The checkpoint to start from: ``auto`` = newest complete one in this run, ``never``, or a path."""
+    if resume == "never":
+        return None
+    if resume == "auto":
+        found = complete_checkpoints(checkpoints_root(run_dir))
+        return found[-1][1] if found else None
+    path = Path(resume).expanduser()
+    if path.is_dir() and not (path / MARKER).exists() and (path / "checkpoints").is_dir():
+        found = complete_checkpoints(path / "checkpoints")  # a run folder: its newest checkpoint
+        if found:
+            return found[-1][1]
+    return path

@@ -1,0 +1,1 @@
+"""Datasets whose global batch for step k depends only on (seed, k)."""

@@ -1,0 +1,186 @@
+"""One training process: process group → DeviceMesh → strategy engine → loop → teardown.
+
+``main`` is the entry the elastic agent spawns (it must live in an importable module, not
+``__main__``); ``run`` is also called directly when the process was started by torchrun or srun, or
+for a one-process run. Teardown order matters: freeing a DDP module after the process group is gone
+can hang the process forever (seen here 3 in 10 runs once pipelining was imported), so every model
+reference is dropped and collected before ``destroy_process_group``.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from parallel.core.base import WorkerContext
+from parallel.core.layout import MESH_DIMS, ParallelLayout
+from trainer.launch.attempts import previous_attempt_report, restart_count, write_exit_record
+from trainer.launch.environment import rendezvous_port
+from trainer.launch.preemption import PreemptionFlag
+from trainer.loop.fit import RankZeroSinks, Trainer, output_listing
+from trainer.observe.rank_logs import TRACE_LOGGER_NAME, setup_rank_logging, teardown_rank_logging
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    in_process: bool = False  # one process, no launcher: the group lives in a private HashStore
+
+    @classmethod
+    def from_environ(cls) -> DistEnv:
+        env = os.environ
+        if "RANK" not in env and "SLURM_PROCID" in env:  # srun: translate Slurm's names
+            env["RANK"] = env["SLURM_PROCID"]
+            env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
+            env["WORLD_SIZE"] = env["SLURM_NTASKS"]
+            env.setdefault("MASTER_ADDR", env.get("SLURM_LAUNCH_NODE_IPADDR", "localhost"))
+            env.setdefault("MASTER_PORT", str(rendezvous_port(env.get("SLURM_JOB_ID", "0"))))
+        if "RANK" not in env and "SUBMITIT_LOCAL_GLOBALID" in env:  # submitit's local executor
+            env["RANK"] = env["SUBMITIT_LOCAL_GLOBALID"]
+            env["LOCAL_RANK"] = env.get("SUBMITIT_LOCAL_LOCALID", "0")
+            env["WORLD_SIZE"] = env["SUBMITIT_LOCAL_NTASKS"]
+            env.setdefault("MASTER_ADDR", "localhost")
+            env.setdefault("MASTER_PORT", str(rendezvous_port(env.get("SUBMITIT_LOCAL_JOB_ID", "0"))))
+        return cls(rank=int(env["RANK"]), local_rank=int(env.get("LOCAL_RANK", "0")), world_size=int(env["WORLD_SIZE"]))
+
+
+def _store(env: DistEnv, timeout: timedelta) -> dist.Store:
+    """The process group's store, with a prefix per elastic attempt.
+
+    After an elastic restart the agent's store still holds the previous attempt's keys; the default
+    group copes, but DeviceMesh's sub-groups then read dead peers' addresses ("connectFullMesh failed
+    ... Connection refused", seen here). A per-attempt prefix gives each attempt a clean namespace.
+    """
+    if env.in_process:
+        return dist.HashStore()
+    agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        os.environ.get("MASTER_ADDR", "localhost"),
+        int(os.environ["MASTER_PORT"]),
+        env.world_size,
+        is_master=not agent_hosts and env.rank == 0,
+        timeout=timeout,
+        multi_tenant=True,
+    )
+    return dist.PrefixStore(f"meshtrain/attempt{restart_count()}", store)
+
+
+def pick_device(cfg, local_rank: int) -> torch.device:
+    want = cfg.topology.device
+    if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise RuntimeError("topology.device=cuda but torch sees no CUDA device; use topology.device=cpu")
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def pick_backend(cfg, device: torch.device) -> str:
+    if cfg.topology.backend != "auto":
+        return str(cfg.topology.backend)
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+@record
+def main(cfg_dict: dict, run_dir: str, layout: ParallelLayout, run_meta: dict[str, Any]) -> dict | None:
+    """Elastic agent entry point; ``@record`` sends this worker's traceback to the launcher."""
+    return run(cfg_dict, Path(run_dir), layout, run_meta, DistEnv.from_environ())
+
+
+def run(cfg_dict: dict, run_dir: Path, layout: ParallelLayout, run_meta: dict[str, Any], env: DistEnv) -> dict | None:
+    cfg = OmegaConf.create(cfg_dict)
+    torch.set_num_threads(int(cfg.topology.threads_per_rank))
+    log, handlers = setup_rank_logging(run_dir, env.rank)
+    trainer = engine = sinks = summary = error = None
+    exit_code = 1
+    preemption = PreemptionFlag(grace_s=float(cfg.trainer.stop_grace_s)).install()
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        device = pick_device(cfg, env.local_rank)
+        backend = pick_backend(cfg, device)
+        timeout = timedelta(seconds=float(cfg.topology.timeout_s))
+        dist.init_process_group(
+            backend,
+            store=_store(env, timeout),
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=timeout,
+            device_id=device if device.type == "cuda" else None,
+        )
+
+        mesh = init_device_mesh(device.type, layout.mesh_shape, mesh_dim_names=MESH_DIMS)
+        ctx = WorkerContext(
+            cfg=cfg,
+            layout=layout,
+            rank=env.rank,
+            world_size=env.world_size,
+            local_rank=env.local_rank,
+            device=device,
+            mesh=mesh,
+            run_dir=run_dir,
+            log=log,
+        )
+        log.info(
+            "rank %d/%d on %s (%s), mesh %s=%s",
+            env.rank,
+            env.world_size,
+            device,
+            backend,
+            MESH_DIMS,
+            layout.coords(env.rank),
+        )
+        if env.rank == 0 and (report := previous_attempt_report(run_dir, env.world_size)):
+            log.warning(report)
+        strategy = instantiate(cfg.parallel)
+        engine = strategy.build(ctx=ctx)
+        trainer = Trainer(ctx=ctx, engine=engine)
+        start_step = trainer.resume()
+        if start_step and env.rank == 0:
+            log.info("continuing at step %d of %d", start_step + 1, cfg.trainer.max_steps)
+        if env.rank == 0:
+            sinks = RankZeroSinks(ctx=ctx, cfg_dict=cfg_dict, run_meta=run_meta, start_step=start_step)
+        summary = trainer.fit(sinks=sinks, start_step=start_step, preemption=preemption)
+        summary["restarts"] = restart_count()
+        exit_code = 0
+        if env.rank == 0 and summary["status"] == "completed" and summary["final_loss"] is not None:
+            log.info(
+                "done: loss %.4f -> %.4f at step %d, %.0f tokens/s (median)",
+                summary["first_loss"],
+                summary["final_loss"],
+                summary["last_step"],
+                summary["tokens_per_s"],
+            )
+        return summary if env.rank == 0 else None
+    except BaseException as exc:
+        error = exc
+        log.error("rank %d failed: %s: %s", env.rank, type(exc).__name__, exc)
+        logging.getLogger(TRACE_LOGGER_NAME).exception("rank %d traceback", env.rank)
+        raise
+    finally:
+        preemption.uninstall()
+        write_exit_record(run_dir, env.rank, error=error)
+        if sinks is not None:
+            sinks.finish(summary, exit_code=exit_code)
+            if summary is not None:  # the listing now includes summary.json
+                log.info(output_listing(run_dir))
+        if engine is not None:
+            engine.close()
+        trainer = engine = None
+        gc.collect()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        teardown_rank_logging(handlers)

@@ -1,0 +1,1 @@
+"""The training loop: batch, engine step, gradient clipping, optimizer, measurements."""

@@ -1,0 +1,1 @@
+"""Where measurements go: metrics.jsonl, summary.json, console, rank logs, W&B."""

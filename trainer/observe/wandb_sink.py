@@ -1,0 +1,138 @@
+"""Weights & Biases from rank 0: the real ``wandb`` library, offline unless told otherwise.
+
+W&B's import and ``init`` cost 1.5–3 s (it starts its own service process). They run in a background
+thread started by the first logged step (after the first training step); steps logged before the run is ready are queued and sent in order, so
+W&B adds nothing to the time to the first step. An online run that cannot reach its server within
+``logger.wandb.init_timeout`` falls back to offline with a warning instead of retrying for minutes.
+``finish`` is always called, with a non-zero exit code when the run failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+
+class WandbSink:
+    def __init__(
+        self,
+        *,
+        mode: str,
+        project: str,
+        run_dir: Path,
+        config: dict[str, Any],
+        log: logging.Logger,
+        entity: str | None = None,
+        group: str | None = None,
+        job_type: str | None = None,
+        tags: list[str] | None = None,
+        name: str | None = None,
+        init_timeout: float = 15.0,
+        system_stats: bool = False,
+        console: str = "off",
+    ):
+        self.run = None
+        self.log = log
+        self.error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._pending: list[tuple[dict[str, Any], int]] = []  # steps logged before init finished
+        if mode == "disabled":
+            return
+        os.environ.setdefault("WANDB_SILENT", "true")
+        kwargs = dict(
+            project=project,
+            entity=entity,
+            group=group,
+            job_type=job_type,
+            tags=list(tags or []),
+            name=name,
+            config=config,
+            dir=str(run_dir),
+        )
+        settings = dict(console=console, x_disable_stats=not system_stats, x_disable_machine_info=not system_stats)
+        # started by the first logged step, i.e. after the first training step: W&B's import and service
+        # start compete for the cores, and the time to the first step should not pay for them
+        self._thread = threading.Thread(
+            target=self._init, args=(mode, kwargs, settings, init_timeout), name="wandb-init", daemon=True
+        )
+
+    def _init(self, mode: str, kwargs: dict, settings: dict, init_timeout: float) -> None:
+        try:
+            import wandb
+
+            try:
+                self.run = wandb.init(
+                    mode=mode, settings=wandb.Settings(init_timeout=init_timeout, **settings), **kwargs
+                )
+            except Exception as exc:  # noqa: BLE001 - any failure to reach the server
+                if mode != "online":
+                    raise
+                self.log.warning("W&B online init failed (%s); logging offline instead (`wandb sync` later)", exc)
+                self.run = wandb.init(mode="offline", settings=wandb.Settings(**settings), **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - reported by ready(); training goes on
+            self.error = exc
+            self.log.warning(
+                "W&B could not start (%s: %s); metrics.jsonl still has every logged step", type(exc).__name__, exc
+            )
+
+    def _start(self) -> None:
+        if self._thread is not None and self._thread.ident is None:
+            self._thread.start()
+
+    def ready(self) -> bool:
+        """Wait for the background init; True when a run is available."""
+        if self._thread is not None:
+            self._start()
+            self._thread.join()
+            self._thread = None
+        return self.run is not None
+
+    @property
+    def directory(self) -> str | None:
+        return str(Path(self.run.dir).parent) if self.ready() else None
+
+    def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
+        self._start()
+        if self._thread is not None and self._thread.is_alive():
+            self._pending.append((metrics, step))
+            return
+        if self.ready():
+            for m, s in self._drain():
+                self._log(m, s)
+            self._log(metrics, step)
+
+    def _drain(self) -> list[tuple[dict[str, Any], int]]:
+        pending, self._pending = self._pending, []
+        return pending
+
+    def _log(self, metrics: dict[str, Any], step: int) -> None:
+        self.run.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
+
+    def log_summary(self, summary: dict[str, Any]) -> None:
+        if not self.ready():
+            return
+        for m, s in self._drain():
+            self._log(m, s)
+        for key, value in summary.items():
+            if isinstance(value, (int, float, str)):
+                self.run.summary[key] = value
+
+    def log_files(self, *, images: dict[str, Path] | None = None, files: list[Path] | None = None) -> None:
+        if not self.ready():
+            return
+        import wandb
+
+        for key, path in (images or {}).items():
+            self.run.log({key: wandb.Image(str(path))})
+        for path in files or []:
+            self.run.save(str(path), base_path=str(path.parent), policy="now")
+
+    def finish(self, exit_code: int = 0) -> None:
+        if self.ready():
+            for m, s in self._drain():
+                self._log(m, s)
+            self.run.finish(exit_code=exit_code)
+            self.run = None

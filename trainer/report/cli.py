@@ -1,0 +1,191 @@
+"""The sweep report: ``python -m trainer.report multirun/DATE/TIME``.
+
+Reads every job folder of a multirun, writes ``report.md`` (one row per job: layout, schedule, m,
+split, tokens/s, step time, measured vs theoretical bubble, peak memory per stage, status and the
+reason a job was skipped or failed) and the PNG plots next to it, marks the best configuration and the
+Pareto front (throughput vs peak memory). When the jobs logged to W&B (or with ``--wandb MODE``), the
+table and plots go to one summary run in the sweep's W&B group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from trainer.report.plots import draw_all
+from trainer.report.rows import MIB, ReportRow, build_rows
+from trainer.sweeps.jobs import SweepJob, count_statuses, counts_line, read_sweep, sweep_name, write_counts
+
+log = logging.getLogger("meshtrain.report")
+
+COLUMNS = [
+    "job",
+    "layout",
+    "schedule",
+    "m",
+    "split",
+    "tokens/s",
+    "step time (ms)",
+    "bubble measured",
+    "bubble theoretical",
+    "peak memory per stage (MiB)",
+    "status",
+]
+
+
+def _fmt(value: float | None, spec: str, scale: float = 1.0) -> str:
+    return "-" if value is None else format(value * scale, spec)
+
+
+def row_cells(row: ReportRow) -> list[str]:
+    marks = ("★ " if row.best else "") + ("◆ " if row.pareto else "")
+    status = row.status if row.status == "completed" else f"{row.status}: {row.reason.splitlines()[-1].strip(' -')}"
+    return [
+        f"{marks}{row.job}",
+        row.layout,
+        row.schedule or "-",
+        "-" if row.micro_batches is None else str(row.micro_batches),
+        row.split,
+        _fmt(row.tokens_per_s, ",.0f"),
+        _fmt(row.step_time_s, ".1f", 1000.0),
+        _fmt(row.bubble_measured, ".0%"),
+        _fmt(row.bubble_theoretical, ".0%"),
+        " / ".join(f"{b / MIB:.0f}" for b in row.peak_memory_per_stage) or "-",
+        status,
+    ]
+
+
+def _escape(cell: str) -> str:
+    return cell.replace("|", "\\|").replace("\n", " ")
+
+
+def markdown(*, sweep_dir: Path, jobs: list[SweepJob], rows: list[ReportRow], plots: dict[str, Path]) -> str:
+    lines = [f"# Sweep report: {sweep_dir}", "", counts_line(count_statuses(jobs)), ""]
+    best = next((r for r in rows if r.best), None)
+    if best is not None:
+        job = next(j for j in jobs if j.num == best.job)
+        lines += [f"**Best** (★): job {best.job}, {best.tokens_per_s:,.0f} tokens/s — `{' '.join(job.overrides)}`", ""]
+    front = [str(r.job) for r in rows if r.pareto]
+    if front:
+        lines += [f"**Pareto front** (◆, throughput vs peak memory): jobs {', '.join(front)}", ""]
+    lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(_escape(c) for c in row_cells(r)) + " |" for r in rows]
+    not_run = [(j, r) for j, r in zip(jobs, rows) if j.status != "completed"]
+    if not_run:
+        lines += ["", "## Jobs that did not complete", ""]
+        lines += [
+            f"- job {j.num} **{j.status}** (`{' '.join(j.overrides)}`): {' '.join(j.reason.split())}"
+            for j, _ in not_run
+        ]
+    if plots:
+        lines += ["", "## Plots", ""] + [f"![{name}]({path.name})" for name, path in plots.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _wandb_settings(jobs: list[SweepJob], mode: str, sweep_dir: Path) -> tuple[str, dict[str, Any], str]:
+    """(mode, logger.wandb config, group): the group the jobs logged to, read from their W&B runs."""
+    wandb_cfg = (
+        next((((j.config.get("logger") or {}).get("wandb")) for j in jobs if j.config.get("logger")), None) or {}
+    )
+    if mode == "auto":
+        used = any((j.summary or {}).get("wandb_dir") for j in jobs)
+        mode = str(wandb_cfg.get("mode", "offline")) if used else "disabled"
+    group = wandb_cfg.get("group") or _group_from_runs(jobs) or sweep_name(sweep_dir)
+    return mode, wandb_cfg, group
+
+
+def _group_from_runs(jobs: list[SweepJob]) -> str | None:
+    from trainer.observe.wandb_records import find_run_file, read_offline_run
+
+    for job in jobs:
+        try:
+            group = read_offline_run(find_run_file(job.path)).group
+        except (FileNotFoundError, ValueError):
+            continue
+        if group:
+            return group
+    return None
+
+
+def log_to_wandb(
+    *,
+    sweep_dir: Path,
+    jobs: list[SweepJob],
+    rows: list[ReportRow],
+    plots: dict[str, Path],
+    report_path: Path,
+    mode: str,
+) -> str | None:
+    """One summary run (job_type ``sweep-report``) in the sweep's group; returns its folder or None."""
+    mode, cfg, group = _wandb_settings(jobs, mode, sweep_dir)
+    if mode == "disabled":
+        return None
+    from trainer.observe.wandb_sink import WandbSink
+
+    counts = count_statuses(jobs)
+    sink = WandbSink(
+        mode=mode,
+        project=str(cfg.get("project", "meshtrain")),
+        entity=cfg.get("entity"),
+        run_dir=sweep_dir,
+        config={"sweep_dir": str(sweep_dir), "jobs": len(jobs), **counts},
+        log=log,
+        group=group,
+        job_type="sweep-report",
+        tags=["sweep-report"],
+        name=f"{group}-report",
+        init_timeout=float(cfg.get("init_timeout", 15)),
+    )
+    if not sink.ready():
+        return None
+    import wandb
+
+    sink.run.log({"sweep/table": wandb.Table(columns=COLUMNS, data=[row_cells(r) for r in rows])})
+    best = next((r for r in rows if r.best), None)
+    sink.log_summary({"best_job": best.job, "best_tokens_per_s": best.tokens_per_s} if best else {})
+    sink.log_files(images={f"sweep/{name}": path for name, path in plots.items()}, files=[report_path])
+    directory = sink.directory
+    sink.finish()
+    return directory
+
+
+def write_report(sweep_dir: Path, *, wandb_mode: str = "auto") -> dict[str, Any]:
+    """Write ``report.md`` and the plots into ``sweep_dir``; returns what was written."""
+    sweep_dir = Path(sweep_dir)
+    jobs = read_sweep(sweep_dir)
+    write_counts(sweep_dir, jobs)
+    rows = build_rows(jobs)
+    plots = draw_all(rows, sweep_dir)
+    report_path = sweep_dir / "report.md"
+    report_path.write_text(markdown(sweep_dir=sweep_dir, jobs=jobs, rows=rows, plots=plots))
+    wandb_dir = log_to_wandb(
+        sweep_dir=sweep_dir, jobs=jobs, rows=rows, plots=plots, report_path=report_path, mode=wandb_mode
+    )
+    return {"report": report_path, "plots": plots, "rows": rows, "wandb_dir": wandb_dir, "counts": count_statuses(jobs)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer.report", description=__doc__.splitlines()[0])
+    parser.add_argument("sweep_dir", type=Path, help="a multirun folder, e.g. multirun/2026-12-02/12-00-00")
+    parser.add_argument(
+        "--wandb",
+        default="auto",
+        choices=["auto", "offline", "online", "disabled"],
+        help="auto: log to W&B when the jobs did, in their mode (default)",
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        out = write_report(args.sweep_dir, wandb_mode=args.wandb)
+    except FileNotFoundError as exc:
+        print(f"meshtrain report: {exc}", file=sys.stderr)
+        return 2
+    print(f"{counts_line(out['counts'])}\nreport: {out['report']}")
+    for path in out["plots"].values():
+        print(f"plot:   {path}")
+    if out["wandb_dir"]:
+        print(f"W&B summary run: {out['wandb_dir']}")
+    return 0

@@ -1,0 +1,142 @@
+"""One row per sweep job, the best configuration and the Pareto front (throughput vs peak memory).
+
+Completed jobs take their numbers from ``summary.json``; skipped and failed jobs take their layout
+from the composed config Hydra saved (``.hydra/config.yaml``), so the report shows what was asked
+for and why it did not run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainer.sweeps.jobs import SweepJob
+
+MIB = 1024 * 1024
+
+
+@dataclass
+class ReportRow:
+    job: int
+    status: str
+    strategy: str
+    dp: int
+    tp: int
+    pp: int
+    schedule: str | None
+    micro_batches: int | None
+    split_points: list[int] | None
+    tokens_per_s: float | None = None
+    step_time_s: float | None = None
+    bubble_measured: float | None = None
+    bubble_theoretical: float | None = None
+    peak_memory_per_stage: list[int] = field(default_factory=list)  # bytes, max over the stage's ranks
+    reason: str = ""
+    best: bool = False
+    pareto: bool = False
+
+    @property
+    def layout(self) -> str:
+        return f"dp{self.dp}·tp{self.tp}·pp{self.pp}"
+
+    @property
+    def split(self) -> str:
+        return "-" if not self.split_points else ",".join(str(s) for s in self.split_points)
+
+    @property
+    def peak_memory(self) -> int | None:
+        return max(self.peak_memory_per_stage) if self.peak_memory_per_stage else None
+
+
+def _int(value: Any) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _split(value: Any) -> list[int] | None:
+    return [int(v) for v in value] if isinstance(value, list) and value else None
+
+
+def peak_memory_per_stage(summary: dict[str, Any]) -> list[int]:
+    """Peak bytes per pipeline stage (the max over the ranks holding it; one value without pp)."""
+    peaks = summary.get("peak_memory_bytes_per_rank") or []
+    rank_map = (summary.get("layout") or {}).get("rank_map") or []
+    stage_of = {int(r["rank"]): int(r.get("pp", 0)) for r in rank_map}
+    per_stage: dict[int, int] = {}
+    for rank, peak in enumerate(peaks):
+        if isinstance(peak, (int, float)):
+            stage = stage_of.get(rank, 0)
+            per_stage[stage] = max(per_stage.get(stage, 0), int(peak))
+    return [per_stage[s] for s in sorted(per_stage)]
+
+
+def _from_summary(job: SweepJob) -> ReportRow:
+    s = job.summary or {}
+    layout = s.get("layout") or {}
+    pipe = s.get("pipeline") or {}
+    return ReportRow(
+        job=job.num,
+        status=job.status,
+        strategy=str(layout.get("strategy", s.get("strategy", "?"))),
+        dp=int(layout.get("dp", 1)),
+        tp=int(layout.get("tp", 1)),
+        pp=int(layout.get("pp", 1)),
+        schedule=pipe.get("schedule", layout.get("schedule")),
+        micro_batches=_int(pipe.get("micro_batches", layout.get("micro_batches"))),
+        split_points=_split(pipe.get("split_points", layout.get("split_points"))),
+        tokens_per_s=_float(s.get("tokens_per_s")),
+        step_time_s=_float(s.get("median_step_time_s")),
+        bubble_measured=_float(pipe.get("bubble_fraction", s.get("bubble_fraction"))),
+        bubble_theoretical=_float(pipe.get("bubble_theoretical", s.get("bubble_theoretical"))),
+        peak_memory_per_stage=peak_memory_per_stage(s),
+        reason=job.reason,
+    )
+
+
+def _from_config(job: SweepJob) -> ReportRow:
+    c = job.config
+    pp = c.get("pp") or {}
+    pp_size = _int(pp.get("size")) or 1
+    strategy = str((c.get("parallel") or {}).get("name", "?"))
+    piped = strategy in ("pp", "hybrid") or pp_size > 1
+    return ReportRow(
+        job=job.num,
+        status=job.status,
+        strategy=strategy,
+        dp=_int((c.get("dp") or {}).get("size")) or 1,
+        tp=_int((c.get("tp") or {}).get("size")) or 1,
+        pp=pp_size,
+        schedule=pp.get("schedule") if piped else None,
+        micro_batches=_int(pp.get("micro_batches")) if piped else None,
+        split_points=_split(pp.get("split_points")) if piped else None,
+        reason=job.reason,
+    )
+
+
+def build_rows(jobs: list[SweepJob]) -> list[ReportRow]:
+    rows = [_from_summary(j) if j.summary is not None else _from_config(j) for j in jobs]
+    mark_best_and_pareto(rows)
+    return rows
+
+
+def mark_best_and_pareto(rows: list[ReportRow]) -> None:
+    """Best: the highest tokens/s. Pareto front: no other job is at least as fast with at most as much
+    peak memory (and strictly better in one)."""
+    measured = [r for r in rows if r.status == "completed" and r.tokens_per_s is not None]
+    if not measured:
+        return
+    max(measured, key=lambda r: r.tokens_per_s).best = True
+    for r in measured:
+        if r.peak_memory is None:
+            continue
+        r.pareto = not any(
+            q is not r
+            and q.peak_memory is not None
+            and q.tokens_per_s >= r.tokens_per_s
+            and q.peak_memory <= r.peak_memory
+            and (q.tokens_per_s > r.tokens_per_s or q.peak_memory < r.peak_memory)
+            for q in measured
+        )

@@ -1,0 +1,1 @@
+"""Multirun bookkeeping: per-job status files and the Hydra callback that counts them."""

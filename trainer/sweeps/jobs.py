@@ -1,0 +1,117 @@
+"""What happened to each job of a multirun folder: read back from the files the jobs left.
+
+A job folder is ``<sweep dir>/<job number>`` (``hydra.sweep.subdir``). A job that trained leaves
+``summary.json``; one that was refused before launch (invalid layout) or failed leaves ``status.json``
+(``{status: skipped|failed|preempted, reason, overrides}``, written by ``trainer.task``); a job with
+neither crashed outside the task or is still running. Torch-free and quick: the Hydra callback that
+counts jobs at the end of every sweep uses it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+#: the statuses a job can end with, in report order
+STATUSES = ("completed", "skipped", "failed", "preempted")
+COUNTS_FILE = "sweep_status.json"
+
+
+@dataclass
+class SweepJob:
+    """One job of a sweep: its number, folder, outcome and (when it trained) its summary."""
+
+    num: int
+    path: Path
+    status: str
+    reason: str = ""
+    overrides: list[str] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)  # the job's composed config (.hydra/config.yaml)
+    summary: dict[str, Any] | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status == "completed"
+
+
+def sweep_name(sweep_dir: Path) -> str:
+    """The W&B group of a sweep, as the jobs name it (``trainer.task.hydra_run_meta``)."""
+    return "sweep-" + "-".join(Path(sweep_dir).resolve().parts[-2:])
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+
+
+def read_job(path: Path) -> SweepJob:
+    overrides = _read_yaml(path / ".hydra" / "overrides.yaml") or []
+    config = _read_yaml(path / ".hydra" / "config.yaml") or {}
+    summary = _read_json(path / "summary.json")
+    status_file = _read_json(path / "status.json")
+    if summary is not None:
+        status, reason = str(summary.get("status", "completed")), ""
+    elif status_file is not None:
+        status, reason = str(status_file.get("status", "failed")), str(status_file.get("reason", ""))
+        overrides = status_file.get("overrides", overrides)
+    else:
+        status, reason = (
+            "failed",
+            "no summary.json or status.json: the job crashed outside the task or is still running",
+        )
+    return SweepJob(
+        num=int(path.name),
+        path=path,
+        status=status,
+        reason=reason,
+        overrides=list(overrides),
+        config=config,
+        summary=summary,
+    )
+
+
+def read_sweep(sweep_dir: Path) -> list[SweepJob]:
+    """Every job of a multirun folder, by job number; a clear error if the folder holds none."""
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        raise FileNotFoundError(f"{sweep_dir}: no such folder (give a multirun folder, e.g. multirun/DATE/TIME)")
+    folders = [p for p in sweep_dir.iterdir() if p.is_dir() and p.name.isdigit() and (p / ".hydra").is_dir()]
+    if not folders:
+        raise FileNotFoundError(f"{sweep_dir}: no job folders (0/, 1/, ... with .hydra/): is this a multirun folder?")
+    return [read_job(p) for p in sorted(folders, key=lambda p: int(p.name))]
+
+
+def count_statuses(jobs: list[SweepJob]) -> dict[str, int]:
+    counts = Counter(job.status for job in jobs)
+    return {status: counts.get(status, 0) for status in (*STATUSES, *sorted(set(counts) - set(STATUSES)))}
+
+
+def counts_line(counts: dict[str, int]) -> str:
+    total = sum(counts.values())
+    parts = [f"{n} {status}" for status, n in counts.items() if n or status in ("completed", "skipped", "failed")]
+    return f"{total} jobs: " + ", ".join(parts)
+
+
+def write_counts(sweep_dir: Path, jobs: list[SweepJob]) -> dict[str, Any]:
+    """``<sweep dir>/sweep_status.json``: the counts and each job's status and reason."""
+    counts = count_statuses(jobs)
+    record = {
+        "counts": counts,
+        "jobs": [{"job": j.num, "status": j.status, "reason": j.reason, "overrides": j.overrides} for j in jobs],
+    }
+    (Path(sweep_dir) / COUNTS_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    return record

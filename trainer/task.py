@@ -1,0 +1,126 @@
+"""The Hydra task: validate → prepare data → launch → return the objective for sweepers.
+
+Errors end a single run with a clear message and a non-zero exit code (2: bad config, 1: a worker
+failed), never a traceback from deep inside torch. In a multirun the failing job is recorded in its
+folder (``status.json``) and the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from trainer.observe.metrics import write_json
+from trainer.sweeps.jobs import sweep_name
+from trainer.validate import ConfigError, resolved_container, validate
+
+log = logging.getLogger("meshtrain")
+
+EXIT_CONFIG = 2
+EXIT_WORKER = 1
+
+
+def hydra_run_meta() -> tuple[Path, dict[str, Any]]:
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
+    multirun = hc.mode == RunMode.MULTIRUN
+    meta: dict[str, Any] = {"multirun": multirun, "overrides": list(hc.overrides.task)}
+    if multirun:
+        sweep = Path(hc.sweep.dir)
+        meta["sweep_dir"] = str(sweep)
+        meta["sweep_name"] = sweep_name(sweep)
+        meta["job_num"] = int(hc.job.num)
+        meta["run_name"] = f"{meta['sweep_name']}-job{hc.job.num}"
+    else:
+        meta["run_name"] = "run-" + "-".join(run_dir.parts[-2:])
+    return run_dir, meta
+
+
+def run_task(cfg: DictConfig) -> float | None:
+    run_dir, meta = hydra_run_meta()
+    try:
+        summary = train(cfg, run_dir=run_dir, run_meta=meta)
+    except ConfigError as exc:
+        return _fail(run_dir, meta, "skipped", str(exc), EXIT_CONFIG)
+    except Exception as exc:  # noqa: BLE001 - reported with the failing rank's message
+        from trainer.checkpoint.files import CheckpointError
+        from trainer.data.datasets import DataError
+        from trainer.launch.launcher import Preempted, WorkerFailure
+        from trainer.launch.preemption import EXIT_PREEMPTED
+
+        if isinstance(exc, Preempted):
+            return _fail(run_dir, meta, "preempted", str(exc), EXIT_PREEMPTED)
+        if isinstance(exc, WorkerFailure):
+            return _fail(run_dir, meta, "failed", str(exc), EXIT_WORKER)
+        if isinstance(exc, (DataError, CheckpointError)):
+            return _fail(run_dir, meta, "failed", str(exc), EXIT_CONFIG)
+        if meta["multirun"]:  # an unexpected error ends this job only: the sweep goes on and counts it
+            log.exception("job %s failed", meta.get("job_num"))
+            return _fail(run_dir, meta, "failed", f"{type(exc).__name__}: {exc}", EXIT_WORKER)
+        raise
+    if summary is None:  # not rank 0: nothing to report
+        return None
+    value = summary.get(str(cfg.trainer.objective))
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def _fail(run_dir: Path, meta: dict, status: str, reason: str, code: int) -> float | None:
+    print(f"meshtrain: {reason}", file=sys.stderr, flush=True)
+    if meta["multirun"]:
+        write_json(run_dir / "status.json", {"status": status, "reason": reason, "overrides": meta["overrides"]})
+        return None
+    raise SystemExit(code)
+
+
+def check_resume(cfg: DictConfig, run_dir: Path) -> None:
+    """A checkpoint named by trainer.resume must be complete, whole and for this model: checked here,
+    before any worker starts (auto only considers complete checkpoints, so it cannot fail)."""
+    from trainer.checkpoint.files import check_model_matches, read_marker, resolve_resume
+
+    resume = str(cfg.trainer.resume)
+    if resume in ("auto", "never"):
+        return
+    path = resolve_resume(resume, run_dir)
+    meta = read_marker(path)
+    check_model_matches(meta, resolved_container(cfg.model), path)
+
+
+def train(cfg: DictConfig, *, run_dir: Path, run_meta: dict[str, Any]) -> dict | None:
+    """Validate, then run the job's workers; returns rank 0's summary."""
+    if cfg.parallel.name == "auto":
+        from parallel.plan.auto import resolve_auto
+        from parallel.plan.specs import PlanError
+
+        try:
+            resolve_auto(cfg)  # parallel=auto: the planner's first choice replaces the layout, in place
+        except PlanError as exc:
+            raise ConfigError([str(exc)]) from None
+    validated = validate(cfg)
+    for warning in validated.warnings:
+        log.warning("warning: %s", warning)
+    from parallel.plan.search import run_warnings
+
+    for warning in run_warnings(cfg, validated.layout):
+        log.warning("warning (planner): %s", warning)
+    cfg_dict = resolved_container(cfg)
+
+    from hydra.utils import instantiate
+
+    from trainer.launch.launcher import launch
+
+    check_resume(cfg, run_dir)
+    data = instantiate(cfg.data, seed=int(cfg.trainer.seed))
+    data.prepare()
+    if "vocab_size" in cfg.model:
+        data.check_vocab(int(cfg.model.vocab_size))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return launch(
+        cfg, cfg_dict, layout=validated.layout, external=validated.external, run_dir=run_dir, run_meta=run_meta
+    )
