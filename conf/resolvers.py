@@ -1,5 +1,8 @@
 """OmegaConf resolvers needed before Hydra composes the config.
 
+``mt_strategy`` gives ``parallel._target_`` its default: the class the strategy registry
+(``parallel/core/registry.py``) names for ``parallel.name``.
+
 ``mt_stamp`` formats the launch time of this job. Under torchrun every rank runs ``hydra.main`` and
 Hydra's ``${now:}`` may differ by a second between ranks, giving one output folder per rank
 (hydra#2070). All local ranks of one torchrun share their parent, the elastic agent, so under
@@ -32,5 +35,8 @@ def launch_stamp(fmt: str) -> str:
 
 
 def register_resolvers() -> None:
+    from parallel.core.registry import register_resolver
+
     if not OmegaConf.has_resolver("mt_stamp"):
         OmegaConf.register_new_resolver("mt_stamp", launch_stamp)
+    register_resolver()  # mt_strategy: the default parallel._target_ of parallel.name

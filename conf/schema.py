@@ -31,8 +31,6 @@ from parallel.config import (
     TPConfig,
 )
 
-STRATEGIES = ("single", "dp", "ddp", "fsdp", "mp", "tp", "pp", "hybrid", "auto")
-
 
 @dataclass
 class TrainerConfig:

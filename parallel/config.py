@@ -13,9 +13,10 @@ from typing import Any, Optional
 
 @dataclass
 class ParallelConfig:
-    """Which strategy class builds the engine; ``_target_`` may name a user's own class."""
+    """Which strategy builds the engine: a built-in ``name`` (``parallel/core/registry.py``) brings its class;
+    a user's own ``Strategy`` subclass sets ``_target_`` with a name of its own."""
 
-    _target_: str = "parallel.strategies.ddp.DDPStrategy"
+    _target_: str = "${mt_strategy:${.name}}"
     name: str = "ddp"
 
 

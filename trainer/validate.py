@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from conf.schema import STRATEGIES
 from parallel.core.layout import ParallelLayout, describe_factorization, factorizations, why_dp_needs_fsdp
+from parallel.core.registry import DIMS, STRATEGIES, strategy_spec
 from trainer.launch.environment import ExternalLaunch, detect_external_launch
 
 
@@ -49,19 +49,6 @@ class ValidatedRun:
 
 Check = Callable[[DictConfig, ParallelLayout, Findings], None]
 
-#: dimensions each built-in strategy may use (others must be 1)
-STRATEGY_DIMS = {
-    "single": (),
-    "dp": (),
-    "ddp": ("dp",),
-    "fsdp": ("dp",),
-    "tp": ("tp",),
-    "pp": ("pp",),
-    "mp": ("pp",),
-    "hybrid": ("dp", "tp", "pp"),
-}
-PIPELINED = ("pp", "mp", "hybrid")
-
 
 def _nearest_multiples(value: int, base: int) -> str:
     """The multiples of ``base`` around ``value`` ("14 or 16" for 15 and 2)."""
@@ -72,7 +59,8 @@ def _nearest_multiples(value: int, base: int) -> str:
 
 def split_points_of(cfg: DictConfig) -> tuple[int, ...] | None:
     """The explicit split points of the run (mp.split_points for mp), or None when a policy decides."""
-    raw = cfg.mp.split_points if cfg.parallel.name == "mp" else cfg.pp.split_points
+    spec = strategy_spec(cfg.parallel.name)
+    raw = cfg.mp.split_points if spec is not None and spec.sequential else cfg.pp.split_points
     if raw is None or (isinstance(raw, str) and raw.lower() == "auto"):
         return None
     if isinstance(raw, int):
@@ -92,7 +80,8 @@ def build_layout(cfg: DictConfig, external: ExternalLaunch | None = None) -> Par
         nproc = cfg.topology.nproc_per_node
         nproc = int(nproc) if nproc is not None else max(1, math.ceil(product / max(1, nnodes)))
     # hybrid with pp.size=1 has no pipeline: it accumulates data.micro_batch_size chunks instead
-    pipelined = pp > 1 or (cfg.parallel.name in PIPELINED and cfg.parallel.name != "hybrid")
+    spec = strategy_spec(cfg.parallel.name)
+    pipelined = spec.pipelined(pp) if spec is not None else pp > 1
     return ParallelLayout(
         strategy=str(cfg.parallel.name),
         dp=dp,
@@ -104,7 +93,7 @@ def build_layout(cfg: DictConfig, external: ExternalLaunch | None = None) -> Par
         schedule=str(cfg.pp.schedule) if pipelined else None,
         stages_per_rank=int(cfg.pp.stages_per_rank) if pipelined else 1,
         split_points=split_points_of(cfg) if pipelined else None,
-        dp_shard=bool(cfg.dp.shard) or cfg.parallel.name == "fsdp" or (dp > 1 and (tp > 1 or pp > 1)),
+        dp_shard=bool(cfg.dp.shard) or (spec is not None and spec.shards_dp) or (dp > 1 and (tp > 1 or pp > 1)),
     )
 
 
@@ -140,26 +129,30 @@ def check_positive(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None
 
 def check_strategy(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
     name = cfg.parallel.name
-    if name not in STRATEGY_DIMS:
-        if name not in STRATEGIES and cfg.parallel._target_.startswith("parallel."):
-            f.error(f"parallel.name={name}: unknown strategy; use one of {', '.join(STRATEGIES)}")
+    spec = strategy_spec(name)
+    if spec is None or spec.resolved_before_launch:
+        target = str(cfg.parallel._target_)
+        if spec is None and (not target or target.startswith("parallel.")):
+            f.error(
+                f"parallel.name={name}: unknown strategy; use one of {', '.join(STRATEGIES)}, or set "
+                "parallel._target_ to your own Strategy class"
+            )
         return
-    allowed = STRATEGY_DIMS[name]
-    for dim in ("dp", "tp", "pp"):
+    for dim in DIMS:
         size = getattr(layout, dim)
-        if size > 1 and dim not in allowed:
-            if name == "dp":
-                hint = "parallel=dp is one process driving all local GPUs; use parallel=ddp for dp.size > 1"
-            else:
-                hint = f"use parallel=hybrid to combine dimensions, or set {dim}.size=1"
-            f.error(f"{dim}.size={size} with parallel={name}: {name} does not use the {dim} dimension; {hint}")
+        if size > 1 and dim not in spec.dims:
+            f.error(
+                f"{dim}.size={size} with parallel={name}: {name} does not use the {dim} dimension; "
+                + spec.dim_problem(dim)
+            )
 
 
 def check_world(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
     if layout.world_size < 1:
         return
     workers = layout.nnodes * layout.nproc_per_node
-    if cfg.parallel.name == "dp" and workers > 1:
+    spec = strategy_spec(cfg.parallel.name)
+    if spec is not None and spec.single_process and workers > 1:
         f.error(
             f"parallel=dp with {workers} workers (topology.nnodes={layout.nnodes} x "
             f"topology.nproc_per_node={layout.nproc_per_node}): DataParallel is a single process; "
@@ -263,18 +256,20 @@ def check_pipeline(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None
     if layout.schedule is None:
         return
     name = cfg.parallel.name
+    strategy = strategy_spec(name)
+    sequential = strategy is not None and strategy.sequential
     m, pp, v = layout.micro_batches, layout.pp, layout.stages_per_rank
     num_stages = pp * v
-    split_key = "mp.split_points" if name == "mp" else "pp.split_points"
-    if name == "mp":
+    split_key = strategy.split_points_key if strategy is not None else "pp.split_points"
+    if sequential:
         if m != 1:
             f.error(
-                f"pp.micro_batches={m} with parallel=mp: model parallel runs one micro-batch through the "
+                f"pp.micro_batches={m} with parallel={name}: model parallel runs one micro-batch through the "
                 "stages in turn; use parallel=pp to pipeline micro-batches, or set pp.micro_batches=1"
             )
         if layout.schedule != "gpipe" or v != 1:
             f.error(
-                f"pp.schedule={layout.schedule} pp.stages_per_rank={v} with parallel=mp: model parallel "
+                f"pp.schedule={layout.schedule} pp.stages_per_rank={v} with parallel={name}: model parallel "
                 "runs stages in order (gpipe, one stage per rank); use parallel=pp for other schedules"
             )
     spec = SCHEDULES.get(layout.schedule)

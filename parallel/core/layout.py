@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from parallel.core.registry import DIMS, strategy_for
+
 MESH_DIMS = ("pp", "dp", "tp")
 
 
@@ -90,10 +92,10 @@ def factorizations(world_size: int) -> list[tuple[int, int, int]]:
 
 
 def describe_factorization(dp: int, tp: int, pp: int) -> str:
-    dims = [f"{k}.size={v}" for k, v in (("dp", dp), ("tp", tp), ("pp", pp)) if v > 1]
-    used = [k for k, v in (("dp", dp), ("tp", tp), ("pp", pp)) if v > 1]
-    strategy = {(): "single", ("dp",): "ddp", ("tp",): "tp", ("pp",): "pp"}.get(tuple(used), "hybrid")
-    return f"parallel={strategy} " + " ".join(dims) if dims else "parallel=single"
+    """The command-line words for a layout: ``parallel=ddp dp.size=4`` (the registry names the strategy)."""
+    dims = [f"{k}.size={v}" for k, v in zip(DIMS, (dp, tp, pp)) if v > 1]
+    strategy = strategy_for(dp=dp, tp=tp, pp=pp)
+    return " ".join([f"parallel={strategy}", *dims])
 
 
 #: why the dp dimension cannot be DDP when tp > 1 or pp > 1 (seen with torch 2.13 on gloo)

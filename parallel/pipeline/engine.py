@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 from parallel.core.base import Engine, WorkerContext, cross_entropy
+from parallel.core.registry import strategy_spec
 from parallel.pipeline.schedules import schedule_class, schedule_spec, stage_to_rank, theoretical_bubble
 from parallel.pipeline.split import SplitPlan, even_split, min_max_partition, profile_blocks, uniform_costs
 from parallel.pipeline.stages import StageSpec, build_stage_module, pipeline_parts, stage_specs
@@ -48,7 +49,8 @@ def choose_split(model: nn.Module, *, ctx: WorkerContext, num_stages: int) -> Sp
     uniform = uniform_costs(n, input_weight=1.0 if pre else 0.0, output_weight=1.0 if post else 0.0)
     if layout.split_points is not None:
         return SplitPlan(split_points=tuple(layout.split_points), policy="explicit", costs=uniform)
-    if layout.strategy == "mp":
+    strategy = strategy_spec(layout.strategy)
+    if strategy is not None and strategy.sequential:
         return SplitPlan(
             split_points=even_split(n, num_stages),
             policy="even",

@@ -14,9 +14,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from parallel.core.layout import ParallelLayout, factorizations
+from parallel.core.registry import STRATEGIES, TRAINABLE_RECOMPUTE, TRAINABLE_ZERO_STAGES, plannable, strategy_for
 from parallel.plan.cost_model import Candidate, Estimate, estimate
 from parallel.plan.specs import GB, HardwareSpec, ModelSpec, PlanError, Workload
 
@@ -60,17 +61,10 @@ class Plan:
 
 
 def strategy_of(c: Candidate) -> str:
-    """The ``parallel=`` option that trains ``c``."""
-    used = tuple(d for d, size in (("dp", c.dp), ("tp", c.tp), ("pp", c.pp)) if size > 1)
-    if used == ():
-        return "single"
-    if used == ("dp",):
-        return "fsdp" if c.zero_stage == 3 else "ddp"
-    if used == ("tp",):
-        return "tp"
-    if used == ("pp",):
-        return "mp" if c.micro_batches == 1 and c.schedule == "gpipe" else "pp"
-    return "hybrid"
+    """The ``parallel=`` option that trains ``c`` (the registry's ``picked_for`` rules)."""
+    return strategy_for(
+        dp=c.dp, tp=c.tp, pp=c.pp, zero_stage=c.zero_stage, micro_batches=c.micro_batches, schedule=c.schedule
+    )
 
 
 def describe(c: Candidate) -> str:
@@ -88,16 +82,16 @@ def describe(c: Candidate) -> str:
 
 
 def available_strategies(conf_dir: Path) -> dict[str, str]:
-    """``parallel=`` options this checkout can train: a conf/parallel/NAME.yaml whose ``_target_`` module exists."""
+    """``parallel=`` options the planner may choose in this checkout: registered strategies with a
+    conf/parallel/NAME.yaml whose class's module exists. Maps each name to its ``_target_``."""
     found = {}
-    for path in sorted((conf_dir / "parallel").glob("*.yaml")):
-        if path.stem == "auto":
+    for spec in plannable():
+        module = spec.target.rpartition(".")[0]
+        if not (conf_dir / "parallel" / f"{spec.name}.yaml").exists():
             continue
-        target = str(OmegaConf.select(OmegaConf.load(path), "parallel._target_") or "")
-        module = target.rpartition(".")[0]
         try:
-            if module and importlib.util.find_spec(module) is not None:
-                found[path.stem] = target
+            if importlib.util.find_spec(module) is not None:
+                found[spec.name] = spec.target
         except ModuleNotFoundError:
             continue
     return found
@@ -105,7 +99,11 @@ def available_strategies(conf_dir: Path) -> dict[str, str]:
 
 def trainable(c: Candidate, strategies: Iterable[str]) -> bool:
     """This trainer shards with FSDP2 (ZeRO-3) or not at all, and does not recompute activations."""
-    return strategy_of(c) in set(strategies) and c.recompute == "none" and c.zero_stage in (0, 3)
+    return (
+        strategy_of(c) in set(strategies)
+        and c.recompute in TRAINABLE_RECOMPUTE
+        and c.zero_stage in TRAINABLE_ZERO_STAGES
+    )
 
 
 # ---- enumeration ------------------------------------------------------------------------------
@@ -284,10 +282,12 @@ def candidate_of(cfg: DictConfig, layout: ParallelLayout) -> Candidate:
 def apply_candidate(cfg: DictConfig, c: Candidate, *, strategies: dict[str, str]) -> None:
     """Rewrite ``cfg`` in place so that it asks for ``c`` (what ``parallel=auto`` trains)."""
     name = strategy_of(c)
+    spec = STRATEGIES[name]
     cfg.parallel._target_ = strategies[name]
     cfg.parallel.name = name
     cfg.dp.size, cfg.tp.size, cfg.pp.size = c.dp, c.tp, c.pp
-    cfg.dp.shard = c.zero_stage == 3 and name == "hybrid"
+    # a strategy that always shards (fsdp) needs no dp.shard; hybrid shards when the candidate does
+    cfg.dp.shard = c.zero_stage == 3 and not spec.shards_dp
     cfg.tp.sequence_parallel = c.sequence_parallel
     per_replica = int(cfg.data.global_batch_size) // c.dp
     if c.pp > 1:

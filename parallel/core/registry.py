@@ -1,0 +1,200 @@
+"""Every built-in ``parallel=NAME``, once: its class, the mesh dimensions it uses, how it pipelines.
+
+The config schema (the default ``parallel._target_`` comes from here through the ``mt_strategy``
+resolver, keyed by ``parallel.name``), validation, the layout, the planner and ``parallel=auto`` all read
+``STRATEGIES``; none of them repeats a strategy's name, class or dimensions. Adding a strategy is one
+module under ``parallel/strategies/``, one ``conf/parallel/NAME.yaml`` (which sets ``parallel.name`` and
+the default sizes) and one ``StrategySpec`` below. A user's own ``Strategy`` subclass needs no entry: it
+sets ``parallel._target_`` and a ``parallel.name`` not listed here, and validation leaves its dimensions
+to it. No torch import: validation and the planner read this.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+#: the mesh dimensions, in the order ``dp.size``, ``tp.size``, ``pp.size`` are written
+DIMS = ("dp", "tp", "pp")
+
+#: what the trainer can build of the planner's options: FSDP2 (ZeRO-3) or no sharding, no recomputation
+TRAINABLE_ZERO_STAGES = (0, 3)
+TRAINABLE_RECOMPUTE = ("none",)
+
+
+@dataclass(frozen=True)
+class LayoutShape:
+    """What the planner decides that picks a strategy: the dimensions > 1 and how they are used."""
+
+    used: tuple[str, ...]
+    """Mesh dimensions of size > 1, in ``DIMS`` order."""
+    zero_stage: int = 0
+    micro_batches: int | None = None
+    """None when not decided (a layout described by its sizes alone)."""
+    schedule: str | None = None
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    name: str
+    target: str
+    """Dotted path of the ``Strategy`` class ``hydra.utils.instantiate(cfg.parallel)`` builds."""
+    dims: tuple[str, ...]
+    """Mesh dimensions that may be > 1 (the others must be 1)."""
+    summary: str
+    pipeline: str = "never"
+    """always (the pipeline engine even with pp.size=1), with_pp (only when pp.size > 1) or never."""
+    sequential: bool = False
+    """Model parallel: one micro-batch, GPipe, one stage per rank, blocks split evenly, ``mp.split_points``."""
+    shards_dp: bool = False
+    """The dp dimension is always FSDP2 (``dp.shard`` is implied)."""
+    single_process: bool = False
+    """One process drives every local device (``torch.nn.DataParallel``)."""
+    resolved_before_launch: bool = False
+    """A placeholder the planner replaces before validation (``parallel=auto``)."""
+    foreign_dim_hint: str | None = None
+    """What to say when a dimension outside ``dims`` is > 1 (default: combine with parallel=hybrid)."""
+    picked_for: Callable[[LayoutShape], bool] | None = None
+    """The layouts the planner (and the "layouts that fit" hint) trains with this strategy; None: never
+    picked. ``STRATEGIES`` is searched in order, the first match wins."""
+
+    @property
+    def split_points_key(self) -> str:
+        return "mp.split_points" if self.sequential else "pp.split_points"
+
+    def pipelined(self, pp: int) -> bool:
+        """Whether a run with ``pp.size=pp`` drives the pipeline engine (schedule, micro-batches)."""
+        return pp > 1 or self.pipeline == "always"
+
+    def dim_problem(self, dim: str) -> str:
+        if self.foreign_dim_hint:
+            return self.foreign_dim_hint
+        return f"use parallel=hybrid to combine dimensions, or set {dim}.size=1"
+
+
+def _only(*dims: str, **when: object) -> Callable[[LayoutShape], bool]:
+    """Picked when exactly ``dims`` are > 1 and every ``when`` field of the shape has that value."""
+
+    def picks(shape: LayoutShape) -> bool:
+        return shape.used == dims and all(getattr(shape, k) == v for k, v in when.items())
+
+    return picks
+
+
+def _sequential(shape: LayoutShape) -> bool:
+    return shape.used == ("pp",) and shape.micro_batches == 1 and shape.schedule == "gpipe"
+
+
+STRATEGIES: dict[str, StrategySpec] = {
+    s.name: s
+    for s in (
+        StrategySpec(
+            "single",
+            "parallel.strategies.single.SingleStrategy",
+            (),
+            "one process, no communication: the numerical reference",
+            picked_for=_only(),
+        ),
+        StrategySpec(
+            "dp",
+            "parallel.strategies.dp.DataParallelStrategy",
+            (),
+            "legacy single-process torch.nn.DataParallel over the local CUDA devices",
+            single_process=True,
+            foreign_dim_hint="parallel=dp is one process driving all local GPUs; use parallel=ddp for dp.size > 1",
+        ),
+        StrategySpec(
+            "ddp",
+            "parallel.strategies.ddp.DDPStrategy",
+            ("dp",),
+            "DistributedDataParallel: one replica per process, gradients all-reduced in buckets",
+            picked_for=_only("dp", zero_stage=0),
+        ),
+        StrategySpec(
+            "fsdp",
+            "parallel.strategies.fsdp.FSDPStrategy",
+            ("dp",),
+            "FSDP2 fully_shard: parameters, gradients and optimizer state sharded over dp",
+            shards_dp=True,
+            picked_for=_only("dp", zero_stage=3),
+        ),
+        StrategySpec(
+            "mp",
+            "parallel.strategies.pp.ModelParallelStrategy",
+            ("pp",),
+            "layer-split model parallel: stages run strictly in turn, one micro-batch",
+            pipeline="always",
+            sequential=True,
+            picked_for=_sequential,
+        ),
+        StrategySpec(
+            "tp",
+            "parallel.strategies.tp.TPStrategy",
+            ("tp",),
+            "tensor parallel (DTensor): projections split column-/row-wise over tp ranks",
+            picked_for=_only("tp"),
+        ),
+        StrategySpec(
+            "pp",
+            "parallel.strategies.pp.PipelineStrategy",
+            ("pp",),
+            "pipeline parallel: micro-batches flow through the stages under pp.schedule",
+            pipeline="always",
+            picked_for=_only("pp"),
+        ),
+        StrategySpec(
+            "hybrid",
+            "parallel.strategies.hybrid.HybridStrategy",
+            DIMS,
+            "pp x dp x tp on one DeviceMesh",
+            pipeline="with_pp",
+            picked_for=lambda shape: len(shape.used) > 1,
+        ),
+        StrategySpec(
+            "auto",
+            "parallel.plan.search.unresolved_auto",
+            DIMS,
+            "the planner's first choice, chosen before validation",
+            resolved_before_launch=True,
+        ),
+    )
+}
+
+
+def strategy_spec(name: str) -> StrategySpec | None:
+    """The built-in strategy called ``name``; None for a user's own."""
+    return STRATEGIES.get(str(name))
+
+
+def strategy_target(name: str) -> str:
+    """``parallel._target_`` of a built-in strategy (the ``mt_strategy`` resolver).
+
+    An unknown name resolves to an empty target: validation then says which names exist (a user's own
+    strategy sets ``parallel._target_`` itself).
+    """
+    spec = STRATEGIES.get(str(name))
+    return spec.target if spec is not None else ""
+
+
+def register_resolver() -> None:
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("mt_strategy"):
+        OmegaConf.register_new_resolver("mt_strategy", strategy_target)
+
+
+def strategy_for(
+    *, dp: int, tp: int, pp: int, zero_stage: int = 0, micro_batches: int | None = None, schedule: str | None = None
+) -> str:
+    """The ``parallel=`` option that trains this layout (``dp.size=4`` alone means ddp, and so on)."""
+    used = tuple(d for d, size in zip(DIMS, (dp, tp, pp)) if size > 1)
+    shape = LayoutShape(used=used, zero_stage=zero_stage, micro_batches=micro_batches, schedule=schedule)
+    for spec in STRATEGIES.values():
+        if spec.picked_for is not None and spec.picked_for(shape):
+            return spec.name
+    raise ValueError(f"no strategy trains {shape}")  # pragma: no cover - hybrid takes every multi-dim layout
+
+
+def plannable() -> list[StrategySpec]:
+    """Strategies the planner may choose."""
+    return [s for s in STRATEGIES.values() if s.picked_for is not None]
