@@ -1,4 +1,5 @@
-"""The strategy registry: every parallel=NAME once, read by config, validation, layout and planner."""
+"""The strategy registry (every parallel=NAME once, read by config, validation, layout and planner) and the
+schedule table (every pp.schedule's rules once, read by validation, the pipeline, the planner and the cost model)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from omegaconf import OmegaConf
 
 from parallel.core.layout import describe_factorization
 from parallel.core.registry import STRATEGIES, strategy_for
-from parallel.plan.cost_model import Candidate
-from parallel.plan.search import available_strategies, strategy_of
+from parallel.pipeline.schedules import SCHEDULES
+from parallel.plan.cost_model import MODELED_SCHEDULES, Candidate, bubble_fraction, last_chunk_rank, rank_layers
+from parallel.plan.search import available_strategies, schedules_for, strategy_of
 from parallel.strategies.single import SingleStrategy
 from tests.conftest import CONF, FAST, run_train
 from trainer.validate import ConfigError, validate
@@ -90,3 +92,34 @@ def test_own_strategy_trains(tmp_path):
     summary = run.summary()
     assert summary["status"] == "completed" and summary["strategy"] == "mine"
     assert "own strategy mine builds the engine" in (tmp_path / "own" / "logs" / "rank0.log").read_text()
+
+
+# ---- the schedule table: one set of rules for runtime, planner and cost model ---------------------
+
+
+def test_planner_enumerates_what_the_schedule_rules_allow():
+    for n_layers in (4, 8, 16):
+        for pp in range(2, 9):
+            for m in range(1, 33):
+                got = set(schedules_for(pp=pp, m=m, n_layers=n_layers))
+                want = {("gpipe", 1)}
+                if m >= pp:  # torch's 1F1B family needs at least as many micro-batches as ranks
+                    want |= {("1f1b", 1), ("zero_bubble", 1)}
+                    want |= {("interleaved_1f1b", v) for v in (2, 4) if pp * v <= n_layers and m % pp == 0}
+                if m >= 2 * pp and 2 * pp <= n_layers:  # ZB-V: m >= 2 x ranks
+                    want.add(("zbv", 2))
+                assert got == want, (pp, m, n_layers)
+    assert list(schedules_for(pp=1, m=4, n_layers=4)) == [("none", 1)]
+
+
+def test_cost_model_reads_placement_and_terms_from_the_schedule_table():
+    assert set(MODELED_SCHEDULES) == {"gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "zero_bubble", "zbv"}
+    assert not SCHEDULES["dualpipev"].modeled
+    # a V schedule folds the second half back: rank r holds chunks r and 2p-1-r, the head on rank 0
+    assert rank_layers(8, pp=2, stages_per_rank=2, schedule="zbv") == [[0, 1, 6, 7], [2, 3, 4, 5]]
+    assert last_chunk_rank(pp=2, schedule="zbv", stages_per_rank=2) == 0
+    assert rank_layers(8, pp=2, stages_per_rank=2, schedule="interleaved_1f1b") == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert last_chunk_rank(pp=4, schedule="1f1b", stages_per_rank=1) == 3
+    assert bubble_fraction("looped_bfs", pp=4, m=8, v=2) == pytest.approx(1.5 / 9.5)
+    with pytest.raises(KeyError, match="dualpipev"):
+        bubble_fraction("dualpipev", pp=2, m=4, v=2)

@@ -2,14 +2,15 @@
 
 Schedules themselves come from ``torch.distributed.pipelining``; this module maps the names users type
 (``pp.schedule=1f1b``) to torch's classes, states each schedule's requirements once (validation, the
-stage builder and the docs all read ``SCHEDULES``), and computes the theoretical bubble by replaying the
+stage builder, the planner's enumeration and the cost model's bubble and memory terms all read
+``SCHEDULES``), and computes the theoretical bubble by replaying the
 schedule's own action order (``schedule.pipeline_order``) with unit costs F=1, B=2 (I=1 + W=1).
 Importing it does not import torch: validation stays fast.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,13 +18,82 @@ from typing import Any
 UNIT_COSTS = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
 
 
+# ---- what the cost model assumes of each schedule (equal stage times; Megatron-LM notation) ------------
+# p pipeline ranks, m micro-batches, v stages per rank; ``stage`` is the pipeline rank.
+
+
+def _fill_drain_idle(pp: int, m: int, v: int) -> float:
+    """GPipe (arXiv 1811.06965, section 2.2) and 1F1B: p - 1 micro-batch slots of fill and drain, an
+    overhead of (p-1)/m over the ideal m (Megatron-LM arXiv 2104.04473 eq. 1)."""
+    return pp - 1
+
+
+def _interleaved_idle(pp: int, m: int, v: int) -> float:
+    """Interleaving v virtual stages per rank divides the bubble by v (arXiv 2104.04473 eq. 2)."""
+    return (pp - 1) / v
+
+
+def _zero_bubble_idle(pp: int, m: int, v: int) -> float:
+    """ZB-H1 (arXiv 2401.10241 section 2.1, T_F = T_B = T_W) cuts 1F1B's bubble to a third."""
+    return (pp - 1) / 3
+
+
+def _zbv_idle(pp: int, m: int, v: int) -> float:
+    """ZB-V (arXiv 2401.10241 section 6) reaches zero once m >= 2p, and behaves like interleaving with
+    v = 2 below that."""
+    return 0.0 if m >= 2 * pp else (pp - 1) / 2
+
+
+def _all_forwards_first(pp: int, m: int, v: int, stage: int) -> float:
+    """GPipe (arXiv 1811.06965) and Looped BFS run all m forwards before the backwards: m."""
+    return float(m)
+
+
+def _one_f_one_b_held(pp: int, m: int, v: int, stage: int) -> float:
+    """1F1B (PipeDream-Flush, Megatron-LM arXiv 2104.04473 section 2.2.1): stage i holds at most p - i.
+    ZB-H1 (arXiv 2401.10241, section 2.1) keeps 1F1B's peak; ZB-V (section 6) too."""
+    return float(pp - stage)
+
+
+def _interleaved_held(pp: int, m: int, v: int, stage: int) -> float:
+    """Interleaved 1F1B (arXiv 2104.04473 section 2.2.2; memory in arXiv 2205.05198 section 4.2.3): stage 0
+    holds L(1 + (p-1)/(pv)) layers worth, i.e. p + (p-1)/v micro-batches of its L/p layers."""
+    return (pp - stage) + (pp - 1) / v
+
+
 @dataclass(frozen=True)
 class ScheduleSpec:
+    """One schedule's rules, read by validation, the stage builder, the planner and the cost model."""
+
     name: str
     torch_name: str
     placement: str
     """single (one stage per rank), loop (stage s on rank s % pp) or v (rank r holds r and 2pp-1-r)."""
     description: str
+    # ---- what torch's class accepts (validation)
+    at_least_stages: bool = False
+    """Needs at least as many micro-batches as stages."""
+    in_rounds: bool = False
+    """Runs micro-batches in rounds of pp.size: m must be a multiple of max(1, m // pp) rounds."""
+    # ---- what the planner enumerates
+    planned_stages_per_rank: tuple[int, ...] = ()
+    """Stages per rank the planner tries (v > 1 needs pp x v <= layers); empty: never planned."""
+    planned_min_rounds: int = 0
+    """The planner asks for m >= planned_min_rounds x pp."""
+    planned_whole_rounds: bool = False
+    """The planner asks for m to be a multiple of pp."""
+    # ---- what the cost model assumes (None: it does not model this schedule)
+    bubble_idle: Callable[[int, int, int], float] | None = None
+    """Idle micro-batch slots of one step, (pp, m, v) -> slots; the bubble is idle / (m + idle)."""
+    in_flight: Callable[[int, int, int, int], float] | None = None
+    """Micro-batches whose activations a stage holds at its peak, (pp, m, v, stage) -> count (capped at m)."""
+    p2p_round_trips: int = 1
+    """Activation/gradient round trips per virtual-stage boundary and micro-batch the cost model counts."""
+
+    @property
+    def modeled(self) -> bool:
+        """Whether the cost model (and so the planner) knows this schedule."""
+        return self.bubble_idle is not None and self.in_flight is not None
 
     def stages_per_rank_problem(self, stages_per_rank: int) -> str | None:
         if self.placement == "single" and stages_per_rank != 1:
@@ -34,11 +104,10 @@ class ScheduleSpec:
 
     def micro_batch_problem(self, *, micro_batches: int, pp: int, stages: int) -> str | None:
         m = micro_batches
-        if self.name == "1f1b" and m < stages:
-            return f"needs at least as many micro-batches as stages ({stages})"
-        if self.name == "dualpipev" and m < stages:
-            return f"needs at least as many micro-batches as stages (2 x pp.size = {stages})"
-        if self.placement == "loop" and self.name != "looped_bfs":
+        if self.at_least_stages and m < stages:
+            shown = f"2 x pp.size = {stages}" if self.placement == "v" else str(stages)
+            return f"needs at least as many micro-batches as stages ({shown})"
+        if self.in_rounds:
             rounds = max(1, m // pp)
             if m % rounds:
                 return f"runs micro-batches in rounds of pp.size={pp}; {m} is not a multiple of {rounds} rounds"
@@ -53,22 +122,104 @@ class ScheduleSpec:
         ]
         return ok[:4]
 
+    def planned(self, *, pp: int, m: int, n_layers: int) -> list[int]:
+        """Stages per rank the planner tries for ``m`` micro-batches on ``pp`` ranks of ``n_layers`` blocks."""
+        if m < self.planned_min_rounds * pp or (self.planned_whole_rounds and m % pp):
+            return []
+        return [v for v in self.planned_stages_per_rank if v == 1 or pp * v <= n_layers]
 
+
+#: the order users see (messages, docs) and the planner enumerates
 SCHEDULES: dict[str, ScheduleSpec] = {
     s.name: s
     for s in (
-        ScheduleSpec("gpipe", "GPipe", "single", "all forwards, then all backwards"),
-        ScheduleSpec("1f1b", "1F1B", "single", "one forward, one backward in the steady state"),
-        ScheduleSpec("interleaved_1f1b", "Interleaved1F1B", "loop", "1F1B over several stages per rank"),
-        ScheduleSpec("looped_bfs", "LoopedBFS", "loop", "breadth-first over the local stages"),
-        ScheduleSpec("zero_bubble", "InterleavedZeroBubble", "loop", "splits backward into input (I) and weight (W)"),
-        ScheduleSpec("zbv", "ZBVZeroBubble", "v", "zero-bubble on a V placement"),
-        ScheduleSpec("dualpipev", "DualPipeV", "v", "DeepSeek's DualPipe on a V placement"),
+        ScheduleSpec(
+            "gpipe",
+            "GPipe",
+            "single",
+            "all forwards, then all backwards",
+            planned_stages_per_rank=(1,),
+            bubble_idle=_fill_drain_idle,
+            in_flight=_all_forwards_first,
+        ),
+        ScheduleSpec(
+            "1f1b",
+            "1F1B",
+            "single",
+            "one forward, one backward in the steady state",
+            at_least_stages=True,
+            planned_stages_per_rank=(1,),
+            planned_min_rounds=1,
+            bubble_idle=_fill_drain_idle,
+            in_flight=_one_f_one_b_held,
+        ),
+        ScheduleSpec(
+            "interleaved_1f1b",
+            "Interleaved1F1B",
+            "loop",
+            "1F1B over several stages per rank",
+            in_rounds=True,
+            planned_stages_per_rank=(2, 4),
+            planned_min_rounds=1,
+            planned_whole_rounds=True,
+            bubble_idle=_interleaved_idle,
+            in_flight=_interleaved_held,
+        ),
+        ScheduleSpec(
+            "looped_bfs",
+            "LoopedBFS",
+            "loop",
+            "breadth-first over the local stages",
+            bubble_idle=_interleaved_idle,
+            in_flight=_all_forwards_first,
+        ),
+        ScheduleSpec(
+            "zero_bubble",
+            "InterleavedZeroBubble",
+            "loop",
+            "splits backward into input (I) and weight (W)",
+            in_rounds=True,
+            planned_stages_per_rank=(1,),
+            planned_min_rounds=1,
+            bubble_idle=_zero_bubble_idle,
+            in_flight=_one_f_one_b_held,
+        ),
+        ScheduleSpec(
+            "zbv",
+            "ZBVZeroBubble",
+            "v",
+            "zero-bubble on a V placement",
+            planned_stages_per_rank=(2,),
+            planned_min_rounds=2,
+            bubble_idle=_zbv_idle,
+            in_flight=_one_f_one_b_held,
+            p2p_round_trips=2,
+        ),
+        ScheduleSpec(
+            "dualpipev",
+            "DualPipeV",
+            "v",
+            "DeepSeek's DualPipe on a V placement",
+            at_least_stages=True,
+        ),
     )
 }
 
+#: what the cost model assumes with pp.size=1 (gradient accumulation over micro-batches, no pipeline)
+NO_PIPELINE = ScheduleSpec(
+    "none",
+    "",
+    "single",
+    "no pipeline",
+    bubble_idle=lambda pp, m, v: 0.0,
+    in_flight=lambda pp, m, v, stage: 1.0,
+)
+
 
 def schedule_spec(name: str) -> ScheduleSpec:
+    """The rules of ``pp.schedule=name`` (``none``: no pipeline)."""
+    if name == NO_PIPELINE.name:
+        return NO_PIPELINE
     try:
         return SCHEDULES[name]
     except KeyError:

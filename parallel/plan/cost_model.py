@@ -12,11 +12,11 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from parallel.pipeline.schedules import SCHEDULES, schedule_spec, stage_to_rank
 from parallel.plan.specs import HardwareSpec, Link, ModelSpec, Workload
 
-#: schedules the cost model knows; the bubble and in-flight terms of each are below
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "zero_bubble", "zbv")
-INTERLEAVED = ("interleaved_1f1b", "looped_bfs", "zbv")
+#: schedules the cost model knows (their bubble and in-flight rules are on ``ScheduleSpec``)
+MODELED_SCHEDULES = tuple(name for name, spec in SCHEDULES.items() if spec.modeled)
 DDP_BUCKET_BYTES = 25 * 2**20
 
 
@@ -29,7 +29,7 @@ class Candidate:
     pp: int = 1
     micro_batches: int = 1
     schedule: str = "none"
-    """``none`` when pp == 1 (gradient accumulation over micro_batches), else one of SCHEDULES."""
+    """``none`` when pp == 1 (gradient accumulation over micro_batches), else one of MODELED_SCHEDULES."""
     stages_per_rank: int = 1
     zero_stage: int = 0
     """0 DDP, 1 optimizer states, 2 + gradients, 3 + parameters sharded over dp (FSDP ``fully_shard``)."""
@@ -122,24 +122,24 @@ def chunks_at(n_layers: int, split_points: tuple[int, ...]) -> list[range]:
 def rank_layers(
     n_layers: int, *, pp: int, stages_per_rank: int, schedule: str, split_points: tuple[int, ...] | None = None
 ) -> list[list[int]]:
-    """Blocks held by each pipeline rank: chunk c goes to rank c mod p (Megatron's interleaving); ZB-V folds
-    the second half back (rank r holds chunks r and 2p-1-r: arXiv 2401.10241, section 6)."""
+    """Blocks held by each pipeline rank, placed as the schedule places its stages (``stage_to_rank``):
+    chunk c goes to rank c mod p (Megatron's interleaving); a V schedule folds the second half back (rank r
+    holds chunks r and 2p-1-r: arXiv 2401.10241, section 6)."""
     v = stages_per_rank
     if split_points is not None and len(split_points) == pp * v - 1:
         chunks = chunks_at(n_layers, split_points)
     else:
         chunks = chunk_layers(n_layers, pp * v)
+    placed = stage_to_rank(placement=schedule_spec(schedule).placement, pp=pp, num_stages=len(chunks))
     ranks: list[list[int]] = [[] for _ in range(pp)]
-    for c, layers in enumerate(chunks):
-        r = c % pp
-        if schedule == "zbv" and (c // pp) % 2 == 1:
-            r = pp - 1 - r
+    for r, layers in zip(placed, chunks):
         ranks[r].extend(layers)
     return ranks
 
 
 def last_chunk_rank(*, pp: int, schedule: str, stages_per_rank: int) -> int:
-    return 0 if schedule == "zbv" and stages_per_rank % 2 == 0 else pp - 1
+    """The rank holding the last stage (the head): pp - 1, or rank 0 on a V placement."""
+    return stage_to_rank(placement=schedule_spec(schedule).placement, pp=pp, num_stages=pp * stages_per_rank)[-1]
 
 
 # ---- memory terms -----------------------------------------------------------------------------
@@ -204,48 +204,37 @@ def logits_bytes(model: ModelSpec, *, seq_len: int, micro_batch: int, tp: int, e
 
 
 def micro_batches_in_flight(schedule: str, *, pp: int, m: int, v: int, stage: int = 0) -> float:
-    """Micro-batches whose activations pipeline stage ``stage`` holds at its peak.
+    """Micro-batches whose activations pipeline stage ``stage`` holds at its peak, at most m.
 
-    GPipe (arXiv 1811.06965): all m forwards run before the backwards, so m. 1F1B (PipeDream-Flush, used by
-    Megatron-LM arXiv 2104.04473 section 2.2.1): stage i holds at most p - i. Interleaved 1F1B (same paper,
-    2.2.2; memory in arXiv 2205.05198 section 4.2.3): stage 0 holds L(1 + (p-1)/(pv)) layers worth, i.e.
-    p + (p-1)/v micro-batches of its L/p layers. ZB-H1 (arXiv 2401.10241, section 2.1) keeps 1F1B's peak;
-    ZB-V (section 6) too. Looped BFS runs every forward first, as GPipe.
+    Each schedule's rule, with its source, is its ``ScheduleSpec.in_flight`` (parallel/pipeline/schedules.py):
+    GPipe and Looped BFS m; 1F1B, ZB-H1 and ZB-V p - i; interleaved 1F1B p - i + (p-1)/v.
     """
     if pp == 1:
         return 1.0
-    if schedule in ("gpipe", "looped_bfs"):
-        held = float(m)
-    elif schedule == "interleaved_1f1b":
-        held = (pp - stage) + (pp - 1) / v
-    else:  # 1f1b, zero_bubble (ZB-H1), zbv
-        held = float(pp - stage)
-    return min(float(m), held)
+    return min(float(m), _modeled(schedule).in_flight(pp, m, v, stage))
 
 
 # ---- time terms -------------------------------------------------------------------------------
 
 
 def bubble_fraction(schedule: str, *, pp: int, m: int, v: int = 1) -> float:
-    """Share of a pipelined step that stages sit idle (fill and drain), for equal stage times.
+    """Share of a pipelined step that stages sit idle (fill and drain), for equal stage times: idle / (m + idle).
 
-    GPipe (arXiv 1811.06965, section 2.2) and 1F1B: (p-1)/(m+p-1), i.e. an overhead of (p-1)/m over the
-    ideal m micro-batches (Megatron-LM arXiv 2104.04473 eq. 1). Interleaved with v virtual stages per rank
-    divides the bubble by v: (p-1)/v over m (eq. 2). ZB-H1 (arXiv 2401.10241 section 2.1, T_F = T_B = T_W)
-    cuts 1F1B's bubble to a third; ZB-V (section 6) reaches zero once m >= 2p, and behaves like
-    interleaving with v = 2 below that.
+    Each schedule's idle slots, with their source, are its ``ScheduleSpec.bubble_idle``: GPipe and 1F1B
+    p - 1 ((p-1)/(m+p-1), Megatron-LM arXiv 2104.04473 eq. 1), interleaved and Looped BFS (p-1)/v (eq. 2),
+    ZB-H1 (p-1)/3, ZB-V 0 once m >= 2p, (p-1)/2 below.
     """
     if pp <= 1:
         return 0.0
-    idle = {
-        "gpipe": pp - 1,
-        "1f1b": pp - 1,
-        "interleaved_1f1b": (pp - 1) / v,
-        "looped_bfs": (pp - 1) / v,
-        "zero_bubble": (pp - 1) / 3,
-        "zbv": 0.0 if m >= 2 * pp else (pp - 1) / 2,
-    }[schedule]
+    idle = _modeled(schedule).bubble_idle(pp, m, v)
     return idle / (m + idle)
+
+
+def _modeled(schedule: str):
+    spec = schedule_spec(schedule)
+    if not spec.modeled:
+        raise KeyError(f"the cost model has no terms for pp.schedule={schedule}")
+    return spec
 
 
 def ring_allreduce_s(nbytes: float, *, n: int, link: Link, messages: int = 1) -> float:
@@ -331,7 +320,7 @@ def estimate(candidate: Candidate, *, model: ModelSpec, hardware: HardwareSpec, 
     if pp_link is hardware.intra:
         pp_link = hardware.p2p
     act_msg = tokens * model.d_model * e / (c.tp if c.sequence_parallel else 1)
-    hops = (2 if c.schedule == "zbv" else 1) * v  # each virtual stage boundary sends once forward, once back
+    hops = schedule_spec(c.schedule).p2p_round_trips * v  # each virtual stage boundary: forward, then back
     pp_per_mb = 2 * hops * p2p_s(act_msg, link=pp_link) if c.pp > 1 else 0.0
     stage_times = tuple(cp + tp_ + pp_per_mb for cp, tp_ in zip(stage_compute, stage_tp))
     bubble = bubble_fraction(c.schedule, pp=c.pp, m=c.micro_batches, v=v)

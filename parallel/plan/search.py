@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 
 from parallel.core.layout import ParallelLayout, factorizations
 from parallel.core.registry import STRATEGIES, TRAINABLE_RECOMPUTE, TRAINABLE_ZERO_STAGES, plannable, strategy_for
+from parallel.pipeline.schedules import SCHEDULES, schedule_spec
 from parallel.plan.cost_model import Candidate, Estimate, estimate
 from parallel.plan.specs import GB, HardwareSpec, ModelSpec, PlanError, Workload
 
@@ -124,19 +125,13 @@ def micro_batch_counts(per_replica: int) -> list[int]:
 
 
 def schedules_for(*, pp: int, m: int, n_layers: int) -> Iterator[tuple[str, int]]:
-    """(schedule, stages_per_rank) pairs that can run ``m`` micro-batches on ``pp`` ranks."""
+    """(schedule, stages_per_rank) pairs that can run ``m`` micro-batches on ``pp`` ranks (``ScheduleSpec.planned``)."""
     if pp == 1:
         yield "none", 1
         return
-    yield "gpipe", 1
-    if m >= pp:  # torch's 1F1B needs at least as many micro-batches as stages
-        yield "1f1b", 1
-        yield "zero_bubble", 1
-        for v in (2, 4):
-            if pp * v <= n_layers and m % pp == 0:
-                yield "interleaved_1f1b", v
-    if m >= 2 * pp and 2 * pp <= n_layers:  # ZB-V / DualPipeV need m >= 2 x ranks
-        yield "zbv", 2
+    for spec in SCHEDULES.values():
+        for v in spec.planned(pp=pp, m=m, n_layers=n_layers):
+            yield spec.name, v
 
 
 def enumerate_candidates(*, model: ModelSpec, hardware: HardwareSpec, workload: Workload) -> Iterator[Candidate]:
@@ -310,11 +305,7 @@ def run_warnings(cfg: DictConfig, layout: ParallelLayout) -> list[str]:
     except PlanError:
         return []
     c = candidate_of(cfg, layout)
-    if (
-        c.schedule not in ("none",)
-        and c.pp > 1
-        and c.schedule not in {"gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "zero_bubble", "zbv"}
-    ):
+    if c.pp > 1 and not schedule_spec(c.schedule).modeled:  # e.g. dualpipev: estimate it as 1F1B
         c = replace(c, schedule="1f1b")
     est = estimate(c, model=model, hardware=hardware, workload=workload)
     out = []
