@@ -23,6 +23,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import nn
 
+from parallel.core.grad_clip import clip_grad_norm_
 from parallel.core.layout import ParallelLayout
 
 
@@ -74,6 +75,8 @@ class Engine(ABC):
 
     #: local modules (one per pipeline stage held by this rank; one otherwise)
     model_parts: list[nn.Module]
+    #: the pipeline group whose stages together hold the model; None when this rank holds all of it
+    pp_group: Any = None
 
     def parameters(self) -> Iterator[nn.Parameter]:
         for part in self.model_parts:
@@ -91,11 +94,9 @@ class Engine(ABC):
         """Forward and backward over this rank's batch; return its mean loss (detached) or None."""
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
-        """Clip by the global gradient norm; returns the norm before clipping."""
-        params = [p for p in self.parameters() if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"), foreach=True)
-        full = getattr(norm, "full_tensor", None)
-        return full() if full is not None else norm
+        """Clip by the global gradient norm (over every shard and, with ``pp_group``, every stage);
+        returns the norm before clipping. One path for every engine: ``parallel/core/grad_clip.py``."""
+        return clip_grad_norm_(self.parameters(), max_norm, pp_group=self.pp_group)
 
     def step_metrics(self) -> dict[str, float]:
         """Measured extras for the step just taken (comm_fraction, bubble_fraction ...)."""

@@ -1,40 +1,55 @@
-"""The global gradient norm when parameters are DTensors on different meshes, or plain tensors.
+"""Gradient clipping by the global norm: the one path every engine takes (``Engine.clip_grad_norm_``).
 
 After tensor parallel and FSDP2, one model holds parameters sharded over (dp, tp), over dp only,
 or replicated plain tensors; a pipeline holds only its stage's. ``torch.nn.utils.clip_grad_norm_``
 stacks the per-parameter norms and fails on such a mix. Here squared norms of the local shards are
 summed per (mesh, placements) group over the mesh dimensions they are split on (replicated
-dimensions hold copies), then over the pipeline group, so every rank clips by the norm one process
-would compute over the whole model.
+dimensions hold copies), then over the pipeline group when the engine holds one stage of several,
+so every rank clips by the norm one process would compute over the whole model.
+
+For plain tensors on one stage (single, ddp) this is exactly torch's arithmetic: the same per-tensor
+norms, the same float32 norm (its square and root in float64 are exact), the same coefficient
+``max_norm / (norm + 1e-6)`` clamped at 1 in float32 (``torch.nn.utils.clip_grads_with_norm_``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor, Replicate
 
 
-def total_grad_norm(grads: list[torch.Tensor], *, pp_group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """L2 norm over all ``grads`` (and over the other pipeline stages when ``pp_group`` is given)."""
+def total_grad_norm(
+    grads: list[torch.Tensor], *, pp_group: dist.ProcessGroup | None = None, device: torch.device | None = None
+) -> torch.Tensor:
+    """L2 norm (float32) over all ``grads``, and over the other pipeline stages when ``pp_group`` is given.
+
+    The sum of squares is kept in float64 on the gradients' device (NCCL reduces CUDA tensors only).
+    """
+    from torch.distributed.tensor import DTensor
+
     groups: dict[object, list[torch.Tensor]] = {}
     for g in grads:
         g = _without_partial(g)
         key = (g.device_mesh, tuple(g.placements)) if isinstance(g, DTensor) else None
         groups.setdefault(key, []).append(g)
-    sq = torch.zeros((), dtype=torch.float64)
+    if device is None:
+        device = grads[0].device if grads else torch.device("cpu")
+    sq = torch.zeros((), dtype=torch.float64, device=device)
     for key, group in groups.items():
         sq += _squared_norm(group, key)
     if pp_group is not None and dist.get_world_size(pp_group) > 1:
         dist.all_reduce(sq, group=pp_group)
-    return sq.sqrt()
+    return sq.sqrt().float()
 
 
 def _without_partial(g: torch.Tensor) -> torch.Tensor:
     """A pending sum (a replicated parameter's gradient under sequence parallel) reduced first:
     the norm of a sum is not the sum of norms."""
+    from torch.distributed.tensor import DTensor, Replicate
+
     if isinstance(g, DTensor) and any(p.is_partial() for p in g.placements):
         return g.redistribute(g.device_mesh, [Replicate() if p.is_partial() else p for p in g.placements])
     return g
@@ -45,8 +60,8 @@ def _squared_norm(grads: list[torch.Tensor], key) -> torch.Tensor:
 
     Local shards first, then one all-reduce per mesh dimension the grads are split over.
     """
-    local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
-    sq = torch.nn.utils.get_total_norm(local, norm_type=2.0, foreach=False).detach().double().cpu() ** 2
+    local = [g.to_local() if key is not None else g for g in grads]
+    sq = torch.nn.utils.get_total_norm(local, norm_type=2.0).double() ** 2
     if key is not None:
         mesh, placements = key
         for dim, placement in enumerate(placements):
@@ -58,12 +73,21 @@ def _squared_norm(grads: list[torch.Tensor], key) -> torch.Tensor:
 def clip_grad_norm_(
     params: Iterable[torch.nn.Parameter], max_norm: float, *, pp_group: dist.ProcessGroup | None = None
 ) -> torch.Tensor:
-    """Scale gradients so their global norm is at most ``max_norm``; return the norm before clipping."""
+    """Scale gradients so their global norm is at most ``max_norm`` (0 or inf: measure only); return the
+    norm before clipping. ``pp_group``: the engine's pipeline group, None when it holds the whole model."""
+    from torch.distributed.tensor import DTensor
+
+    params = list(params)
     grads = [p.grad for p in params if p.grad is not None]
-    norm = total_grad_norm(grads, pp_group=pp_group)
-    if max_norm > 0:
-        coef = max_norm / (float(norm) + 1e-6)
-        if coef < 1.0:
-            for g in grads:
+    norm = total_grad_norm(grads, pp_group=pp_group, device=params[0].device if params else None)
+    if not grads or not 0 < max_norm < math.inf:
+        return norm
+    coef = float(torch.clamp(max_norm / (norm + 1e-6), max=1.0))  # float32, as torch computes it
+    if coef < 1.0:
+        plain = [g for g in grads if not isinstance(g, DTensor)]
+        if plain:
+            torch._foreach_mul_(plain, coef)
+        for g in grads:
+            if isinstance(g, DTensor):
                 g.mul_(coef)
-    return norm.float()
+    return norm

@@ -133,19 +133,6 @@ class PipelineEngine(Engine):
             return None
         return torch.stack([loss.detach() for loss in losses]).sum()  # each is already divided by m
 
-    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
-        """Global norm over all stages: local squared norms summed over the pp group."""
-        params = [p for p in self.parameters() if p.grad is not None]
-        grads = [p.grad for p in params]
-        local = torch.nn.utils.get_total_norm(grads, foreach=True) if grads else torch.zeros((), device=self.ctx.device)
-        sq = local.double() ** 2
-        if self.pp_group is not None and self.pp > 1:
-            dist.all_reduce(sq, group=self.pp_group)
-        total = sq.sqrt().float()
-        if max_norm > 0 and params:
-            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
-        return total
-
     # ---- measurement -----------------------------------------------------------------------------
 
     def step_metrics(self) -> dict[str, float]:

@@ -13,7 +13,8 @@ How one rank's model is built, in this order (torchtitan's):
    ``wrap_stage`` hook runs steps 2–3), or, with pp = 1, one module with gradient accumulation.
 
 The engine adds to the pipeline's measurements the tp group's communication time and the dp
-dimension's (DDP buckets), and clips by the gradient norm over every stage and shard.
+dimension's (DDP buckets); its ``pp_group`` makes ``Engine.clip_grad_norm_`` clip by the norm over every
+stage and shard.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from torch import nn
 
 from parallel.core.base import Engine, Strategy, WorkerContext
 from parallel.core.comm_timer import SampledCommMeter
-from parallel.core.grad_clip import clip_grad_norm_
 from parallel.core.layout import why_dp_needs_fsdp
 from parallel.core.rank_map import announce_rank_map
 from parallel.strategies.ddp import CommTimer, wrap_ddp
@@ -87,9 +87,6 @@ class HybridPipelineEngine(Engine):
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
         with self.tp_meter.step():
             return self.pipeline.train_step(inputs, targets)
-
-    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
-        return clip_grad_norm_(self.parameters(), max_norm, pp_group=self.pp_group)
 
     def step_metrics(self) -> dict[str, float]:
         out = {**self.pipeline.step_metrics(), **self.tp_meter.metrics()}

@@ -5,7 +5,7 @@ The model is built whole on every rank from the same seed, then ``parallelize_gp
 next to the model, ``models/gpt/parallelize.py``) shards its projections; each tp rank keeps its slice.
 Every tp rank of a replica sees the same batch. The engine times the tp group's collectives
 (``tp_comm_time_s``, ``tp_comm_fraction``) on the steps the loop logs, runs forward and backward inside ``loss_parallel()``
-when the head is vocabulary-sharded, and clips by the norm over all shards.
+when the head is vocabulary-sharded; ``Engine.clip_grad_norm_`` clips by the norm over all shards.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from torch.distributed.tensor import DTensor
 
 from parallel.core.base import Engine, ModuleEngine, Strategy, WorkerContext, cross_entropy
 from parallel.core.comm_timer import CollectiveTimer, SampledCommMeter
-from parallel.core.grad_clip import clip_grad_norm_
 from parallel.core.rank_map import announce_rank_map
 from parallel.strategies.ddp import CommTimer
 
@@ -84,9 +83,6 @@ class MeshModuleEngine(ModuleEngine):
             loss = super().train_step(inputs, targets)
         self._step_s = time.perf_counter() - start
         return loss
-
-    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
-        return clip_grad_norm_(self.parameters(), max_norm)
 
     def step_metrics(self) -> dict[str, float]:
         out = self.tp_meter.metrics()
