@@ -28,8 +28,9 @@ from parallel.core.layout import MESH_DIMS, ParallelLayout
 from trainer.launch.attempts import previous_attempt_report, restart_count, write_exit_record
 from trainer.launch.environment import rendezvous_port
 from trainer.launch.preemption import PreemptionFlag
-from trainer.loop.fit import RankZeroSinks, Trainer, output_listing
+from trainer.loop.fit import Trainer
 from trainer.observe.rank_logs import TRACE_LOGGER_NAME, setup_rank_logging, teardown_rank_logging
+from trainer.observe.sinks import RankZeroSinks, output_listing
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,10 @@
 """The training loop: global batch → this rank's share → engine step → optimizer → measurements.
 
+``Trainer.fit`` runs ``Trainer.step`` for each step: ``_forward_backward`` (batch, engine, clip),
+``_agree`` (one all-reduce), ``_update`` (``optimizer.step()``, or skip), then ``_log`` and
+``_boundary`` (checkpoint, preemption). Fault injection for tests lives in ``faults.py``; rank 0's
+files and W&B in ``trainer/observe/sinks.py``.
+
 Every rank runs the same loop; collectives happen at the same steps on all ranks: one small all-reduce
 per step (did a stop signal arrive, did any rank go non-finite), the loss on logged steps, checkpoints,
 the summary at the end. Rank 0 owns the sinks: console, metrics.jsonl, summary.json, W&B.
@@ -7,11 +12,8 @@ the summary at the end. Rank 0 owns the sinks: console, metrics.jsonl, summary.j
 
 from __future__ import annotations
 
-import functools
-import os
-import signal
 import time
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,10 +23,12 @@ from torch import nn
 
 from parallel.core.base import Engine, WorkerContext
 from trainer.launch.preemption import PreemptionFlag
+from trainer.loop.faults import FaultInjector
 from trainer.loop.optim import build_optimizer, build_scheduler
 from trainer.observe.console import ProgressDisplay
 from trainer.observe.memory import peak_memory_bytes
-from trainer.observe.metrics import MetricsFile, StepStats, write_json
+from trainer.observe.metrics import StepStats
+from trainer.observe.sinks import RankZeroSinks
 
 
 class NonFiniteError(RuntimeError):
@@ -61,7 +65,25 @@ def warn_small_batchnorm(engine: Engine, ctx: WorkerContext) -> None:
         )
 
 
+@dataclass
+class StepOutcome:
+    """What one optimizer step left behind, for the log and the step boundary."""
+
+    loss: torch.Tensor | None
+    """This rank's mean loss (None on ranks that compute none, such as early pipeline stages)."""
+    grad_norm: torch.Tensor
+    lr: float
+    seconds: float
+    skipped: bool
+    """Some rank went non-finite and trainer.on_nonfinite=skip dropped the update."""
+    preempt: bool
+    """Some rank got a stop signal: checkpoint and stop at this boundary."""
+    extras: dict[str, float]
+
+
 class Trainer:
+    """The loop of one rank: ``fit`` runs ``step`` after ``step``, then summarises."""
+
     def __init__(self, *, ctx: WorkerContext, engine: Engine):
         self.ctx = ctx
         self.engine = engine
@@ -69,10 +91,152 @@ class Trainer:
         self.data = instantiate(self.cfg.data, seed=int(self.cfg.trainer.seed))
         self.optimizer = build_optimizer(engine.parameters(), self.cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, max_steps=int(self.cfg.trainer.max_steps))
+        self.max_steps = int(self.cfg.trainer.max_steps)
+        clip = float(self.cfg.trainer.grad_clip)
+        self.max_grad_norm = clip if clip > 0 else float("inf")
+        self.skip_nonfinite = self.cfg.trainer.on_nonfinite == "skip"
         self.tokens_per_step = int(self.cfg.data.global_batch_size) * int(self.data.tokens_per_sample)
+        self.faults = FaultInjector.from_config(self.cfg.get("debug"), rank=ctx.rank, log=ctx.log)
         self.stats = StepStats()
         self.first_loss: float | None = None
         self.last_loss: float | None = None
+        self.skipped_steps: list[int] = []
+        self.resumed_from: str | None = None
+        self.started_at: float | None = None
+        """perf_counter() when ``fit`` began."""
+        self.first_step_s: float | None = None
+        """Seconds from ``fit`` to the end of its first step (shape inference, first collectives)."""
+        self.first_step_end_unix: float | None = None
+        self._checkpointer: Any = None
+
+    # ---- the loop ----------------------------------------------------------------------------
+
+    def fit(
+        self, *, sinks: RankZeroSinks | None, start_step: int = 0, preemption: PreemptionFlag | None = None
+    ) -> dict[str, Any]:
+        warn_small_batchnorm(self.engine, self.ctx)
+        self.engine.train()
+        progress = ProgressDisplay(
+            total_steps=self.max_steps, start_step=start_step, log=self.ctx.log, enabled=sinks is not None
+        )
+        self.started_at = time.perf_counter()
+        status, step = "completed", start_step
+        try:
+            for step in range(start_step + 1, self.max_steps + 1):
+                outcome = self.step(step, preemption=preemption)
+                self._log(step, outcome, sinks=sinks, progress=progress)
+                if self._boundary(step, outcome, preemption=preemption):
+                    status = "preempted"
+                    break
+        except RuntimeError as exc:
+            timeout = self._as_collective_timeout(exc, step)
+            if timeout is None:
+                raise
+            raise timeout from None
+        finally:
+            progress.close()
+        summary = self._summary(wall=time.perf_counter() - self.started_at)
+        summary.update(
+            status=status,
+            last_step=step,
+            start_step=start_step,
+            resumed_from=self.resumed_from,
+            skipped_steps=self.skipped_steps,
+        )
+        return summary
+
+    def step(self, step: int, *, preemption: PreemptionFlag | None = None) -> StepOutcome:
+        """One optimizer step: forward/backward and clip, agree across ranks, update (or skip), measure."""
+        t0 = time.perf_counter()
+        loss, grad_norm = self._forward_backward(step)
+        bad = not bool(torch.isfinite(grad_norm)) or (loss is not None and not bool(torch.isfinite(loss)))
+        preempt, bad_ranks = self._agree(preempt=bool(preemption and preemption.requested), bad=bad)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self._update(step, bad_ranks)
+        if self.ctx.device.type == "cuda":
+            torch.cuda.synchronize(self.ctx.device)
+        dt = time.perf_counter() - t0
+        extras = self.engine.step_metrics()
+        self.stats.add(dt, self.tokens_per_step)
+        if self.first_step_s is None:
+            self.first_step_s = time.perf_counter() - self.started_at
+            self.first_step_end_unix = time.time()
+        return StepOutcome(
+            loss=loss,
+            grad_norm=grad_norm,
+            lr=lr,
+            seconds=dt,
+            skipped=bool(bad_ranks),
+            preempt=preempt,
+            extras=extras,
+        )
+
+    def _forward_backward(self, step: int) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """This rank's share of the global batch through the engine; the gradient norm before clipping."""
+        inputs, targets = self.data.global_batch(step)
+        x, y = self.engine.local_batch(self.ctx, inputs, targets)
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.faults is not None:
+            self.faults.before_step(step)
+        loss = self.engine.train_step(x, y)
+        if self.faults is not None:
+            loss = self.faults.after_backward(step, loss, self.engine.parameters())
+        return loss, self.engine.clip_grad_norm_(self.max_grad_norm)
+
+    def _update(self, step: int, bad_ranks: list[int]) -> None:
+        """``optimizer.step()``, unless a rank went non-finite: then stop, or skip the update."""
+        if bad_ranks:
+            what = f"non-finite loss or gradient norm at step {step} on rank(s) {bad_ranks}"
+            if not self.skip_nonfinite:
+                raise NonFiniteError(
+                    f"{what}; stopped. Last good checkpoint: {self._latest_checkpoint()}. "
+                    "Set trainer.on_nonfinite=skip to skip such steps instead"
+                )
+            self.ctx.log.warning("%s; step skipped (trainer.on_nonfinite=skip)", what)
+            self.skipped_steps.append(step)
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+
+    def _log(self, step: int, outcome: StepOutcome, *, sinks: RankZeroSinks | None, progress: ProgressDisplay) -> None:
+        """On logged steps: the loss averaged over ranks (a collective), to the sinks and the console."""
+        if self._should_log(step) and not outcome.skipped:
+            value = self._reduce_loss(outcome.loss)
+            self.first_loss = value if self.first_loss is None else self.first_loss
+            self.last_loss = value
+            record = {
+                "step": step,
+                "loss": value,
+                "lr": outcome.lr,
+                "step_time_s": outcome.seconds,
+                "tokens_per_s": self.tokens_per_step / outcome.seconds,
+                "grad_norm": float(outcome.grad_norm),
+                **outcome.extras,
+            }
+            if sinks is not None:
+                sinks.log_step(record)
+                progress.logged(record)
+        progress.advance(step)
+
+    def _boundary(self, step: int, outcome: StepOutcome, *, preemption: PreemptionFlag | None) -> bool:
+        """Checkpoint when due or asked to stop; True when the run stops here (preempted)."""
+        if outcome.preempt and preemption is not None:
+            preemption.honoured()
+        if self._checkpoint_due(step) or outcome.preempt:
+            self.checkpointer.save(step)
+        if not outcome.preempt:
+            return False
+        self.ctx.log.warning(
+            "preempted (%s): checkpoint saved at step %d; `trainer.resume=auto` in the same folder continues",
+            (preemption.name if preemption is not None else None) or "signal on another rank",
+            step,
+        )
+        return True
+
+    def _should_log(self, step: int) -> bool:
+        every = int(self.cfg.trainer.log_every)
+        return step == 1 or step % every == 0 or step == self.max_steps
 
     # ---- collectives -------------------------------------------------------------------------
 
@@ -95,6 +259,18 @@ class Trainer:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         return bool(flags[0]), [r for r in range(self.ctx.world_size) if flags[1 + r]]
 
+    def _as_collective_timeout(self, exc: RuntimeError, step: int) -> CollectiveTimeout | None:
+        """A collective that timed out, as an error naming the ranks that stopped answering; None otherwise."""
+        text = str(exc).lower()
+        if isinstance(exc, NonFiniteError) or ("timed out" not in text and "timeout" not in text):
+            return None
+        silent = [r for r in self._unresponsive_ranks(step) if r != self.ctx.rank]
+        who = f"rank(s) {silent} stopped answering" if silent else "a rank stopped answering"
+        return CollectiveTimeout(
+            f"{who} at step {step}: no reply within topology.timeout_s="
+            f"{self.cfg.topology.timeout_s}s ({str(exc).splitlines()[0][:200]})"
+        )
+
     def _unresponsive_ranks(self, step: int, wait_s: float = 3.0) -> list[int]:
         """After a collective timed out: ranks that do not check in through the rendezvous store."""
         try:
@@ -106,48 +282,19 @@ class Trainer:
         except Exception:  # noqa: BLE001 - diagnosis is best effort; the timeout itself is reported
             return []
 
-    # ---- faults for tests (+debug.*) ------------------------------------------------------------
-
-    def _debug(self, key: str, step: int) -> bool:
-        """True when ``+debug.<key>_at_step=step`` targets this rank (``+debug.<key>_rank``, default 0),
-        in the first attempt only (an elastic restart must not repeat the fault)."""
-        debug = self.cfg.get("debug") or {}
-        if debug.get(f"{key}_at_step") != step or self.ctx.rank != int(debug.get(f"{key}_rank", 0)):
-            return False
-        return key == "fail" or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0
-
-    def _inject_faults(self, step: int) -> None:
-        if self._debug("fail", step):
-            raise RuntimeError(f"injected failure at step {step} on rank {self.ctx.rank} (debug.fail_at_step)")
-        if self._debug("kill", step):
-            self.ctx.log.info("debug.kill_at_step: killing rank %d at step %d", self.ctx.rank, step)
-            os.kill(os.getpid(), signal.SIGKILL)
-        if self._debug("hang", step):
-            self.ctx.log.info("debug.hang_at_step: rank %d stops answering at step %d", self.ctx.rank, step)
-            time.sleep(10**6)
-
-    def _inject_nan(self, step: int, loss: torch.Tensor | None) -> torch.Tensor | None:
-        if not self._debug("nan", step):
-            return loss
-        for p in self.engine.parameters():
-            if p.grad is not None:
-                p.grad.fill_(float("nan"))
-                break
-        return loss * float("nan") if loss is not None else loss
-
-    def _should_log(self, step: int) -> bool:
-        every = int(self.cfg.trainer.log_every)
-        return step == 1 or step % every == 0 or step == int(self.cfg.trainer.max_steps)
-
     # ---- checkpoints ---------------------------------------------------------------------------
 
-    @functools.cached_property
+    @property
     def checkpointer(self):
         """Built on first use: ``torch.distributed.checkpoint`` costs ~0.9 s to import (it pulls in
         dynamo), which a fresh run should not pay before its first step."""
-        from trainer.checkpoint.checkpointer import Checkpointer
+        if self._checkpointer is None:
+            from trainer.checkpoint.checkpointer import Checkpointer
 
-        return Checkpointer(ctx=self.ctx, engine=self.engine, optimizer=self.optimizer, scheduler=self.scheduler)
+            self._checkpointer = Checkpointer(
+                ctx=self.ctx, engine=self.engine, optimizer=self.optimizer, scheduler=self.scheduler
+            )
+        return self._checkpointer
 
     def resume(self) -> int:
         """Load the checkpoint this run continues from (collective); returns the step it ends at."""
@@ -164,7 +311,7 @@ class Trainer:
 
     def _checkpoint_due(self, step: int) -> bool:
         every = int(self.cfg.trainer.checkpoint_every)
-        return every > 0 and (step % every == 0 or step == int(self.cfg.trainer.max_steps))
+        return every > 0 and (step % every == 0 or step == self.max_steps)
 
     def _latest_checkpoint(self) -> str:
         from trainer.checkpoint.files import checkpoints_root, complete_checkpoints
@@ -172,111 +319,9 @@ class Trainer:
         found = complete_checkpoints(checkpoints_root(self.ctx.run_dir))
         return str(found[-1][1]) if found else "none (trainer.checkpoint_every=0 or none written yet)"
 
-    # ---- the loop ----------------------------------------------------------------------------
+    # ---- the summary -------------------------------------------------------------------------
 
-    def fit(
-        self, *, sinks: RankZeroSinks | None, start_step: int = 0, preemption: PreemptionFlag | None = None
-    ) -> dict[str, Any]:
-        ctx, cfg, engine = self.ctx, self.cfg, self.engine
-        max_steps = int(cfg.trainer.max_steps)
-        clip = float(cfg.trainer.grad_clip)
-        skip_nonfinite = cfg.trainer.on_nonfinite == "skip"
-        warn_small_batchnorm(engine, ctx)
-        engine.train()
-        progress = ProgressDisplay(total_steps=max_steps, start_step=start_step, log=ctx.log, enabled=sinks is not None)
-        t_start = time.perf_counter()
-        first_step_s = None
-        status, step = "completed", start_step
-        self.skipped_steps: list[int] = []
-        try:
-            for step in range(start_step + 1, max_steps + 1):
-                t0 = time.perf_counter()
-                inputs, targets = self.data.global_batch(step)
-                x, y = engine.local_batch(ctx, inputs, targets)
-                self.optimizer.zero_grad(set_to_none=True)
-                self._inject_faults(step)
-                loss = self._inject_nan(step, engine.train_step(x, y))
-                grad_norm = engine.clip_grad_norm_(clip if clip > 0 else float("inf"))
-                bad = not bool(torch.isfinite(grad_norm)) or (loss is not None and not bool(torch.isfinite(loss)))
-                preempt, bad_ranks = self._agree(preempt=bool(preemption and preemption.requested), bad=bad)
-                lr = self.optimizer.param_groups[0]["lr"]
-                if bad_ranks:
-                    what = f"non-finite loss or gradient norm at step {step} on rank(s) {bad_ranks}"
-                    if not skip_nonfinite:
-                        raise NonFiniteError(
-                            f"{what}; stopped. Last good checkpoint: {self._latest_checkpoint()}. "
-                            "Set trainer.on_nonfinite=skip to skip such steps instead"
-                        )
-                    ctx.log.warning("%s; step skipped (trainer.on_nonfinite=skip)", what)
-                    self.skipped_steps.append(step)
-                    self.optimizer.zero_grad(set_to_none=True)
-                else:
-                    self.optimizer.step()
-                self.scheduler.step()
-                if ctx.device.type == "cuda":
-                    torch.cuda.synchronize(ctx.device)
-                dt = time.perf_counter() - t0
-                extras = engine.step_metrics()
-                self.stats.add(dt, self.tokens_per_step)
-                if first_step_s is None:
-                    first_step_s = time.perf_counter() - t_start
-                    self.first_step_end_unix = time.time()
-                if self._should_log(step) and not bad_ranks:
-                    value = self._reduce_loss(loss)
-                    self.first_loss = value if self.first_loss is None else self.first_loss
-                    self.last_loss = value
-                    record = {
-                        "step": step,
-                        "loss": value,
-                        "lr": lr,
-                        "step_time_s": dt,
-                        "tokens_per_s": self.tokens_per_step / dt,
-                        "grad_norm": float(grad_norm),
-                        **extras,
-                    }
-                    if sinks is not None:
-                        sinks.log_step(record)
-                        progress.logged(record)
-                progress.advance(step)
-                if preempt and preemption is not None:
-                    preemption.honoured()
-                if self._checkpoint_due(step) or preempt:
-                    self.checkpointer.save(step)
-                if preempt:
-                    status = "preempted"
-                    ctx.log.warning(
-                        "preempted (%s): checkpoint saved at step %d; `trainer.resume=auto` in the same "
-                        "folder continues",
-                        preemption.name or "signal on another rank",
-                        step,
-                    )
-                    break
-        except RuntimeError as exc:
-            if (
-                isinstance(exc, NonFiniteError)
-                or "timed out" not in str(exc).lower()
-                and "timeout" not in str(exc).lower()
-            ):
-                raise
-            silent = [r for r in self._unresponsive_ranks(step) if r != ctx.rank]
-            who = f"rank(s) {silent} stopped answering" if silent else "a rank stopped answering"
-            raise CollectiveTimeout(
-                f"{who} at step {step}: no reply within topology.timeout_s="
-                f"{cfg.topology.timeout_s}s ({str(exc).splitlines()[0][:200]})"
-            ) from None
-        finally:
-            progress.close()
-        summary = self._summary(wall=time.perf_counter() - t_start, first_step_s=first_step_s)
-        summary.update(
-            status=status,
-            last_step=step,
-            start_step=start_step,
-            resumed_from=getattr(self, "resumed_from", None),
-            skipped_steps=self.skipped_steps,
-        )
-        return summary
-
-    def _summary(self, *, wall: float, first_step_s: float | None) -> dict[str, Any]:
+    def _summary(self, *, wall: float) -> dict[str, Any]:
         ctx = self.ctx
         peak = peak_memory_bytes(ctx.device)
         peaks = [peak]
@@ -287,73 +332,16 @@ class Trainer:
         return {
             "status": "completed",
             "strategy": ctx.layout.strategy,
-            "steps": int(self.cfg.trainer.max_steps),
+            "steps": self.max_steps,
             "first_loss": self.first_loss,
             "final_loss": self.last_loss,
             "tokens_per_s": self.stats.median_tokens_per_s(),
             "median_step_time_s": self.stats.median_step_time(),
-            "time_to_first_step_s": first_step_s,
-            "first_step_end_unix": getattr(self, "first_step_end_unix", None),
+            "time_to_first_step_s": self.first_step_s,
+            "first_step_end_unix": self.first_step_end_unix,
             "wall_time_s": wall,
             "peak_memory_bytes_per_rank": peaks,
             "peak_memory_bytes_max": max(peaks),
             "layout": ctx.layout.to_dict(),
             **extras,
         }
-
-
-class RankZeroSinks:
-    """metrics.jsonl, summary.json and the W&B run: written by global rank 0 only."""
-
-    def __init__(self, *, ctx: WorkerContext, cfg_dict: dict, run_meta: dict[str, Any], start_step: int = 0):
-        from trainer.observe.wandb_sink import WandbSink
-
-        self.run_dir = ctx.run_dir
-        self.metrics = MetricsFile(ctx.run_dir / "metrics.jsonl", keep_through_step=start_step)
-        w = ctx.cfg.logger.wandb
-        layout = ctx.layout
-        group = w.group or run_meta.get("sweep_name")
-        tags = [layout.strategy, f"dp{layout.dp}", f"tp{layout.tp}", f"pp{layout.pp}", *list(w.tags)]
-        if layout.schedule:
-            tags += [layout.schedule, f"m{layout.micro_batches}"]
-        self.wandb = WandbSink(
-            mode=str(w.mode),
-            project=str(w.project),
-            entity=w.entity,
-            group=group,
-            job_type=layout.strategy,
-            tags=tags,
-            name=run_meta.get("run_name"),
-            config=cfg_dict,
-            run_dir=ctx.run_dir,
-            init_timeout=float(w.init_timeout),
-            system_stats=bool(w.system_stats),
-            console=str(w.console),
-            log=ctx.log,
-        )
-
-    def log_step(self, record: dict[str, Any]) -> None:
-        self.metrics.write(record)
-        self.wandb.log_metrics(record, step=int(record["step"]))
-
-    def finish(self, summary: dict[str, Any] | None, *, exit_code: int) -> None:
-        try:
-            if summary is not None:
-                summary["wandb_dir"] = self.wandb.directory
-                write_json(self.run_dir / "summary.json", summary)
-                self.wandb.log_summary(summary)
-                # engines list files they wrote (traces, plots): {"images": {key: path}, "files": [path]}
-                artifacts = summary.get("artifacts") or {}
-                self.wandb.log_files(
-                    images={k: Path(v) for k, v in artifacts.get("images", {}).items()},
-                    files=[Path(p) for p in artifacts.get("files", [])],
-                )
-        finally:
-            self.metrics.close()
-            self.wandb.finish(exit_code=exit_code)
-
-
-def output_listing(run_dir: Path) -> str:
-    names = ["metrics.jsonl", "summary.json", "logs/", "wandb/", ".hydra/"]
-    present = [n for n in names if (run_dir / n.rstrip("/")).exists()]
-    return f"outputs in {run_dir}: " + ", ".join(present)
