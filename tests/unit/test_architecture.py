@@ -1,0 +1,150 @@
+"""The layout's rules, read from the source: imports run one way (models <- parallel <- trainer), no tracked file
+points outside the repository, no binary or build artifact is tracked, and relative links in the docs resolve."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT
+
+#: package -> top-level packages it must never import (conf/ may be imported by all)
+FORBIDDEN = {
+    "models": {"parallel", "trainer"},
+    "parallel": {"trainer"},
+    "conf": {"trainer"},
+}
+
+#: strings that name a place outside this checkout; split so that this file does not match itself
+OUTSIDE = [
+    "/" + "work/",
+    "../" + "shared",
+    "STACK-" + "NOTES",
+    "/" + "home/",
+    "/" + "Users/",
+]
+
+#: suffixes of build outputs and binaries that must stay out of git (.gitignore covers them)
+ARTIFACTS = (".whl", ".so", ".pyd", ".dylib", ".o", ".pyc", ".pyo", ".egg", ".tar.gz", ".tgz", ".zip", ".pt", ".pth")
+
+
+def tracked_files() -> list[str]:
+    try:
+        proc = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        pytest.skip("git is not installed")
+    if proc.returncode != 0:
+        pytest.skip(f"not a git checkout: {proc.stderr.strip()}")
+    # a file deleted in the work tree but not yet staged is not part of the tree under test
+    return [p for p in proc.stdout.split("\0") if p and (ROOT / p).exists()]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_modules(path: Path, source: str | None = None) -> list[tuple[int, str]]:
+    """(line, absolute module name) for every import in the file, including those inside functions."""
+    tree = ast.parse(path.read_text() if source is None else source, filename=str(path))
+    package = module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against the file's package
+                base = package[: len(package) - (node.level - 1)]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            found.append((node.lineno, name))
+    return found
+
+
+def python_files(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+def test_import_walker_sees_imports_inside_functions_and_relative_ones():
+    """The walker itself: a function-local import and relative imports are all resolved to absolute names."""
+    src = "from . import layout\nfrom ..plan import specs\n\ndef f():\n    import trainer.validate\n"
+    got = imported_modules(ROOT / "parallel" / "core" / "probe.py", source=src)
+    assert got == [(1, "parallel.core"), (2, "parallel.plan"), (5, "trainer.validate")], got
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_imports_run_one_way(package):
+    files = python_files(package)
+    assert files, f"no Python files under {package}/"
+    bad = []
+    for path in files:
+        for line, name in imported_modules(path):
+            top = name.split(".")[0]
+            if top in FORBIDDEN[package]:
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+    assert not bad, f"{package}/ must not import {sorted(FORBIDDEN[package])}:\n" + "\n".join(bad)
+
+
+def test_no_tracked_file_points_outside_the_repository():
+    bad = []
+    for rel in tracked_files():
+        try:
+            text = (ROOT / rel).read_text()
+        except UnicodeDecodeError:
+            continue  # binaries are refused by the next test
+        for n, line in enumerate(text.splitlines(), start=1):
+            for needle in OUTSIDE:
+                if needle in line:
+                    bad.append(f"{rel}:{n}: {needle!r} in {line.strip()[:100]!r}")
+    assert not bad, "paths outside the repository (put the fact in docs/, e.g. docs/stack.md):\n" + "\n".join(bad)
+
+
+def test_no_binary_or_build_artifact_is_tracked():
+    files = tracked_files()
+    bad = [p for p in files if p.endswith(ARTIFACTS) or "__pycache__/" in p or ".egg-info/" in p]
+    assert not bad, f"tracked build artifacts (remove them with git rm; .gitignore covers them): {bad}"
+
+
+def test_gitignore_covers_what_the_tools_write():
+    ignored = {line.strip() for line in (ROOT / ".gitignore").read_text().splitlines()}
+    wanted = [
+        ".venv/",
+        "__pycache__/",
+        "outputs/",
+        "multirun/",
+        "wandb/",
+        ".pytest_cache/",
+        ".ruff_cache/",
+        ".hypothesis/",
+        "*.egg-info/",
+        "/build/",
+        "dist/",
+    ]
+    assert not [w for w in wanted if w not in ignored], [w for w in wanted if w not in ignored]
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def test_relative_links_in_the_docs_resolve():
+    bad = []
+    for rel in tracked_files():
+        if not rel.endswith(".md"):
+            continue
+        doc = ROOT / rel
+        for target in LINK.findall(doc.read_text()):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue  # a URL or an anchor in the same page
+            path = (doc.parent / target.split("#")[0]).resolve()
+            if not path.exists() or ROOT not in path.parents:
+                bad.append(f"{rel}: ({target})")
+    assert not bad, "links to files that are not in the repository:\n" + "\n".join(bad)
