@@ -148,3 +148,88 @@ def test_relative_links_in_the_docs_resolve():
             if not path.exists() or ROOT not in path.parents:
                 bad.append(f"{rel}: ({target})")
     assert not bad, "links to files that are not in the repository:\n" + "\n".join(bad)
+
+
+#: the packages whose modules README's architecture tree must name, one line per package
+PACKAGES = ("conf", "models", "parallel", "trainer")
+
+
+def architecture_blocks() -> list[dict[str, str]]:
+    """README's "## Architecture" code blocks as {first column: rest of the line}."""
+    text = (ROOT / "README.md").read_text()
+    assert "\n## Architecture\n" in text, "README.md has no '## Architecture' section"
+    section = text.split("\n## Architecture\n", 1)[1].split("\n## ", 1)[0]
+    blocks = section.split("```")[1::2]
+    out = []
+    for block in blocks:
+        rows = {}
+        for line in block.splitlines()[1:]:  # the first line is the fence's language tag
+            if line.strip():
+                loc, _, rest = line.partition(" ")
+                rows[loc] = rest
+        out.append(rows)
+    return out
+
+
+def test_readme_architecture_matches_the_tree():
+    tree, *rest = architecture_blocks()
+    missing = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            folder = rel.rsplit("/", 1)[0] + "/"
+            named = re.search(rf"(?<![\w/.]){re.escape(path.name)}\b", tree.get(folder, ""))
+            if path.name != "__init__.py" and rel not in tree and not named:
+                missing.append(rel)
+    stale = []
+    for loc, text in tree.items():
+        if not (ROOT / loc).exists():
+            stale.append(loc)
+        elif loc.endswith("/"):
+            stale += [loc + n for n in re.findall(r"(?<![\w/.])(\w+\.py)\b", text) if not (ROOT / loc / n).exists()]
+    assert not missing, (
+        f"modules README.md's architecture tree does not name (add them to their package's line): {missing}"
+    )
+    assert not stale, f"README.md's architecture tree names what is not in the tree: {stale}"
+    assert rest, "README.md's architecture section has no step path block"
+    step_path = list(rest[0])
+    assert step_path[0] == "train.py" and step_path[-1] == "trainer/loop/fit.py", step_path
+    assert all((ROOT / p).is_file() for p in step_path), step_path
+
+
+#: a path into the repository as docs write it: `parallel/pipeline/engine.py`, `conf/topology/local_cpu.yaml`
+PATH = re.compile(r"(?<![\w./~-])((?:\.ci|conf|models|parallel|trainer|tests|benchmarks|docs)/[\w./-]*)")
+#: a module as docs write it: `parallel.core.base.Strategy`, `python -m trainer.report`
+DOTTED = re.compile(r"(?<![\w./])((?:conf|models|parallel|trainer|benchmarks)(?:\.\w+)+)")
+
+
+def test_paths_and_modules_named_in_docs_and_configs_exist():
+    bad = []
+    for rel in tracked_files():
+        if not rel.endswith((".md", ".yaml", ".toml")) and rel not in ("Makefile", ".ci/run"):
+            continue
+        text = (ROOT / rel).read_text()
+        for m in PATH.finditer(text):
+            path = m.group(1).rstrip(".")
+            if text[m.end() : m.end() + 1] in "*<{|" and m.end() < len(text):
+                continue  # a pattern (conf/parallel/*.yaml, multirun/<date>), not a path
+            if not (ROOT / path).exists():
+                bad.append(f"{rel}: {path}")
+        for m in DOTTED.finditer(text):
+            parts = m.group(1).split(".")
+            # the longest prefix that is a module or package here; shorter than two parts: a config key
+            n = max((k for k in range(1, len(parts) + 1) if module_file(parts[:k])), default=0)
+            if n < 2 or n == len(parts):
+                continue
+            source = module_file(parts[:n]).read_text()
+            if not re.search(rf"^\s*(?:def|class)\s+{parts[n]}\b|^{parts[n]}\s*[:=]", source, re.M):
+                bad.append(f"{rel}: {m.group(1)} ({parts[n]} is not defined in {'.'.join(parts[:n])})")
+    assert not bad, "docs and configs name paths or modules that are not in the repository:\n" + "\n".join(bad)
+
+
+def module_file(parts: list[str]) -> Path | None:
+    base = ROOT.joinpath(*parts)
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
