@@ -1,5 +1,6 @@
-"""The layout's rules, read from the source: imports run one way (models <- parallel <- trainer), no tracked file
-points outside the repository, no binary or build artifact is tracked, and relative links in the docs resolve."""
+"""The layout's rules, read from the source and from git: imports run one way (models <- parallel <- trainer), no
+tracked file points outside the repository, no binary or build artifact is tracked, links, paths and modules named
+in the docs exist, README's architecture tree names every module, and tests are grouped by kind."""
 
 from __future__ import annotations
 
@@ -233,3 +234,35 @@ def module_file(parts: list[str]) -> Path | None:
         if candidate.is_file():
             return candidate
     return None
+
+
+def _marked_slow(node: ast.AST) -> bool:
+    return any("slow" in ast.unparse(d) for d in getattr(node, "decorator_list", []))
+
+
+def test_tests_are_grouped_by_kind():
+    """tests/unit: in-process, never marked slow; tests/integration: start workers, every test marked slow."""
+    loose = sorted(p.name for p in (ROOT / "tests").glob("test_*.py"))
+    assert not loose, f"put these in tests/unit (in-process) or tests/integration (start workers): {loose}"
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert len(names) == len(set(names)), f"test file names must not repeat: {sorted(names)}"
+    bad = []
+    for kind in ("unit", "integration"):
+        for path in sorted((ROOT / "tests" / kind).glob("test_*.py")):
+            tree = ast.parse(path.read_text())
+            module_slow = any(
+                isinstance(n, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in n.targets)
+                and "slow" in ast.unparse(n.value)
+                for n in tree.body
+            )
+            tests = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
+            slow = [n.name for n in tests if module_slow or _marked_slow(n)]
+            if kind == "unit" and slow:
+                bad.append(
+                    f"tests/unit/{path.name}: marked slow (starts workers? move it to tests/integration): {slow}"
+                )
+            if kind == "integration" and len(slow) != len(tests):
+                fast = sorted({n.name for n in tests} - set(slow))
+                bad.append(f"tests/integration/{path.name}: not marked slow (in-process? move to tests/unit): {fast}")
+    assert not bad, "\n".join(bad)
