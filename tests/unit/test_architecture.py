@@ -216,6 +216,9 @@ def test_paths_and_modules_named_in_docs_and_configs_exist():
                 continue  # a pattern (conf/parallel/*.yaml, multirun/<date>), not a path
             if not (ROOT / path).exists():
                 bad.append(f"{rel}: {path}")
+            test = re.match(r"::(\w+)", text[m.end() :])  # tests/x/test_y.py::test_name
+            if test and (ROOT / path).is_file() and f"def {test.group(1)}(" not in (ROOT / path).read_text():
+                bad.append(f"{rel}: {path}::{test.group(1)}")
         for m in DOTTED.finditer(text):
             parts = m.group(1).split(".")
             # the longest prefix that is a module or package here; shorter than two parts: a config key
