@@ -13,11 +13,11 @@ from parallel.pipeline.schedules import SCHEDULES
 from parallel.plan.cost_model import MODELED_SCHEDULES, Candidate, bubble_fraction, last_chunk_rank, rank_layers
 from parallel.plan.search import available_strategies, schedules_for, strategy_of
 from parallel.strategies.single import SingleStrategy
-from tests.conftest import CONF, FAST, run_train
+from tests.helpers import CONF
 from trainer.validate import ConfigError, validate
 
-#: importable both from pytest and from the train.py subprocess (pytest may import this file as ``test_registry``)
-OWN = "tests.test_registry.OwnStrategy"
+#: the class by a module path hydra can import (pytest may import this file under another name)
+OWN = "tests.unit.test_strategy_and_schedule_tables.OwnStrategy"
 
 
 class OwnStrategy(SingleStrategy):
@@ -33,7 +33,7 @@ def test_every_parallel_option_is_registered_and_takes_its_class_from_the_regist
         raw = OmegaConf.load(path)
         assert "_target_" not in raw.parallel, f"{path.name} repeats the registry's class"
         assert raw.parallel.name == path.stem and path.stem in STRATEGIES
-    # and every registered strategy (but the planner's placeholder) has its option
+    # and every registered strategy has its option
     assert {p.stem for p in (CONF / "parallel").glob("*.yaml")} == set(STRATEGIES)
 
 
@@ -76,22 +76,6 @@ def test_strategy_names_of_layouts():
     found = available_strategies(CONF)
     assert "auto" not in found and "dp" not in found  # the planner never picks them
     assert found == {n: s.target for n, s in STRATEGIES.items() if s.picked_for is not None}
-
-
-@pytest.mark.slow
-def test_own_strategy_trains(tmp_path):
-    run = run_train(
-        *FAST,
-        f"parallel._target_={OWN}",
-        "parallel.name=mine",
-        "dp.size=1",
-        "trainer.max_steps=2",
-        "trainer.checkpoint_every=0",
-        run_dir=tmp_path / "own",
-    )
-    summary = run.summary()
-    assert summary["status"] == "completed" and summary["strategy"] == "mine"
-    assert "own strategy mine builds the engine" in (tmp_path / "own" / "logs" / "rank0.log").read_text()
 
 
 # ---- the schedule table: one set of rules for runtime, planner and cost model ---------------------
