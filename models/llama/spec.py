@@ -14,7 +14,7 @@ def ffn_width(model: Any) -> int:
     d_ff = int(model.get("d_ff") or 0)
     if d_ff:
         return d_ff
-    hidden = int(2 * 4 * int(model.d_model) / 3)
+    hidden = int(2 * 4 * int(model["d_model"]) / 3)
     return 64 * ((hidden + 63) // 64)
 
 
