@@ -373,9 +373,10 @@ def check_pipeline(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None
     n = model_blocks(cfg)
     if n is None:
         return
+    depth = f"model.n_layers={n}" if "n_layers" in cfg.model else f"{n} blocks in the model (its ModelSpec.blocks)"
     if num_stages > n:
         f.error(
-            f"pp.size={pp} x pp.stages_per_rank={v} = {num_stages} stages but model.n_layers={n}: every stage "
+            f"pp.size={pp} x pp.stages_per_rank={v} = {num_stages} stages but {depth}: every stage "
             f"needs at least one block; use at most {n} stages or a deeper model"
         )
         return
@@ -392,7 +393,7 @@ def check_pipeline(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None
     if bad:
         f.error(
             f"{split_key}={shown}: {bad} out of range; split points are block indices where a new stage "
-            f"starts, between 1 and {n - 1} for model.n_layers={n}"
+            f"starts, between 1 and {n - 1} for {depth}"
         )
     elif any(b <= a for a, b in zip(points, points[1:])):
         f.error(
