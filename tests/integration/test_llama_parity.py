@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from parallel.pipeline.schedules import available_schedules
-from tests.conftest import FAST, assert_losses_close, run_train
+from tests.helpers import FAST, assert_losses_close, run_train
 
 pytestmark = pytest.mark.slow
 
