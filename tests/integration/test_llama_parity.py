@@ -97,7 +97,9 @@ def test_llama_matches_single(case, runs):
         pytest.skip(f"the installed torch has no {case} schedule")
     summary, metrics = runs[case]
     ref = [m["loss"] for m in runs["single"][1]]
-    assert_losses_close([m["loss"] for m in metrics], ref, rel=1e-4)
+    losses = [m["loss"] for m in metrics]
+    print(case, "max relative loss difference", max(abs(a - b) / abs(b) for a, b in zip(losses, ref)))
+    assert_losses_close(losses, ref, rel=1e-4)
     assert_losses_close([m["grad_norm"] for m in metrics], [m["grad_norm"] for m in runs["single"][1]], rel=1e-4)
     layout = summary["layout"]
     if case in SCHEDULES:
