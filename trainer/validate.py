@@ -215,9 +215,11 @@ def check_data(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
     if path and not os.path.exists(os.path.expanduser(str(path))):
         f.error(f"data.path={path}: no such file; point it at a UTF-8 text file or a .npy/.bin token file")
     model = cfg.model
-    if "max_seq_len" in model and int(model.max_seq_len) < int(cfg.data.seq_len):
+    spec = model_spec(cfg)
+    longest = spec.max_seq_len(model) if spec is not None and spec.max_seq_len is not None else None
+    if longest is not None and longest < int(cfg.data.seq_len):
         f.error(
-            f"data.seq_len={cfg.data.seq_len} exceeds model.max_seq_len={model.max_seq_len}; "
+            f"data.seq_len={cfg.data.seq_len} exceeds model.max_seq_len={longest}; "
             f"lower data.seq_len or raise model.max_seq_len"
         )
     if model.get("planner_only", False):
