@@ -13,7 +13,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from torch import nn
 
 from parallel.core.grad_clip import clip_grad_norm_
 from parallel.core.layout import ParallelLayout
+from parallel.core.memory import BuildPeak, tensor_bytes
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -45,6 +46,34 @@ class WorkerContext:
     mesh: Any  # torch.distributed.device_mesh.DeviceMesh, or None for one process
     run_dir: Path
     log: logging.Logger
+    model_init: dict[str, Any] = field(default_factory=dict)
+    """How this rank's model was made (init device, bytes); filled by ``build_model`` and the worker."""
+    _build_peak: BuildPeak = field(init=False, repr=False)
+    _placed_bytes: int = field(init=False, repr=False, default=0)
+
+    def __post_init__(self) -> None:
+        self._build_peak = BuildPeak(self.device)
+
+    @property
+    def model_spec(self):
+        """The model family's ``ModelSpec`` (``models/registry.py``): TP plan, pipeline units, formulas."""
+        from models.registry import spec_for
+
+        return spec_for(self.cfg.model)
+
+    def full_fp32_bytes(self) -> float | None:
+        """The whole model's fp32 weights, from its spec's formula (None when the spec has none)."""
+        spec = self.model_spec
+        return 4.0 * spec.shape(self.cfg.model).params if spec.shape is not None else None
+
+    def init_device(self) -> str:
+        """``model.init_device`` resolved: ``meta`` or ``cpu`` (auto: meta when the full fp32 weights exceed
+        the rank's budget, topology.device_memory_gb x planner.memory_fraction)."""
+        from models.spec import resolve_init_device
+
+        budget = float(self.cfg.topology.device_memory_gb) * 1e9 * float(self.cfg.planner.memory_fraction)
+        requested = str(self.cfg.model.get("init_device", "auto"))
+        return resolve_init_device(requested, full_fp32_bytes=self.full_fp32_bytes(), budget_bytes=budget)
 
     @property
     def coords(self) -> dict[str, int]:
@@ -54,12 +83,58 @@ class WorkerContext:
     def is_rank0(self) -> bool:
         return self.rank == 0
 
-    def build_model(self) -> nn.Module:
-        """The full model, initialised from ``trainer.seed`` so every rank and layout starts equal."""
+    def build_model(self, *, materialize: bool = True) -> nn.Module:
+        """The full model, initialised from ``trainer.seed`` so every rank and layout starts equal.
+
+        With ``model.init_device`` resolving to meta the module is built on the meta device (no memory);
+        ``materialize=True`` then gives it storage on this rank's device and initialises it whole. Strategies
+        that shard or split pass ``materialize=False`` and call ``place`` on what this rank keeps, after
+        sharding (torchtitan's order: meta -> parallelize / split -> to_empty -> init_weights).
+        """
+        from models.spec import builder_kwargs
+
+        device = self.init_device()
+        self._build_peak.start()
         torch.manual_seed(self.cfg.trainer.seed)
-        with torch.device("cpu"):
-            model = instantiate(self.cfg.model)
-        return model
+        with torch.device(device):
+            model = instantiate(builder_kwargs(self.cfg.model))
+        self.model_init.update(init_device=device, full_fp32_bytes=self.full_fp32_bytes())
+        self._record_build(model)
+        return self.place(model) if materialize and device == "meta" else model
+
+    def _record_build(self, module: nn.Module, *, placed: bool = False) -> None:
+        """Largest parameter + buffer bytes materialised at once (the whole model when built on cpu; the sum
+        of the parts placed so far when built on meta), and the peak memory growth so far."""
+        held = tensor_bytes([*module.parameters(), *module.buffers()])
+        if placed:
+            self._placed_bytes += held
+            held = self._placed_bytes
+        self.model_init["materialised_bytes_max"] = max(self.model_init.get("materialised_bytes_max", 0), held)
+        self.model_init["build_peak_growth_bytes"] = self._build_peak.read()
+
+    def place(self, module: nn.Module) -> nn.Module:
+        """Put ``module`` (whole, a stage or a shard) on this rank's device: moved, or, when built on the meta
+        device, given storage there (``to_empty``) and initialised (``init_weights()`` when the module has
+        one, else each submodule's ``reset_parameters()``)."""
+        tensors = [*module.parameters(), *module.buffers()]
+        if not any(t.is_meta for t in tensors):
+            module = module.to(self.device)
+            self._build_peak.read()
+            self.model_init["build_peak_growth_bytes"] = self._build_peak.growth
+            return module
+        module.to_empty(device=self.device)
+        torch.manual_seed(self.cfg.trainer.seed)
+        with torch.no_grad():
+            init = getattr(module, "init_weights", None)
+            if callable(init):
+                init()
+            else:
+                for sub in module.modules():
+                    reset = getattr(sub, "reset_parameters", None)
+                    if callable(reset):
+                        reset()
+        self._record_build(module, placed=True)
+        return module
 
     def per_replica_batch(self) -> int:
         return int(self.cfg.data.global_batch_size) // self.layout.dp

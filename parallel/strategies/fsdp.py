@@ -55,8 +55,9 @@ class FSDPStrategy(Strategy):
         from parallel.core.rank_map import announce_rank_map
         from parallel.strategies.tp import MeshModuleEngine
 
-        model = ctx.build_model().to(ctx.device)
+        model = ctx.build_model(materialize=False)
         apply_fsdp(model, dp_mesh=ctx.mesh["dp"])
+        model = ctx.place(model)  # a meta-built model gets storage for its shards only, then its init
         ctx.log.info("parallel=fsdp: fully_shard per block and root over dp=%d", ctx.layout.dp)
         rank_map = announce_rank_map(ctx, stage_modules=[model])
         return MeshModuleEngine(

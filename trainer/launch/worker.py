@@ -25,6 +25,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from parallel.core.base import WorkerContext
 from parallel.core.layout import MESH_DIMS, ParallelLayout
+from parallel.core.memory import tensor_bytes
 from trainer.launch.attempts import previous_attempt_report, restart_count, write_exit_record
 from trainer.launch.environment import rendezvous_port
 from trainer.launch.preemption import PreemptionFlag
@@ -148,6 +149,8 @@ def run(cfg_dict: dict, run_dir: Path, layout: ParallelLayout, run_meta: dict[st
             log.warning(report)
         strategy = instantiate(cfg.parallel)
         engine = strategy.build(ctx=ctx)
+        ctx.model_init.update(local_param_bytes=tensor_bytes(engine.parameters()))
+        log.info("model built (%s): %s", cfg.model.get("name"), ctx.model_init)
         trainer = Trainer(ctx=ctx, engine=engine)
         start_step = trainer.resume()
         if start_step and env.rank == 0:
