@@ -55,10 +55,30 @@ class WorkerContext:
 
     def build_model(self) -> nn.Module:
         """The full model, initialised from ``trainer.seed`` so every rank and layout starts equal."""
+        from parallel.core.precision import cast_parameters
+
         torch.manual_seed(self.cfg.trainer.seed)
         with torch.device("cpu"):
             model = instantiate(self.cfg.model)
-        return model
+        return cast_parameters(model, self.precision)
+
+    @property
+    def precision(self) -> str:
+        """``trainer.precision``: fp32, bf16-mixed or bf16 (``parallel/core/precision.py``)."""
+        return str(self.cfg.trainer.get("precision", "fp32"))
+
+    def prepare(self, module: nn.Module, *, fsdp: bool = False) -> nn.Module:
+        """Per-block activation checkpointing and compile, then bf16 autocast unless FSDP2 casts
+        (``fsdp=True``: the module is about to be ``fully_shard``-ed with ``fsdp_mp_policy``)."""
+        from parallel.core.regional import prepare_module
+
+        return prepare_module(module, trainer=self.cfg.trainer, device_type=self.device.type, autocast=not fsdp)
+
+    def fsdp_mp_policy(self):
+        """FSDP2's MixedPrecisionPolicy for ``trainer.precision`` (None for fp32 and bf16)."""
+        from parallel.core.precision import fsdp_mp_policy
+
+        return fsdp_mp_policy(self.precision)
 
     def per_replica_batch(self) -> int:
         return int(self.cfg.data.global_batch_size) // self.layout.dp

@@ -355,8 +355,8 @@ def build_pipeline_engine(
         if s.pp_rank != pp_rank:
             continue
         module = build_stage_module(model, spec=s).to(ctx.device)
-        if wrap_stage is not None:
-            module = wrap_stage(module, s)
+        # wrap_stage (hybrid) runs TP, then ctx.prepare, then DP; a plain pipeline only prepares
+        module = wrap_stage(module, s) if wrap_stage is not None else ctx.prepare(module)
         stage = PipelineStage(module, s.index, num_stages, ctx.device, group=group)
         recorder.instrument(
             stage,

@@ -15,7 +15,7 @@ from parallel.core.base import Engine, ModuleEngine, Strategy, WorkerContext
 
 class DataParallelStrategy(Strategy):
     def build(self, *, ctx: WorkerContext) -> Engine:
-        model = ctx.build_model().to(ctx.device)
+        model = ctx.prepare(ctx.build_model().to(ctx.device))
         gpus = torch.cuda.device_count() if ctx.device.type == "cuda" else 0
         if gpus > 1:
             model = nn.DataParallel(model)

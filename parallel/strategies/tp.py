@@ -103,6 +103,7 @@ class TPStrategy(Strategy):
     def build(self, *, ctx: WorkerContext) -> Engine:
         model = ctx.build_model().to(ctx.device)
         parallelize_for_tp(model, ctx=ctx)
+        ctx.prepare(model)
         ctx.log.info(
             "parallel=tp: %d-way tensor parallel (sequence_parallel=%s, loss_parallel=%s)",
             ctx.layout.tp,

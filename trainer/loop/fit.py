@@ -25,6 +25,7 @@ from trainer.loop.optim import build_optimizer, build_scheduler
 from trainer.observe.console import ProgressDisplay
 from trainer.observe.memory import peak_memory_bytes
 from trainer.observe.metrics import MetricsFile, StepStats, write_json
+from trainer.observe.perf import StepInstruments
 
 
 class NonFiniteError(RuntimeError):
@@ -71,6 +72,7 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, max_steps=int(self.cfg.trainer.max_steps))
         self.tokens_per_step = int(self.cfg.data.global_batch_size) * int(self.data.tokens_per_sample)
         self.stats = StepStats()
+        self.instruments = StepInstruments(ctx=ctx, tokens_per_step=self.tokens_per_step)
         self.first_loss: float | None = None
         self.last_loss: float | None = None
 
@@ -195,7 +197,8 @@ class Trainer:
                 x, y = engine.local_batch(ctx, inputs, targets)
                 self.optimizer.zero_grad(set_to_none=True)
                 self._inject_faults(step)
-                loss = self._inject_nan(step, engine.train_step(x, y))
+                with self.instruments.step(step):  # saved activations; profiler at trainer.profile_steps
+                    loss = self._inject_nan(step, engine.train_step(x, y))
                 grad_norm = engine.clip_grad_norm_(clip if clip > 0 else float("inf"))
                 bad = not bool(torch.isfinite(grad_norm)) or (loss is not None and not bool(torch.isfinite(loss)))
                 preempt, bad_ranks = self._agree(preempt=bool(preemption and preemption.requested), bad=bad)
@@ -232,6 +235,7 @@ class Trainer:
                         "step_time_s": dt,
                         "tokens_per_s": self.tokens_per_step / dt,
                         "grad_norm": float(grad_norm),
+                        **self.instruments.logged(step, dt),  # mfu, memory, saved activations (collective)
                         **extras,
                     }
                     if sinks is not None:
@@ -284,6 +288,10 @@ class Trainer:
             peaks = [None] * ctx.world_size
             dist.all_gather_object(peaks, peak)
         extras = self.engine.summary()  # may hold collectives: called on every rank
+        perf = self.instruments.summary(step_times=self.stats.step_times)  # collective too
+        if perf.get("profile_files"):
+            artifacts = extras.setdefault("artifacts", {"images": {}, "files": []})
+            artifacts.setdefault("files", []).extend(perf["profile_files"])
         return {
             "status": "completed",
             "strategy": ctx.layout.strategy,
@@ -298,6 +306,7 @@ class Trainer:
             "peak_memory_bytes_per_rank": peaks,
             "peak_memory_bytes_max": max(peaks),
             "layout": ctx.layout.to_dict(),
+            **perf,
             **extras,
         }
 
