@@ -67,6 +67,8 @@ class SavedActivationMeter:
         self.live = 0
         self.peak = 0
         self.run_peak = 0
+        self.bytes_by_dtype: dict[str, int] = defaultdict(int)
+        """Bytes saved over the run by dtype (each buffer once per save): which precision computed."""
 
     # ---- counting ---------------------------------------------------------------------------------
 
@@ -87,6 +89,7 @@ class SavedActivationMeter:
         ref = self._refs.get(key)
         if ref is None:
             self._refs[key] = [1, nbytes]
+            self.bytes_by_dtype[str(local.dtype).removeprefix("torch.")] += nbytes
             self.live += nbytes
             self.peak = max(self.peak, self.live)
         else:

@@ -217,7 +217,11 @@ class StepInstruments:
         """Summary entries (collective: gathers per-rank peaks and profile files)."""
         if self.profiler is not None:
             self.profiler.end(-1, force=True)
-        mine = {"saved": self.meter.run_peak, "files": [str(p) for p in (self.profiler.files if self.profiler else [])]}
+        mine = {
+            "saved": self.meter.run_peak,
+            "dtypes": dict(self.meter.bytes_by_dtype),
+            "files": [str(p) for p in (self.profiler.files if self.profiler else [])],
+        }
         everyone = [mine]
         if self.ctx.world_size > 1:
             everyone = [None] * self.ctx.world_size
@@ -241,6 +245,10 @@ class StepInstruments:
             "compile": self.compile,
             "peak_saved_activation_bytes_per_rank": saved,
             "peak_saved_activation_bytes_max": max(saved) if saved else None,
+            # share of the bytes saved for backward in bf16, per rank: 0 in fp32, most of them in bf16 modes
+            "saved_activation_bf16_share_per_rank": [
+                e["dtypes"].get("bfloat16", 0) / max(1, sum(e["dtypes"].values())) for e in everyone
+            ],
             "first_step_time_s": step_times[0] if step_times else None,
         }
         for key in ("memory_allocated_bytes", "memory_reserved_bytes", "memory_rss_bytes"):
