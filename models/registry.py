@@ -1,13 +1,77 @@
-"""The models meshtrain knows, by config schema name. No torch import: validation and the planner read it."""
+"""The model families meshtrain knows: family name -> ``ModelSpec``. No torch import.
+
+Validation, the strategies and the planner find a config's spec with ``spec_for(cfg.model)``:
+
+1. ``model.spec: "package.module:SPEC"`` names a ``ModelSpec`` object (a user's model; importing the
+   module is enough, nothing in meshtrain is edited);
+2. else ``model.family`` names a registered family (``gpt``, ``llama``, ``cnn``, or one added with
+   ``register``);
+3. else a registered spec whose ``builder`` is the config's ``_target_``;
+4. else a generic spec: any ``nn.Module`` runs under single, ddp and fsdp, and under pp when its blocks
+   live in ``layers``; no tensor-parallel plan, no planner formulas.
+"""
 
 from __future__ import annotations
 
-from models.cnn.config import CNNConfig
-from models.gpt.config import GPTConfig, GPTDescriptionConfig
+from typing import Any
+
+from models.cnn.spec import SPEC as CNN
+from models.gpt.spec import SPEC as GPT
+from models.llama.spec import SPEC as LLAMA
+from models.spec import ModelSpec, PipelineUnits, import_object
+
+REGISTRY: dict[str, ModelSpec] = {}
+
+
+def register(spec: ModelSpec) -> ModelSpec:
+    """Add (or replace) a family; returns the spec, so ``SPEC = register(ModelSpec(...))`` reads well."""
+    if not isinstance(spec, ModelSpec):
+        raise TypeError(f"register() takes a models.spec.ModelSpec, not {type(spec).__name__}")
+    REGISTRY[spec.family] = spec
+    return spec
+
+
+for _spec in (GPT, LLAMA, CNN):
+    register(_spec)
 
 #: schema name in ConfigStore's ``model`` group -> dataclass (conf/model/*.yaml extend one of these)
-MODEL_SCHEMAS = {
-    "gpt_schema": GPTConfig,
-    "gpt_description_schema": GPTDescriptionConfig,
-    "cnn_schema": CNNConfig,
+MODEL_SCHEMAS: dict[str, type] = {
+    name: schema for spec in REGISTRY.values() for name, schema in (spec.schemas or {}).items()
 }
+
+
+def generic_spec(target: str) -> ModelSpec:
+    return ModelSpec(family="custom", builder=target, pipeline=PipelineUnits())
+
+
+class UnknownModel(ValueError):
+    """``model.spec`` or ``model.family`` names nothing; the message says what exists."""
+
+
+def spec_for(model: Any) -> ModelSpec:
+    """The ``ModelSpec`` describing the config ``model`` (a DictConfig or a plain dict)."""
+    path = model.get("spec")
+    if path:
+        try:
+            spec = import_object(str(path))
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise UnknownModel(
+                f"model.spec={path}: cannot import it ({type(exc).__name__}: {exc}); give 'package.module:NAME' "
+                "of a ModelSpec on the Python path (docs/models.md)"
+            ) from None
+        if not isinstance(spec, ModelSpec):
+            raise UnknownModel(f"model.spec={path} is a {type(spec).__name__}, not a models.spec.ModelSpec")
+        return spec
+    family = model.get("family")
+    if family:
+        if family not in REGISTRY:
+            raise UnknownModel(
+                f"model.family={family}: unknown model family; registered: {', '.join(sorted(REGISTRY))} "
+                "(a model of your own: set model.spec, docs/models.md)"
+            )
+        return REGISTRY[family]
+    target = str(model.get("_target_", ""))
+    for spec in REGISTRY.values():
+        if spec.builder == target:
+            return spec
+    return generic_spec(target)

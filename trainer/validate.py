@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from conf.schema import AC_MODES, PRECISIONS, STRATEGIES
 from parallel.core.layout import ParallelLayout, describe_factorization, factorizations, why_dp_needs_fsdp
@@ -226,8 +227,71 @@ def check_data(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
             f"model={model.name} is a description for the planner, too big to build here; plan it with "
             f"python -m parallel.plan model={model.name} topology=..., or train model=gpt_small"
         )
-    if "n_heads" in model and "d_model" in model and int(model.d_model) % max(1, int(model.n_heads)):
-        f.error(f"model.d_model={model.d_model} is not divisible by model.n_heads={model.n_heads}")
+
+
+def model_spec(cfg: DictConfig, f: Findings | None = None):
+    """The model's ``ModelSpec`` (``models/registry.py``); an unknown ``model.spec`` / ``model.family`` is a
+    problem in ``f`` (then None)."""
+    from models.registry import UnknownModel, spec_for
+
+    try:
+        return spec_for(cfg.model)
+    except UnknownModel as exc:
+        if f is not None:
+            f.error(str(exc))
+        return None
+
+
+def rank_budget_bytes(cfg: DictConfig) -> float:
+    """Memory one rank may use: topology.device_memory_gb x planner.memory_fraction (the planner's budget)."""
+    return float(cfg.topology.device_memory_gb) * 1e9 * float(cfg.planner.memory_fraction)
+
+
+def check_model(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
+    """What the model's spec says its config must satisfy, and whether this layout can hold its weights."""
+    from models.spec import INIT_DEVICES, builder_kwargs
+
+    model = cfg.model
+    spec = model_spec(cfg, f)
+    if spec is None:
+        return
+    if spec.config is not None and model.get("spec"):  # a user's model: check its keys against its schema
+        try:
+            OmegaConf.merge(OmegaConf.structured(spec.config), OmegaConf.create(builder_kwargs(model)))
+        except OmegaConfBaseException as exc:  # ValidationError / ConfigKeyError name the key
+            f.error(f"model={model.get('name')}: its config does not match {spec.config.__name__}: {exc}".strip())
+            return
+    for problem in spec.problems(model):
+        f.error(problem)
+    init_device = str(model.get("init_device", "auto"))
+    if init_device not in INIT_DEVICES:
+        f.error(f"model.init_device={init_device}: use auto, cpu or meta")
+    if f.problems or spec.shape is None or model.get("planner_only", False):
+        return
+    shape = spec.shape(model)
+    if shape.tied_embeddings and layout.pp > 1:
+        f.error(
+            f"model.tie_embeddings=true with pp.size={layout.pp}: the token embedding lives on the first stage and "
+            "the output projection on the last, so one weight cannot serve both; set model.tie_embeddings=false"
+        )
+    if shape.tied_embeddings and init_device == "meta":
+        f.error(
+            "model.tie_embeddings=true with model.init_device=meta: re-tying after materialisation is not "
+            "supported; use model.init_device=cpu or model.tie_embeddings=false"
+        )
+    full = 4.0 * shape.params
+    share = full / (layout.tp * layout.pp * (layout.dp if layout.dp_shard else 1))
+    budget = rank_budget_bytes(cfg)
+    if share > budget and not cfg.trainer.get("dry_run", False):
+        f.error(
+            f"model={model.name}: {shape.params / 1e9:.3g}B parameters; with dp.size={layout.dp} "
+            f"(sharded: {layout.dp_shard}) x tp.size={layout.tp} x pp.size={layout.pp} each rank would hold "
+            f"{share / 1e9:.3g} GB of fp32 weights alone (gradients and optimizer state come on top), over its "
+            f"{budget / 1e9:.3g} GB budget (topology.device_memory_gb={cfg.topology.device_memory_gb} x "
+            f"planner.memory_fraction={cfg.planner.memory_fraction}). Plan a layout that fits: python -m "
+            f"parallel.plan model={model.name} topology=<your cluster>, then train it there (model.init_device=auto "
+            "builds it on the meta device and materialises only each rank's shard)"
+        )
 
 
 def check_backend(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
@@ -248,13 +312,10 @@ def check_backend(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
         f.error(f"trainer.on_nonfinite={cfg.trainer.on_nonfinite}: use stop or skip")
 
 
-def model_blocks(model: DictConfig) -> int | None:
-    """Number of splittable blocks of the configured model, when its config tells (GPT, CNN)."""
-    if "n_layers" in model:
-        return int(model.n_layers)
-    if "channels" in model:
-        return len(model.channels)
-    return None
+def model_blocks(cfg: DictConfig) -> int | None:
+    """Number of splittable blocks of the configured model, from its spec (None when it does not say)."""
+    spec = model_spec(cfg)
+    return spec.n_blocks(cfg.model) if spec is not None else None
 
 
 def check_pipeline(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
@@ -304,7 +365,14 @@ def check_pipeline(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None
         f.error(f"pp.split={cfg.pp.split}: unknown split policy; use one of {', '.join(POLICIES)}")
     if int(cfg.pp.trace_step) < 0:
         f.error(f"pp.trace_step={cfg.pp.trace_step}: must be >= 0 (0 writes no timeline)")
-    n = model_blocks(cfg.model)
+    spec = model_spec(cfg)
+    if spec is not None and spec.pipeline is None:
+        f.error(
+            f"parallel={name} with model={cfg.model.get('name')}: the model family '{spec.family}' cannot be split "
+            "into pipeline stages (ModelSpec.pipeline is None); use parallel=ddp or fsdp"
+        )
+        return
+    n = model_blocks(cfg)
     if n is None:
         return
     if num_stages > n:
@@ -336,36 +404,19 @@ def check_pipeline(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None
 
 
 def check_tensor_parallel(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
-    """What the GPT tensor-parallel plan (models/gpt/parallelize.py) needs from the model's sizes."""
+    """What the model's tensor-parallel plan needs from its sizes (its ``ModelSpec.tp_check``) and the layout."""
     tp, model = layout.tp, cfg.model
     if tp == 1:
         if cfg.tp.sequence_parallel or cfg.tp.loss_parallel:
             f.warn("tp.sequence_parallel / tp.loss_parallel have no effect with tp.size=1")
         return
-    if "n_heads" not in model:
-        f.error(
-            f"tp.size={tp} with model.name={model.get('name')}: the tensor-parallel plan exists for the GPT "
-            "(models/gpt/parallelize.py); use model=gpt_small, or tp.size=1 with parallel=ddp or fsdp"
-        )
+    spec = model_spec(cfg)
+    if spec is None:
         return
-    heads, d_model = int(model.n_heads), int(model.d_model)
-    widths = [int(w) for w in (model.get("layer_d_ff") or [])] or [int(model.get("d_ff") or 0) or 4 * d_model]
-    if heads % tp:
-        f.error(
-            f"model.n_heads={heads} is not divisible by tp.size={tp}: each tp rank owns whole attention heads; "
-            f"use a tp.size dividing {heads}"
-        )
-    if d_model % tp:
-        f.error(
-            f"model.d_model={d_model} is not divisible by tp.size={tp}: wq/wk/wv/wo are split by columns; "
-            f"use a model.d_model that is a multiple of {tp}"
-        )
-    for width in sorted(set(widths)):
-        if width % tp:
-            f.error(
-                f"feed-forward width {width} (model.d_ff / model.layer_d_ff) is not divisible by tp.size={tp}: "
-                f"w1/w2 are split by it; use a multiple of {tp}"
-            )
+    for problem in spec.tp_problems(model, tp):
+        f.error(problem)
+    if spec.parallelize is None:
+        return
     if cfg.tp.loss_parallel and int(model.vocab_size) % tp:
         f.error(
             f"model.vocab_size={model.vocab_size} is not divisible by tp.size={tp} with tp.loss_parallel=true; "
@@ -477,6 +528,7 @@ CHECKS: list[Check] = [
     check_world,
     check_batch,
     check_data,
+    check_model,
     check_backend,
     check_pipeline,
     check_tensor_parallel,

@@ -5,11 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List
 
+from models.spec import ModelConfig
+
 
 @dataclass
-class CNNConfig:
+class CNNConfig(ModelConfig):
     _target_: str = "models.cnn.model.ConvNet"
     name: str = "cnn"
+    family: str = "cnn"
     in_channels: int = 3
     channels: List[int] = field(default_factory=lambda: [16, 32, 64])
     num_classes: int = 10

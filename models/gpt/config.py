@@ -5,11 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List
 
+from models.spec import ModelConfig
+
 
 @dataclass
-class GPTConfig:
+class GPTConfig(ModelConfig):
     _target_: str = "models.gpt.model.GPT"
     name: str = "gpt"
+    family: str = "gpt"
     vocab_size: int = 256
     n_layers: int = 4
     d_model: int = 128

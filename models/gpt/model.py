@@ -99,6 +99,14 @@ class GPT(nn.Module):
             h = self.output(h)
         return h
 
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Initialise whatever this (possibly sharded, possibly pruned) module holds, after ``to_empty``."""
+        for module in self.modules():
+            if isinstance(module, nn.LayerNorm):
+                module.reset_parameters()
+        self.apply(_init_weights)
+
 
 def _init_weights(module: nn.Module) -> None:
     if isinstance(module, (nn.Linear, nn.Embedding)):

@@ -13,7 +13,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,29 @@ class WorkerContext:
     mesh: Any  # torch.distributed.device_mesh.DeviceMesh, or None for one process
     run_dir: Path
     log: logging.Logger
+    model_init: dict[str, Any] = field(default_factory=dict)
+    """How this rank's model was made (init device, bytes); filled by ``build_model`` and the worker."""
+
+    @property
+    def model_spec(self):
+        """The model family's ``ModelSpec`` (``models/registry.py``): TP plan, pipeline units, formulas."""
+        from models.registry import spec_for
+
+        return spec_for(self.cfg.model)
+
+    def full_fp32_bytes(self) -> float | None:
+        """The whole model's fp32 weights, from its spec's formula (None when the spec has none)."""
+        spec = self.model_spec
+        return 4.0 * spec.shape(self.cfg.model).params if spec.shape is not None else None
+
+    def init_device(self) -> str:
+        """``model.init_device`` resolved: ``meta`` or ``cpu`` (auto: meta when the full fp32 weights exceed
+        the rank's budget, topology.device_memory_gb x planner.memory_fraction)."""
+        from models.spec import resolve_init_device
+
+        budget = float(self.cfg.topology.device_memory_gb) * 1e9 * float(self.cfg.planner.memory_fraction)
+        requested = str(self.cfg.model.get("init_device", "auto"))
+        return resolve_init_device(requested, full_fp32_bytes=self.full_fp32_bytes(), budget_bytes=budget)
 
     @property
     def coords(self) -> dict[str, int]:
@@ -53,14 +76,43 @@ class WorkerContext:
     def is_rank0(self) -> bool:
         return self.rank == 0
 
-    def build_model(self) -> nn.Module:
-        """The full model, initialised from ``trainer.seed`` so every rank and layout starts equal."""
+    def build_model(self, *, materialize: bool = True) -> nn.Module:
+        """The full model, initialised from ``trainer.seed`` so every rank and layout starts equal.
+
+        With ``model.init_device`` resolving to meta the module is built on the meta device (no memory);
+        ``materialize=True`` then gives it storage on this rank's device and initialises it whole. Strategies
+        that shard or split pass ``materialize=False`` and call ``place`` on what this rank keeps, after
+        sharding (torchtitan's order: meta -> parallelize / split -> to_empty -> init_weights).
+        """
+        from models.spec import builder_kwargs
         from parallel.core.precision import cast_parameters
 
+        device = self.init_device()
         torch.manual_seed(self.cfg.trainer.seed)
-        with torch.device("cpu"):
-            model = instantiate(self.cfg.model)
-        return cast_parameters(model, self.precision)
+        with torch.device(device):
+            model = cast_parameters(instantiate(builder_kwargs(self.cfg.model)), self.precision)
+        self.model_init.update(init_device=device, full_fp32_bytes=self.full_fp32_bytes())
+        return self.place(model) if materialize and device == "meta" else model
+
+    def place(self, module: nn.Module) -> nn.Module:
+        """Put ``module`` (whole, a stage or a shard) on this rank's device: moved, or, when built on the meta
+        device, given storage there (``to_empty``) and initialised (``init_weights()`` when the module has
+        one, else each submodule's ``reset_parameters()``)."""
+        tensors = [*module.parameters(), *module.buffers()]
+        if not any(t.is_meta for t in tensors):
+            return module.to(self.device)
+        module.to_empty(device=self.device)
+        torch.manual_seed(self.cfg.trainer.seed)
+        with torch.no_grad():
+            init = getattr(module, "init_weights", None)
+            if callable(init):
+                init()
+            else:
+                for sub in module.modules():
+                    reset = getattr(sub, "reset_parameters", None)
+                    if callable(reset):
+                        reset()
+        return module
 
     @property
     def precision(self) -> str:

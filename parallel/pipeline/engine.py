@@ -42,7 +42,7 @@ _FIXED = 6
 def choose_split(model: nn.Module, *, ctx: WorkerContext, num_stages: int) -> SplitPlan:
     """Split points for this run, identical on every rank (``balanced`` measures on rank 0 only)."""
     layout, cfg = ctx.layout, ctx.cfg
-    pre, blocks, post = pipeline_parts(model)
+    pre, blocks, post = pipeline_parts(model, units=ctx.model_spec.pipeline)
     n = len(blocks)
     # torchtitan's weights: an embedding or a head counts as one block (when the model has one)
     uniform = uniform_costs(n, input_weight=1.0 if pre else 0.0, output_weight=1.0 if post else 0.0)
@@ -55,6 +55,12 @@ def choose_split(model: nn.Module, *, ctx: WorkerContext, num_stages: int) -> Sp
             costs=uniform_costs(n, input_weight=0, output_weight=0),
         )
     policy = str(cfg.pp.split)
+    if policy == "balanced" and any(p.is_meta for p in model.parameters()):
+        ctx.log.warning(
+            "pp.split=balanced needs a built model to time its blocks; this one is on the meta "
+            "device (model.init_device), so the split is uniform"
+        )
+        policy = "uniform"
     if policy == "uniform":
         costs = uniform
         return SplitPlan(split_points=min_max_partition(costs, num_stages), policy="uniform", costs=costs)
@@ -342,8 +348,8 @@ def build_pipeline_engine(
     layout = ctx.layout
     spec = schedule_spec(str(layout.schedule))
     num_stages = layout.pp * layout.stages_per_rank
-    model = model if model is not None else ctx.build_model()
-    part_names = pipeline_parts(model)
+    model = model if model is not None else ctx.build_model(materialize=False)
+    part_names = pipeline_parts(model, units=ctx.model_spec.pipeline)
     plan = choose_split(model, ctx=ctx, num_stages=num_stages)
     ranks = stage_to_rank(placement=spec.placement, pp=layout.pp, num_stages=num_stages)
     specs = stage_specs(n_blocks=len(part_names[1]), split_points=plan.split_points, stage_ranks=ranks)
@@ -354,9 +360,10 @@ def build_pipeline_engine(
     for s in specs:
         if s.pp_rank != pp_rank:
             continue
-        module = build_stage_module(model, spec=s).to(ctx.device)
-        # wrap_stage (hybrid) runs TP, then ctx.prepare, then DP; a plain pipeline only prepares
-        module = wrap_stage(module, s) if wrap_stage is not None else ctx.prepare(module)
+        module = build_stage_module(model, spec=s, units=ctx.model_spec.pipeline)
+        # wrap_stage (hybrid) runs TP, AC/compile/autocast (ctx.prepare), DP, then places; a meta-built stage is
+        # materialised here, holding its blocks only
+        module = wrap_stage(module, s) if wrap_stage is not None else ctx.prepare(ctx.place(module))
         stage = PipelineStage(module, s.index, num_stages, ctx.device, group=group)
         recorder.instrument(
             stage,

@@ -15,9 +15,15 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from models.spec import PipelineUnits
 
-def pipeline_parts(model: nn.Module) -> tuple[list[str], list[str], list[str]]:
-    """(parts before the blocks, block keys, parts after the blocks) of a pipeline-ready model."""
+
+def pipeline_parts(model: nn.Module, units: PipelineUnits | None = None) -> tuple[list[str], list[str], list[str]]:
+    """(parts before the blocks, block keys, parts after the blocks) of a pipeline-ready model.
+
+    ``units`` is the model's ``ModelSpec.pipeline``: it names the parts before and after ``layers``; where
+    it leaves them ``None`` they are the model's top-level children before / after ``layers``.
+    """
     names = [name for name, _ in model.named_children()]
     layers = getattr(model, "layers", None)
     if not isinstance(layers, nn.ModuleDict):
@@ -26,7 +32,12 @@ def pipeline_parts(model: nn.Module) -> tuple[list[str], list[str], list[str]]:
             "`self.layers = nn.ModuleDict({'0': ..., '1': ...})` and a forward that skips parts set to None"
         )
     i = names.index("layers")
-    return names[:i], list(layers.keys()), names[i + 1 :]
+    pre = list(units.pre) if units is not None and units.pre is not None else names[:i]
+    post = list(units.post) if units is not None and units.post is not None else names[i + 1 :]
+    missing = [n for n in (*pre, *post) if n not in names]
+    if missing:
+        raise TypeError(f"{type(model).__name__} has no top-level part(s) {missing} named by its ModelSpec.pipeline")
+    return pre, list(layers.keys()), post
 
 
 @dataclass(frozen=True)
@@ -59,9 +70,9 @@ def stage_specs(*, n_blocks: int, split_points: Sequence[int], stage_ranks: Sequ
     ]
 
 
-def build_stage_module(model: nn.Module, *, spec: StageSpec) -> nn.Module:
+def build_stage_module(model: nn.Module, *, spec: StageSpec, units: PipelineUnits | None = None) -> nn.Module:
     """A deep copy of ``model`` keeping only what ``spec`` owns; parameter names unchanged."""
-    pre, blocks, post = pipeline_parts(model)
+    pre, blocks, post = pipeline_parts(model, units)
     stage = copy.deepcopy(model)
     for key in blocks:
         if not spec.start <= int(key) < spec.stop:

@@ -144,7 +144,7 @@ def schedules_for(*, pp: int, m: int, n_layers: int) -> Iterator[tuple[str, int]
 def enumerate_candidates(*, model: ModelSpec, hardware: HardwareSpec, workload: Workload) -> Iterator[Candidate]:
     B = workload.global_batch_size
     for dp, tp, pp in factorizations(hardware.world_size):
-        if B % dp or model.n_heads % tp or tp > hardware.devices_per_node or pp > model.n_layers:
+        if B % dp or not model.tp_divides(tp) or tp > hardware.devices_per_node or pp > model.n_layers:
             continue
         for m in micro_batch_counts(B // dp):
             for schedule, v in schedules_for(pp=pp, m=m, n_layers=model.n_layers):

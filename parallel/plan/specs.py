@@ -1,7 +1,7 @@
 """What the planner knows about a model, a machine and a job, read from the config alone (no torch).
 
 Three frozen dataclasses: ``ModelSpec`` (a decoder-only transformer's shape: parameter count and FLOPs per
-token), ``HardwareSpec`` (one device and its links, from ``topology``) and ``Workload`` (batch, sequence,
+token; ``models/shape.py``, built by the model family's registry entry), ``HardwareSpec`` (one device and its links, from ``topology``) and ``Workload`` (batch, sequence,
 precision). ``from_cfg`` builders read the composed Hydra config, so the planner works for models far too
 big to build here (``conf/model/gpt_175b.yaml``).
 """
@@ -11,6 +11,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from typing import Any
+
+from models.shape import ModelShape, PlanError
+
+__all__ = ["ModelSpec", "ModelShape", "PlanError", "HardwareSpec", "Workload", "Link", "refuse_to_build"]
 
 GB = 1e9
 
@@ -24,101 +28,9 @@ PRECISIONS = {
 ACTIVATION_BYTES = {"fp32": 4, "mixed": 2}
 
 
-class PlanError(ValueError):
-    """The planner cannot describe this config; the message names the key, its value and the fix."""
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """A GPT-style decoder: embeddings, ``n_layers`` blocks (attention + 2-matrix MLP), final norm, head."""
-
-    name: str
-    n_layers: int
-    d_model: int
-    n_heads: int
-    vocab_size: int
-    max_seq_len: int
-    layer_d_ff: tuple[int, ...] = ()
-    bias: bool = False
-    """Linear layers with biases (Megatron's GPT) or without (``models/gpt/model.py``)."""
-    tied_embeddings: bool = False
-    """Output head shares the token embedding (Megatron's GPT) or has its own (``models/gpt/model.py``)."""
-
-    def __post_init__(self) -> None:
-        if not self.layer_d_ff:
-            object.__setattr__(self, "layer_d_ff", (4 * self.d_model,) * self.n_layers)
-        if len(self.layer_d_ff) != self.n_layers:
-            raise PlanError(f"model.layer_d_ff has {len(self.layer_d_ff)} entries for model.n_layers={self.n_layers}")
-
-    # ---- parameters ------------------------------------------------------------------------------
-
-    def layer_params(self, i: int) -> int:
-        """Attention 4h² + MLP 2·h·d_ff + two LayerNorms 4h (+ biases 4h + d_ff + h): Megatron's 12h² + 13h."""
-        h, f = self.d_model, self.layer_d_ff[i]
-        return 4 * h * h + 2 * h * f + 4 * h + ((4 * h + f + h) if self.bias else 0)
-
-    @property
-    def embedding_params(self) -> int:
-        return self.vocab_size * self.d_model + self.max_seq_len * self.d_model
-
-    @property
-    def head_params(self) -> int:
-        """Final LayerNorm and, unless tied, the output projection V·h."""
-        return 2 * self.d_model + (0 if self.tied_embeddings else self.vocab_size * self.d_model)
-
-    @property
-    def params(self) -> int:
-        return self.embedding_params + sum(self.layer_params(i) for i in range(self.n_layers)) + self.head_params
-
-    # ---- FLOPs -----------------------------------------------------------------------------------
-
-    def layer_forward_flops_per_token(self, i: int, seq_len: int) -> float:
-        """Matmul FLOPs of one block per token, forward: 2·(4h² + 2·h·d_ff) + attention 2·2·s·h.
-
-        Megatron-LM 2021 (arXiv 2104.04473, appendix "Floating-point operations"): 24h² + 4sh per token with
-        d_ff = 4h, i.e. 24h²(1 + s/6h); the attention score and value products are counted in full (no
-        causal halving), as there.
-        """
-        h = self.d_model
-        return 2 * (4 * h * h + 2 * h * self.layer_d_ff[i]) + 4 * seq_len * h
-
-    def logit_forward_flops_per_token(self) -> float:
-        """The output projection: 2·V·h per token (Megatron: the V/(16lh) term of the FLOPs formula)."""
-        return 2 * self.vocab_size * self.d_model
-
-    def training_flops_per_token(self, seq_len: int, *, recompute: str = "none") -> float:
-        """Forward + backward (2× forward) FLOPs per token; full recomputation re-runs every block forward.
-
-        With ``recompute="full"`` this is Megatron-LM 2021's 96·B·s·l·h²(1 + s/6h + V/16lh) per iteration
-        divided by B·s tokens (arXiv 2104.04473, eq. 3). Selective recomputation (arXiv 2205.05198) re-runs
-        only the attention score/softmax/value part: + 4sh per layer and token.
-        """
-        layers = sum(self.layer_forward_flops_per_token(i, seq_len) for i in range(self.n_layers))
-        extra = {"none": 0.0, "selective": 4.0 * seq_len * self.d_model * self.n_layers, "full": layers}[recompute]
-        return 3 * layers + extra + 3 * self.logit_forward_flops_per_token()
-
-    # ---- builders --------------------------------------------------------------------------------
-
-    @classmethod
-    def from_cfg(cls, model: Any) -> ModelSpec:
-        """Read ``cfg.model``; raise ``PlanError`` for models the planner cannot describe (e.g. the CNN)."""
-        missing = [k for k in ("n_layers", "d_model", "n_heads", "vocab_size") if k not in model]
-        if missing:
-            raise PlanError(
-                f"model={model.get('name', '?')}: the planner describes GPT-style models only (missing "
-                f"model.{', model.'.join(missing)}); choose model=gpt_small or another GPT description"
-            )
-        d_ff = int(model.get("d_ff", 0) or 0) or 4 * int(model.d_model)
-        layer_d_ff = tuple(int(x) for x in (model.get("layer_d_ff") or ())) or (d_ff,) * int(model.n_layers)
-        return cls(
-            name=str(model.get("name", "gpt")),
-            n_layers=int(model.n_layers),
-            d_model=int(model.d_model),
-            n_heads=int(model.n_heads),
-            vocab_size=int(model.vocab_size),
-            max_seq_len=int(model.max_seq_len),
-            layer_d_ff=layer_d_ff,
-        )
+#: the planner's view of a model: its shape and the parameter / FLOP formulas, from the model's
+#: ``ModelSpec`` (``models/registry.py``); ``ModelSpec.from_cfg(cfg.model)`` reads any registered family
+ModelSpec = ModelShape
 
 
 @dataclass(frozen=True)
@@ -220,7 +132,8 @@ class Workload:
     @classmethod
     def from_cfg(cls, cfg: Any, *, hardware: HardwareSpec) -> Workload:
         planner, model = cfg.planner, cfg.model
-        described = bool(model.get("planner_only", False))
+        # a description of a published run (gpt_175b, llama3_8b ...) carries that run's batch and sequence
+        described = model.get("global_batch_size") is not None
         gbs = planner.get("global_batch_size") or (model.global_batch_size if described else cfg.data.global_batch_size)
         seq = planner.get("seq_len") or (model.max_seq_len if described else cfg.data.seq_len)
         precision = str(planner.precision)

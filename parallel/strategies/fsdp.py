@@ -63,8 +63,9 @@ class FSDPStrategy(Strategy):
         from parallel.core.rank_map import announce_rank_map
         from parallel.strategies.tp import MeshModuleEngine
 
-        model = ctx.prepare(ctx.build_model().to(ctx.device), fsdp=True)
+        model = ctx.prepare(ctx.build_model(materialize=False), fsdp=True)
         apply_fsdp(model, dp_mesh=ctx.mesh["dp"], mp_policy=ctx.fsdp_mp_policy())
+        model = ctx.place(model)  # a meta-built model gets storage for its shards only, then its init
         ctx.log.info("parallel=fsdp: fully_shard per block and root over dp=%d", ctx.layout.dp)
         rank_map = announce_rank_map(ctx, stage_modules=[model])
         return MeshModuleEngine(

@@ -3,7 +3,7 @@
 How one rank's model is built, in this order (torchtitan's):
 1. pipeline (pp > 1): the model is split into stages by names (``parallel/pipeline/engine.py``); this rank
    keeps its stage(s);
-2. tensor parallel (tp > 1): the model's plan (``models/gpt/parallelize.py``) on the tp sub-mesh, applied
+2. tensor parallel (tp > 1): the model's plan (its ``ModelSpec.parallelize``) on the tp sub-mesh, applied
    to each stage module; then activation checkpointing and compile per block, and bf16 autocast unless
    FSDP2 casts (``parallel/core/regional.py``);
 3. data parallel (dp > 1): FSDP2 ``fully_shard`` on the dp sub-mesh when ``dp.shard``, else DDP; with
@@ -39,7 +39,8 @@ from parallel.strategies.tp import MeshModuleEngine, parallelize_for_tp, tp_mete
 def shard_replica(
     module: nn.Module, *, ctx: WorkerContext
 ) -> tuple[nn.Module, Callable[[], AbstractContextManager] | None, CommTimer | None]:
-    """Tensor parallel, then data parallel, on one module (a whole model or a pipeline stage).
+    """Tensor parallel, then data parallel, on one module (a whole model or a pipeline stage), placed on
+    this rank's device (a meta-built module materialised after sharding, before DDP).
 
     Returns the module to run, its no-sync context factory for accumulation, and DDP's bucket timer.
     """
@@ -49,11 +50,11 @@ def shard_replica(
     fsdp = layout.dp > 1 and layout.dp_shard
     ctx.prepare(module, fsdp=fsdp)  # activation checkpointing, compile, autocast (unless FSDP2 casts)
     if layout.dp == 1:
-        return module, None, None
+        return ctx.place(module), None, None
     if fsdp:
         apply_fsdp(module, dp_mesh=ctx.mesh["dp"], mp_policy=ctx.fsdp_mp_policy())
-        return module, fsdp_no_sync(module), None
-    ddp, timer = wrap_ddp(module, ctx=ctx)
+        return ctx.place(module), fsdp_no_sync(module), None
+    ddp, timer = wrap_ddp(ctx.place(module), ctx=ctx)
     return ddp, ddp.no_sync, timer
 
 
@@ -150,7 +151,7 @@ class HybridStrategy(Strategy):
         )
         if layout.pp > 1:
             return build_hybrid_pipeline(ctx)
-        model = ctx.build_model().to(ctx.device)
+        model = ctx.build_model(materialize=False)
         module, no_sync, ddp_timer = shard_replica(model, ctx=ctx)
         return MeshModuleEngine(
             module,

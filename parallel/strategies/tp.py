@@ -1,8 +1,9 @@
 """parallel=tp: tensor parallel with DTensor over the mesh's tp dimension, and the engine that
 drives any module whose parameters are DTensors (tp, fsdp, and hybrid without pipeline).
 
-The model is built whole on every rank from the same seed, then ``parallelize_gpt`` (the plan
-next to the model, ``models/gpt/parallelize.py``) shards its projections; each tp rank keeps its slice.
+The model is built whole on every rank from the same seed (or on the meta device, ``model.init_device``),
+then its family's plan (``ModelSpec.parallelize``: ``models/gpt/parallelize.py``, ``models/llama/parallelize.py``)
+shards its projections; each tp rank keeps its slice (a meta-built model is materialised after that).
 Every tp rank of a replica sees the same batch. The engine times the tp group's collectives
 (``tp_comm_time_s``, ``tp_comm_fraction``) on the steps the loop logs, runs forward and backward inside ``loss_parallel()``
 when the head is vocabulary-sharded, and clips by the norm over all shards.
@@ -44,10 +45,10 @@ def tp_meter(ctx: WorkerContext) -> SampledCommMeter:
 
 
 def parallelize_for_tp(model: nn.Module, *, ctx: WorkerContext) -> nn.Module:
-    """The model's own TP plan on the tp sub-mesh (GPT only; validation refuses others)."""
-    from models.gpt.parallelize import parallelize_gpt
-
-    return parallelize_gpt(
+    """The model's own TP plan (its ``ModelSpec.parallelize``) on the tp sub-mesh; validation refuses
+    families without one before spawn."""
+    parallelize = ctx.model_spec.parallelize_fn()
+    return parallelize(
         model,
         tp_mesh=ctx.mesh["tp"],
         sequence_parallel=bool(ctx.cfg.tp.sequence_parallel),
@@ -104,9 +105,9 @@ class MeshModuleEngine(ModuleEngine):
 
 class TPStrategy(Strategy):
     def build(self, *, ctx: WorkerContext) -> Engine:
-        model = ctx.build_model().to(ctx.device)
+        model = ctx.build_model(materialize=False)
         parallelize_for_tp(model, ctx=ctx)
-        ctx.prepare(model)
+        model = ctx.prepare(ctx.place(model))
         ctx.log.info(
             "parallel=tp: %d-way tensor parallel (sequence_parallel=%s, loss_parallel=%s)",
             ctx.layout.tp,

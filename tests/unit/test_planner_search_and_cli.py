@@ -112,7 +112,7 @@ def test_plan_cli_is_torch_free_and_refuses_clearly():
         cwd=ROOT,
         timeout=60,
     )
-    assert bad.returncode == 2 and "GPT-style models only" in bad.stderr
+    assert bad.returncode == 2 and "has no parameter/FLOP formulas" in bad.stderr
     tiny = subprocess.run(
         [sys.executable, "-m", "parallel.plan", "model=gpt_175b", "topology=gpu_node"],
         capture_output=True,

@@ -22,6 +22,7 @@ MODEL_KEYS = (
     "n_layers",
     "d_model",
     "n_heads",
+    "n_kv_heads",
     "d_ff",
     "layer_d_ff",
     "channels",

@@ -29,6 +29,7 @@ from trainer.launch.attempts import previous_attempt_report, restart_count, writ
 from trainer.launch.environment import rendezvous_port
 from trainer.launch.preemption import PreemptionFlag
 from trainer.loop.fit import RankZeroSinks, Trainer, output_listing
+from trainer.observe.memory import BuildMemory, local_param_bytes
 from trainer.observe.rank_logs import TRACE_LOGGER_NAME, setup_rank_logging, teardown_rank_logging
 
 
@@ -146,7 +147,13 @@ def run(cfg_dict: dict, run_dir: Path, layout: ParallelLayout, run_meta: dict[st
         if env.rank == 0 and (report := previous_attempt_report(run_dir, env.world_size)):
             log.warning(report)
         strategy = instantiate(cfg.parallel)
-        engine = strategy.build(ctx=ctx)
+        with BuildMemory(device) as build_memory:
+            engine = strategy.build(ctx=ctx)
+        ctx.model_init.update(
+            build_peak_growth_bytes=build_memory.peak_growth_bytes(),
+            local_param_bytes=local_param_bytes(engine.parameters()),
+        )
+        log.info("model built (%s): %s", cfg.model.get("name"), ctx.model_init)
         trainer = Trainer(ctx=ctx, engine=engine)
         start_step = trainer.resume()
         if start_step and env.rank == 0:

@@ -287,6 +287,10 @@ class Trainer:
         if ctx.world_size > 1:
             peaks = [None] * ctx.world_size
             dist.all_gather_object(peaks, peak)
+        inits = [ctx.model_init]
+        if ctx.world_size > 1:
+            inits = [None] * ctx.world_size
+            dist.all_gather_object(inits, ctx.model_init)
         extras = self.engine.summary()  # may hold collectives: called on every rank
         perf = self.instruments.summary(step_times=self.stats.step_times)  # collective too
         if perf.get("profile_files"):
@@ -306,6 +310,12 @@ class Trainer:
             "peak_memory_bytes_per_rank": peaks,
             "peak_memory_bytes_max": max(peaks),
             "layout": ctx.layout.to_dict(),
+            "model_init": {
+                "init_device": ctx.model_init.get("init_device"),
+                "full_fp32_bytes": ctx.model_init.get("full_fp32_bytes"),
+                "local_param_bytes_per_rank": [i.get("local_param_bytes") for i in inits],
+                "build_peak_growth_bytes_per_rank": [i.get("build_peak_growth_bytes") for i in inits],
+            },
             **perf,
             **extras,
         }

@@ -1,8 +1,8 @@
 """Per-step performance measurements every strategy gets: MFU, memory, saved activations, compile time, profiles.
 
 - **MFU** (model FLOPs utilisation, PaLM's definition): the model's training FLOPs per step (forward +
-  backward, attention included, recomputation *not* counted: ``ModelSpec.training_flops_per_token`` times the
-  tokens of the global batch) over the step time and the peak FLOP/s of all devices of the run. The peak of
+  backward, attention included, recomputation *not* counted: ``ModelShape.training_flops_per_token`` times the
+  tokens of the global batch; the formulas live with the model family, ``models/shape.py``) over the step time and the peak FLOP/s of all devices of the run. The peak of
   one device is ``topology.device_peak_tflops``; when null, a known GPU's dense bf16 peak, else a matmul in
   the compute dtype measured on rank 0 at start (CPU). Models the FLOP formula cannot describe (the CNN)
   get no ``mfu``.
@@ -52,13 +52,13 @@ KNOWN_BF16_PEAK_TFLOPS = {
 
 def model_flops_per_token(cfg: Any) -> float | None:
     """Training FLOPs per token of the configured model (no recomputation), or None if it has no formula."""
-    from parallel.plan.specs import ModelSpec, PlanError
+    from models.shape import ModelShape, PlanError
 
     try:
-        spec = ModelSpec.from_cfg(cfg.model)
+        shape = ModelShape.from_cfg(cfg.model)  # the family's formulas (models/registry.py)
     except PlanError:
         return None
-    return float(spec.training_flops_per_token(int(cfg.data.seq_len)))
+    return float(shape.training_flops_per_token(int(cfg.data.seq_len)))
 
 
 def measure_matmul_tflops(*, dtype: torch.dtype, device: torch.device, seconds: float = 0.3) -> float:

@@ -1,0 +1,57 @@
+"""The GPT family's ``ModelSpec``: builder, TP plan, pipeline units, formulas, checks. No torch import."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from models.gpt.config import GPTConfig, GPTDescriptionConfig
+from models.shape import ModelShape
+from models.spec import ModelSpec, PipelineUnits, transformer_problems, transformer_tp_problems
+
+
+def ffn_widths(model: Any) -> list[int]:
+    """Per-block feed-forward widths: ``layer_d_ff``, else ``d_ff``, else 4 x d_model."""
+    n = int(model.n_layers)
+    d_ff = int(model.get("d_ff") or 0) or 4 * int(model.d_model)
+    return [int(w) for w in (model.get("layer_d_ff") or [])] or [d_ff] * n
+
+
+def gpt_shape(model: Any) -> ModelShape:
+    return ModelShape(
+        name=str(model.get("name", "gpt")),
+        n_layers=int(model.n_layers),
+        d_model=int(model.d_model),
+        n_heads=int(model.n_heads),
+        vocab_size=int(model.vocab_size),
+        max_seq_len=int(model.max_seq_len),
+        layer_d_ff=tuple(ffn_widths(model)),
+    )
+
+
+def gpt_problems(model: Any) -> list[str]:
+    out = transformer_problems(model)
+    widths = [int(w) for w in (model.get("layer_d_ff") or [])]
+    if widths and len(widths) != int(model.n_layers):
+        out.append(
+            f"model.layer_d_ff has {len(widths)} entries for model.n_layers={model.n_layers}; give one width per block"
+        )
+    return out
+
+
+def gpt_tp_problems(model: Any, tp: int) -> list[str]:
+    return transformer_tp_problems(model, tp, widths=ffn_widths(model))
+
+
+SPEC = ModelSpec(
+    family="gpt",
+    builder="models.gpt.model.GPT",
+    config=GPTConfig,
+    schemas={"gpt_schema": GPTConfig, "gpt_description_schema": GPTDescriptionConfig},
+    parallelize="models.gpt.parallelize:parallelize_gpt",
+    pipeline=PipelineUnits(pre=("tok_embeddings", "pos_embeddings"), post=("norm", "output")),
+    blocks=lambda model: int(model.n_layers),
+    shape=gpt_shape,
+    check=gpt_problems,
+    tp_check=gpt_tp_problems,
+    description="GPT-2-style decoder: learned positions, LayerNorm, GELU MLP, multi-head attention",
+)

@@ -1,0 +1,32 @@
+"""Config schema of the Llama family (``conf/model/llama*.yaml``). No torch import."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from models.spec import ModelConfig
+
+
+@dataclass
+class LlamaConfig(ModelConfig):
+    _target_: str = "models.llama.model.Llama"
+    name: str = "llama"
+    family: str = "llama"
+    vocab_size: int = 256
+    n_layers: int = 4
+    d_model: int = 128
+    n_heads: int = 4
+    n_kv_heads: int = 0
+    """Key/value heads (grouped-query attention); must divide n_heads. 0 means n_heads."""
+    d_ff: int = 0
+    """SwiGLU hidden width; 0 means the Llama rule: 8/3 x d_model rounded up to a multiple of 64."""
+    max_seq_len: int = 128
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    """Output projection shares the token embedding's weight (Llama 3.2 1B/3B do; 8B/70B/405B do not)."""
+    global_batch_size: Optional[int] = None
+    """Planner: the published run's batch (samples of max_seq_len tokens); null = data.global_batch_size."""
+    source: str = ""
+    """Where the published dimensions come from."""

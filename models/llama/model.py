@@ -1,0 +1,146 @@
+"""A Llama-3-style decoder whose blocks split into pipeline stages by name, like ``models/gpt/model.py``.
+
+RMSNorm before attention and feed-forward, rotary position embeddings on queries and keys, a SwiGLU
+feed-forward (``w2(silu(w1 x) * w3 x)``), grouped-query attention (``n_kv_heads`` key/value heads, each
+shared by ``n_heads / n_kv_heads`` query heads), optionally tied input and output embeddings.
+
+Same layout as the GPT: blocks in ``layers`` (a ``ModuleDict`` keyed "0", "1", ...), ``forward`` skips
+top-level parts set to ``None``, separate ``nn.Linear`` projections (wq, wk, wv, wo, w1, w2, w3) whose
+outputs are reshaped with ``-1`` heads so a tensor-parallel shard works unchanged. The rotary table is a
+non-persistent buffer of the top-level module (not in checkpoints; every stage keeps it), recomputed by
+``init_weights`` after a meta-device build.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def rotary_table(head_dim: int, max_seq_len: int, theta: float, device: torch.device | None = None) -> torch.Tensor:
+    """(max_seq_len, head_dim / 2, 2): cos and sin of position x frequency, frequencies theta^(-2i/d)."""
+    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(max_seq_len, device=device, dtype=torch.float32), freqs)
+    return torch.stack((angles.cos(), angles.sin()), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Rotate each (even, odd) channel pair of ``x`` (b, t, heads, head_dim) by its position's angle."""
+    pairs = x.float().reshape(*x.shape[:-1], -1, 2)
+    cos, sin = table[:, None, :, 0], table[:, None, :, 1]  # (t, 1, head_dim / 2): broadcast over b, heads
+    x0, x1 = pairs[..., 0], pairs[..., 1]
+    out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
+    return out.flatten(-2).type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int):
+        super().__init__()
+        self.head_dim = d_model // n_heads
+        self.n_rep = n_heads // n_kv_heads
+        self.wq = nn.Linear(d_model, n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(n_heads * self.head_dim, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = apply_rotary(self.wq(x).view(b, t, -1, self.head_dim), rope)
+        k = apply_rotary(self.wk(x).view(b, t, -1, self.head_dim), rope)
+        v = self.wv(x).view(b, t, -1, self.head_dim)
+        if self.n_rep > 1:  # each key/value head serves n_rep query heads (also on a tp shard: both are split)
+            k = k.repeat_interleave(self.n_rep, dim=2)
+            v = v.repeat_interleave(self.n_rep, dim=2)
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return self.wo(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        self.w1 = nn.Linear(d_model, d_ff, bias=False)
+        self.w2 = nn.Linear(d_ff, d_model, bias=False)
+        self.w3 = nn.Linear(d_model, d_ff, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, d_ff: int, norm_eps: float):
+        super().__init__()
+        self.attention_norm = nn.RMSNorm(d_model, eps=norm_eps)
+        self.attention = Attention(d_model, n_heads, n_kv_heads)
+        self.ffn_norm = nn.RMSNorm(d_model, eps=norm_eps)
+        self.feed_forward = FeedForward(d_model, d_ff)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), rope)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Llama(nn.Module):
+    def __init__(
+        self,
+        *,
+        vocab_size: int = 256,
+        n_layers: int = 4,
+        d_model: int = 128,
+        n_heads: int = 4,
+        n_kv_heads: int = 0,
+        d_ff: int = 0,
+        max_seq_len: int = 128,
+        rope_theta: float = 10000.0,
+        norm_eps: float = 1e-5,
+        tie_embeddings: bool = False,
+    ):
+        super().__init__()
+        from models.llama.spec import ffn_width
+
+        n_kv_heads = n_kv_heads or n_heads
+        if d_model % n_heads or n_heads % n_kv_heads or (d_model // n_heads) % 2:
+            raise ValueError(
+                f"model.d_model={d_model}, model.n_heads={n_heads}, model.n_kv_heads={n_kv_heads}: heads must "
+                "divide d_model into an even head width, and n_kv_heads must divide n_heads"
+            )
+        d_ff = ffn_width({"d_ff": d_ff, "d_model": d_model})
+        self.n_layers = n_layers
+        self.head_dim = d_model // n_heads
+        self.max_seq_len = max_seq_len
+        self.rope_theta = rope_theta
+        self.tie_embeddings = tie_embeddings
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(vocab_size, d_model)
+        self.layers = nn.ModuleDict(
+            {str(i): Block(d_model, n_heads, n_kv_heads, d_ff, norm_eps) for i in range(n_layers)}
+        )
+        self.norm: nn.RMSNorm | None = nn.RMSNorm(d_model, eps=norm_eps)
+        self.output: nn.Linear | None = nn.Linear(d_model, vocab_size, bias=False)
+        self.register_buffer("rope", rotary_table(self.head_dim, max_seq_len, rope_theta), persistent=False)
+        self.apply(_init_weights)
+        if tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
+        rope = self.rope[: x.shape[1]]
+        for layer in self.layers.values():
+            h = layer(h, rope)
+        if self.norm is not None:
+            h = self.norm(h)
+        if self.output is not None:
+            h = self.output(h)
+        return h
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Initialise whatever this (possibly sharded, possibly pruned) module holds, after ``to_empty``."""
+        self.apply(_init_weights)
+        self.rope = rotary_table(self.head_dim, self.max_seq_len, self.rope_theta, device=self.rope.device)
+
+
+def _init_weights(module: nn.Module) -> None:
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+    elif isinstance(module, nn.RMSNorm):
+        module.reset_parameters()

@@ -1,0 +1,131 @@
+"""Parameter and FLOP formulas of a decoder-only transformer, from its shape alone. No torch import.
+
+A ``ModelShape`` is what the planner, validation's memory check and a run's MFU need to know about a
+model: its parameter count (per block, embeddings, head) and its training FLOPs per token. Each model
+family's ``ModelSpec`` (``models/spec.py``) builds one from the family's config (``ModelSpec.shape``), so
+the formulas are written once here and the family says only how its config maps onto them:
+
+- GPT (``models/gpt``): learned positions, LayerNorm (weight + bias), a 2-matrix GELU MLP, full
+  multi-head attention;
+- Llama (``models/llama``): rotary positions (no position table), RMSNorm (weight only), a 3-matrix
+  SwiGLU MLP, grouped-query attention (``n_kv_heads`` key/value heads shared by the query heads).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+class PlanError(ValueError):
+    """The planner cannot describe this config; the message names the key, its value and the fix."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A decoder: embeddings, ``n_layers`` blocks (attention + MLP), final norm, head."""
+
+    name: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    vocab_size: int
+    max_seq_len: int
+    layer_d_ff: tuple[int, ...] = ()
+    bias: bool = False
+    """Linear layers with biases (Megatron's GPT) or without (``models/gpt/model.py``)."""
+    tied_embeddings: bool = False
+    """Output head shares the token embedding (Megatron's GPT) or has its own (``models/gpt/model.py``)."""
+    n_kv_heads: int = 0
+    """Key/value heads (grouped-query attention); 0 means ``n_heads`` (multi-head attention)."""
+    gated_mlp: bool = False
+    """SwiGLU (three d_model x d_ff matrices: w1, w3 in, w2 out) instead of a 2-matrix MLP."""
+    norm_params: int = 2
+    """Parameters per channel of one norm: 2 for LayerNorm (weight, bias), 1 for RMSNorm."""
+    learned_positions: bool = True
+    """A ``max_seq_len x d_model`` position table (GPT) or rotary positions without parameters (Llama)."""
+
+    def __post_init__(self) -> None:
+        if not self.layer_d_ff:
+            object.__setattr__(self, "layer_d_ff", (4 * self.d_model,) * self.n_layers)
+        if len(self.layer_d_ff) != self.n_layers:
+            raise PlanError(f"model.layer_d_ff has {len(self.layer_d_ff)} entries for model.n_layers={self.n_layers}")
+        if not self.n_kv_heads:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the key (and of the value) projection: n_kv_heads x head_dim."""
+        return self.n_kv_heads * (self.d_model // self.n_heads)
+
+    def tp_divides(self, tp: int) -> bool:
+        """Whether a tensor-parallel degree gives every rank whole query and key/value heads."""
+        return self.n_heads % tp == 0 and self.n_kv_heads % tp == 0
+
+    # ---- parameters ------------------------------------------------------------------------------
+
+    def layer_matmul_params(self, i: int) -> int:
+        """Weights of the block's matrices: wq, wo (h²) + wk, wv (h·kv_dim) + the MLP (2 or 3 of h·d_ff)."""
+        h, f = self.d_model, self.layer_d_ff[i]
+        return 2 * h * h + 2 * h * self.kv_dim + (3 if self.gated_mlp else 2) * h * f
+
+    def layer_params(self, i: int) -> int:
+        """Matrices + two norms (+ biases): for the GPT Megatron's 12h² + 13h."""
+        h, f = self.d_model, self.layer_d_ff[i]
+        biases = (2 * h + 2 * self.kv_dim) + (2 if self.gated_mlp else 1) * f + h if self.bias else 0
+        return self.layer_matmul_params(i) + 2 * self.norm_params * h + biases
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.d_model + (self.max_seq_len * self.d_model if self.learned_positions else 0)
+
+    @property
+    def head_params(self) -> int:
+        """Final norm and, unless tied, the output projection V·h."""
+        return self.norm_params * self.d_model + (0 if self.tied_embeddings else self.vocab_size * self.d_model)
+
+    @property
+    def params(self) -> int:
+        return self.embedding_params + sum(self.layer_params(i) for i in range(self.n_layers)) + self.head_params
+
+    # ---- FLOPs -----------------------------------------------------------------------------------
+
+    def layer_forward_flops_per_token(self, i: int, seq_len: int) -> float:
+        """Matmul FLOPs of one block per token, forward: 2·(its matrices) + attention 2·2·s·h.
+
+        For the GPT 2·(4h² + 2·h·d_ff) + 4sh: Megatron-LM 2021 (arXiv 2104.04473, appendix
+        "Floating-point operations"), 24h² + 4sh per token with d_ff = 4h; the attention score and value
+        products are counted in full (no causal halving), as there.
+        """
+        return 2 * self.layer_matmul_params(i) + 4 * seq_len * self.d_model
+
+    def logit_forward_flops_per_token(self) -> float:
+        """The output projection: 2·V·h per token (Megatron: the V/(16lh) term of the FLOPs formula)."""
+        return 2 * self.vocab_size * self.d_model
+
+    def training_flops_per_token(self, seq_len: int, *, recompute: str = "none") -> float:
+        """Forward + backward (2× forward) FLOPs per token; full recomputation re-runs every block forward.
+
+        With ``recompute="full"`` this is Megatron-LM 2021's 96·B·s·l·h²(1 + s/6h + V/16lh) per iteration
+        divided by B·s tokens (arXiv 2104.04473, eq. 3). Selective recomputation (arXiv 2205.05198) re-runs
+        only the attention score/softmax/value part: + 4sh per layer and token.
+        """
+        layers = sum(self.layer_forward_flops_per_token(i, seq_len) for i in range(self.n_layers))
+        extra = {"none": 0.0, "selective": 4.0 * seq_len * self.d_model * self.n_layers, "full": layers}[recompute]
+        return 3 * layers + extra + 3 * self.logit_forward_flops_per_token()
+
+    # ---- from a config ---------------------------------------------------------------------------
+
+    @classmethod
+    def from_cfg(cls, model: Any) -> ModelShape:
+        """The shape of ``cfg.model`` from its family's ``ModelSpec``; ``PlanError`` when it has no formulas."""
+        from models.registry import spec_for
+
+        spec = spec_for(model)
+        if spec.shape is None:
+            raise PlanError(
+                f"model={model.get('name', '?')}: the model family '{spec.family}' has no parameter/FLOP "
+                "formulas (ModelSpec.shape), so the planner cannot describe it; choose model=gpt_small, "
+                "model=llama_debug or another transformer, or give its ModelSpec a shape function"
+            )
+        return spec.shape(model)

@@ -1,0 +1,188 @@
+"""``ModelSpec``: everything meshtrain needs to know about a model family, in one place. No torch import.
+
+Validation, the strategies and the planner ask a model's spec instead of testing its config for keys:
+
+- ``config``: the config schema (dataclass) its YAML extends; validation also checks a user's model
+  config against it;
+- ``builder``: the import path of the ``nn.Module`` class (the default ``_target_``);
+- ``parallelize``: ``"module:function"`` of its tensor-parallel plan, imported only when tp > 1; ``None``
+  means the family cannot run with tp > 1 (validation refuses it before spawn);
+- ``pipeline``: how the model splits into pipeline units (the parts before the blocks, the blocks in
+  ``layers``, the parts after); ``None`` means it cannot be pipelined;
+- ``blocks``: the number of splittable blocks, from the config;
+- ``shape``: parameter and FLOP formulas (``models/shape.py``), for the planner, the memory check and MFU;
+- ``check`` / ``tp_check``: what the config's sizes must satisfy, alone and for a tensor-parallel degree;
+  each returns the problems as "key=value: what is wrong; the fix".
+
+The built-in families register in ``models/registry.py``; a user's model registers itself with
+``models.registry.register(spec)`` or is named by ``model.spec: "package.module:SPEC"`` in its YAML
+(docs/models.md).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from models.shape import ModelShape
+
+#: keys of a model config that describe the model to meshtrain, not arguments of its builder
+META_KEYS = ("name", "family", "spec", "init_device", "planner_only", "global_batch_size", "source")
+
+INIT_DEVICES = ("auto", "cpu", "meta")
+
+
+@dataclass
+class ModelConfig:
+    """Keys every model config has (each family's schema extends this one)."""
+
+    _target_: str = "???"
+    name: str = "model"
+    family: str = ""
+    """Which ``ModelSpec`` describes it (``models/registry.py``); empty: found from ``spec`` or ``_target_``."""
+    spec: Optional[str] = None
+    """``package.module:SPEC`` of a user's ``ModelSpec`` (imported, so it also registers); docs/models.md."""
+    init_device: str = "auto"
+    """cpu (build the full model on every rank, then shard), meta (build on the meta device, shard or
+    split, then materialise and initialise each rank's part), or auto (meta when the full fp32 weights
+    exceed the rank's budget: topology.device_memory_gb x planner.memory_fraction)."""
+
+
+@dataclass(frozen=True)
+class PipelineUnits:
+    """How a model splits into stages: ``pre`` parts (first stage), the blocks in ``layers``, ``post`` parts.
+
+    ``None`` for ``pre`` / ``post`` means: the model's top-level children before / after ``layers``, in
+    the order the module defines them. Every named part must be a top-level child that ``forward`` skips
+    when it is set to ``None``.
+    """
+
+    pre: tuple[str, ...] | None = None
+    post: tuple[str, ...] | None = None
+
+
+Problems = list[str]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    family: str
+    builder: str
+    """Import path of the module class: ``package.module.Class`` (the ``_target_`` of its configs)."""
+    config: type | None = None
+    schemas: dict[str, type] | None = None
+    """ConfigStore names of the family's schemas (``gpt_schema`` ...); ``None``: just ``config``."""
+    parallelize: str | None = None
+    """``package.module:function`` applying the tensor-parallel plan: ``fn(model, *, tp_mesh,
+    sequence_parallel, loss_parallel) -> model``."""
+    pipeline: PipelineUnits | None = PipelineUnits()
+    blocks: Callable[[Any], int] | None = None
+    shape: Callable[[Any], ModelShape] | None = None
+    check: Callable[[Any], Problems] | None = None
+    tp_check: Callable[[Any, int], Problems] | None = None
+    description: str = ""
+
+    def parallelize_fn(self) -> Callable[..., Any]:
+        """The tensor-parallel plan function (imported on first use: it imports torch)."""
+        if self.parallelize is None:
+            raise ValueError(f"model family '{self.family}' has no tensor-parallel plan (ModelSpec.parallelize)")
+        return import_object(self.parallelize)
+
+    def n_blocks(self, model: Any) -> int | None:
+        return self.blocks(model) if self.blocks is not None else None
+
+    def problems(self, model: Any) -> Problems:
+        return list(self.check(model)) if self.check is not None else []
+
+    def tp_problems(self, model: Any, tp: int) -> Problems:
+        if self.parallelize is None:
+            return [
+                f"tp.size={tp} with model.name={model.get('name', self.family)}: the model family '{self.family}' has "
+                "no tensor-parallel plan (ModelSpec.parallelize; the GPT's and Llama's are models/gpt/parallelize.py "
+                "and models/llama/parallelize.py); use tp.size=1 with parallel=ddp or fsdp, or give its ModelSpec a "
+                "parallelize function (docs/models.md)"
+            ]
+        return list(self.tp_check(model, tp)) if self.tp_check is not None else []
+
+
+def import_object(path: str) -> Any:
+    """``package.module:attr`` (or ``package.module.attr``) -> the object."""
+    module, sep, attr = path.partition(":")
+    if not sep:
+        module, _, attr = path.rpartition(".")
+    obj: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def builder_kwargs(model: Any) -> dict[str, Any]:
+    """A model config without the keys that are for meshtrain (``family``, ``spec``, ``init_device`` ...)."""
+    return {k: v for k, v in dict(model).items() if k not in META_KEYS}
+
+
+# ---- shared checks of decoder transformers ------------------------------------------------------
+
+
+def transformer_problems(model: Any, *, kv_heads: bool = False) -> Problems:
+    """Heads divide the width; with grouped-query attention, key/value heads divide the query heads."""
+    out: Problems = []
+    heads, d_model = int(model.n_heads), int(model.d_model)
+    if heads < 1 or d_model % heads:
+        out.append(
+            f"model.d_model={d_model} is not divisible by model.n_heads={heads}; choose heads dividing {d_model}"
+        )
+    if kv_heads:
+        kv = int(model.get("n_kv_heads") or 0) or heads
+        if kv < 1 or heads % kv:
+            ok = [d for d in range(1, heads + 1) if heads % d == 0]
+            out.append(
+                f"model.n_kv_heads={kv} does not divide model.n_heads={heads}: each key/value head serves a whole "
+                f"group of query heads; use model.n_kv_heads in {ok}"
+            )
+    return out
+
+
+def transformer_tp_problems(model: Any, tp: int, *, widths: Sequence[int], kv_heads: bool = False) -> Problems:
+    """What a Megatron-style plan (column-wise q/k/v and MLP in, row-wise out) needs from the sizes."""
+    out: Problems = []
+    heads, d_model = int(model.n_heads), int(model.d_model)
+    if heads % tp:
+        out.append(
+            f"model.n_heads={heads} is not divisible by tp.size={tp}: each tp rank owns whole attention heads; "
+            f"use a tp.size dividing {heads}"
+        )
+    if kv_heads:
+        kv = int(model.get("n_kv_heads") or 0) or heads
+        if kv % tp:
+            ok = [d for d in range(1, kv + 1) if kv % d == 0]
+            out.append(
+                f"model.n_kv_heads={kv} is not divisible by tp.size={tp}: wk/wv are split by key/value heads, "
+                f"so each tp rank needs whole ones; use tp.size in {ok} (or more key/value heads)"
+            )
+    if d_model % tp:
+        out.append(
+            f"model.d_model={d_model} is not divisible by tp.size={tp}: wq/wk/wv/wo are split by columns; "
+            f"use a model.d_model that is a multiple of {tp}"
+        )
+    for width in sorted(set(int(w) for w in widths)):
+        if width % tp:
+            out.append(
+                f"feed-forward width {width} (model.d_ff / model.layer_d_ff) is not divisible by tp.size={tp}: "
+                f"the MLP matrices are split by it; use a multiple of {tp}"
+            )
+    return out
+
+
+# ---- where the weights are first made -------------------------------------------------------------
+
+
+def resolve_init_device(requested: str, *, full_fp32_bytes: float | None, budget_bytes: float) -> str:
+    """``cpu`` or ``meta`` for ``model.init_device`` (``auto``: meta when the full fp32 weights would not fit)."""
+    if requested != "auto":
+        return requested
+    if full_fp32_bytes is None:
+        return "cpu"
+    return "meta" if full_fp32_bytes > budget_bytes else "cpu"

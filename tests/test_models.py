@@ -1,0 +1,85 @@
+"""The model registry: every family's formulas match its built module, validation asks the spec, and the
+Llama configs are refused before spawn with the fix. In-process, no workers."""
+
+from __future__ import annotations
+
+import pytest
+
+from models.registry import REGISTRY, spec_for
+from models.shape import ModelShape
+from trainer.validate import ConfigError, validate
+
+
+def problems(compose_cfg, *overrides: str) -> str:
+    with pytest.raises(ConfigError) as exc:
+        validate(compose_cfg(*overrides))
+    return str(exc.value)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("model=gpt_small",),
+        ("model=gpt_small", "model.layer_d_ff=[64,128,256,512]"),
+        ("model=llama_debug",),
+        ("model=llama_debug", "model.n_kv_heads=1", "model.d_ff=0"),
+        ("model=llama_debug", "model.tie_embeddings=true"),
+    ],
+)
+def test_formula_counts_the_built_modules_parameters(compose_cfg, overrides):
+    from hydra.utils import instantiate
+
+    from models.spec import builder_kwargs
+
+    cfg = compose_cfg(*overrides)
+    module = instantiate(builder_kwargs(cfg.model))
+    assert ModelShape.from_cfg(cfg.model).params == sum(p.numel() for p in module.parameters())
+
+
+def test_llama3_sizes_are_the_published_ones(compose_cfg):
+    published = {"llama3_8b": 8.03e9, "llama3_70b": 70.6e9, "llama3_405b": 405.9e9}
+    for name, params in published.items():
+        cfg = compose_cfg(f"model={name}")
+        shape = ModelShape.from_cfg(cfg.model)
+        assert shape.params == pytest.approx(params, rel=2e-3), name
+        assert shape.n_kv_heads == 8 and shape.vocab_size == 128256 and cfg.model.rope_theta == 500000
+        assert spec_for(cfg.model) is REGISTRY["llama"]
+
+
+def test_planner_plans_llama3_70b_with_whole_kv_heads_per_tp_rank(compose_cfg):
+    from parallel.plan.search import plan, specs_from_cfg
+
+    cfg = compose_cfg("model=llama3_70b", "topology=cluster_1024xh100", "planner.recompute=any")
+    model, hardware, workload = specs_from_cfg(cfg)
+    assert (workload.global_batch_size, workload.seq_len) == (2048, 8192)
+    best = plan(model=model, hardware=hardware, workload=workload)
+    assert best.ranked and all(8 % e.candidate.tp == 0 for e in best.ranked)
+
+
+def test_kv_heads_must_divide_heads_and_tp(compose_cfg):
+    msg = problems(compose_cfg, "model=llama_debug", "model.n_kv_heads=3")
+    assert "model.n_kv_heads=3 does not divide model.n_heads=4" in msg and "[1, 2, 4]" in msg
+    msg = problems(compose_cfg, "model=llama_debug", "parallel=tp", "tp.size=4", "topology.nproc_per_node=4")
+    assert "model.n_kv_heads=2 is not divisible by tp.size=4" in msg and "use tp.size in [1, 2]" in msg
+    assert "n_heads=4 is not divisible" not in msg  # 4 query heads split fine over 4 ranks
+
+
+def test_tied_embeddings_refused_where_the_tie_would_be_split(compose_cfg):
+    msg = problems(compose_cfg, "model=llama_debug", "model.tie_embeddings=true", "parallel=pp")
+    assert "model.tie_embeddings=true with pp.size=2" in msg and "set model.tie_embeddings=false" in msg
+    msg = problems(compose_cfg, "model=llama_debug", "model.tie_embeddings=true", "parallel=tp")
+    assert "model.tie_embeddings=true with tp.size=2" in msg
+
+
+def test_llama3_8b_is_refused_on_this_machine_with_how_to_plan_it(compose_cfg):
+    msg = problems(compose_cfg, "model=llama3_8b")
+    assert "model=llama3_8b: 8.03B parameters" in msg and "32.1 GB of fp32 weights" in msg
+    assert "python -m parallel.plan model=llama3_8b" in msg
+
+
+def test_unknown_family_and_spec_are_refused(compose_cfg):
+    msg = problems(compose_cfg, "model.family=nope")
+    assert "model.family=nope: unknown model family; registered: cnn, gpt, llama" in msg
+    msg = problems(compose_cfg, "+model.spec=nowhere.mod:SPEC")
+    assert "model.spec=nowhere.mod:SPEC: cannot import it" in msg
+    assert "model.init_device=gpu: use auto, cpu or meta" in problems(compose_cfg, "model.init_device=gpu")
