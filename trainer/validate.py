@@ -499,7 +499,7 @@ def check_precision(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> Non
             f"trainer.ac_every={every} with trainer.activation_checkpointing={mode}: ac_every chooses which blocks "
             "selective checkpointing recomputes; use trainer.activation_checkpointing=selective, or ac_every=1"
         )
-    if mode != "none" and model_blocks(cfg.model) is None:
+    if mode != "none" and model_blocks(cfg) is None:
         f.error(
             f"trainer.activation_checkpointing={mode} with model={cfg.model.get('name')}: checkpointing works per "
             "block and this model has no blocks in model.layers; use trainer.activation_checkpointing=none"

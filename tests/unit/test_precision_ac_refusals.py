@@ -58,7 +58,7 @@ def _grads_and_saved(mode: str, every: int = 1) -> tuple[dict[str, torch.Tensor]
     from parallel.core.regional import prepare_module
 
     torch.manual_seed(0)
-    model = GPT(n_layers=4, d_model=64, n_heads=4, max_seq_len=32)
+    model = GPT(n_layers=4, d_model=32, n_heads=2, max_seq_len=32)
     trainer = OmegaConf.create({"activation_checkpointing": mode, "ac_every": every, "precision": "fp32"})
     prepare_module(model, trainer=trainer, device_type="cpu", autocast=True)
     x = torch.randint(0, 256, (4, 32))
@@ -79,3 +79,24 @@ def test_activation_checkpointing_same_gradients_less_memory():
             torch.testing.assert_close(grads[name], ref[name], rtol=1e-5, atol=1e-7)
     assert peaks["full1"] < peaks["selective1"] < peaks["none"], peaks
     assert peaks["full1"] < peaks["selective2"] < peaks["none"], peaks
+
+
+# ---- the planner plans what the trainer runs ----------------------------------------------------------
+
+
+def test_plan_choice_sets_precision_and_checkpointing(compose_cfg):
+    from parallel.plan.cost_model import Candidate
+    from parallel.plan.search import apply_candidate, available_strategies, candidate_of, trainable
+    from tests.helpers import CONF
+
+    strategies = available_strategies(CONF)
+    chosen = Candidate(dp=2, micro_batches=1, zero_stage=3, recompute="selective")
+    assert trainable(chosen, strategies) and trainable(Candidate(recompute="full"), strategies)
+    cfg = compose_cfg("parallel=auto", "data.global_batch_size=16")
+    apply_candidate(cfg, chosen, strategies=strategies, precision="mixed")
+    assert cfg.parallel.name == "fsdp"
+    assert cfg.trainer.precision == "bf16-mixed" and cfg.trainer.activation_checkpointing == "selective"
+    run = validate(cfg, environ={})
+    assert candidate_of(cfg, run.layout).recompute == "selective"  # read back as the planner's choice
+    apply_candidate(cfg, Candidate(dp=2, recompute="full"), strategies=strategies, precision="fp32")
+    assert cfg.trainer.precision == "fp32" and cfg.trainer.activation_checkpointing == "full"
