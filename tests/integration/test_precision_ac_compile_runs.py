@@ -123,3 +123,23 @@ def test_pure_bf16_trains(tmp_path):
     losses = run.losses()
     assert losses[-1] < 0.9 * losses[0]
     assert all(s > 0.9 for s in run.summary()["saved_activation_bf16_share_per_rank"])
+
+
+def test_llama_bf16_mixed_fsdp_tp_matches_single(tmp_path):
+    """The Llama family under bf16-mixed: FSDP2's MixedPrecisionPolicy over dp and a TP plan with grouped-query
+    attention, selective checkpointing per block, against the same model on one process with autocast."""
+    llama = ("model=llama_debug", *FAST, *STEPS20, *MIXED)
+    single = run_train("parallel=single", *llama, run_dir=tmp_path / "single")
+    hybrid = run_train(
+        "parallel=hybrid",
+        "dp.size=2",
+        "tp.size=2",
+        "trainer.activation_checkpointing=selective",
+        *llama,
+        run_dir=tmp_path / "hybrid",
+    )
+    assert_losses_close(hybrid.losses(), single.losses(), rel=BF16_REL)
+    assert single.losses()[-1] < 0.7 * single.losses()[0]
+    summary = hybrid.summary()
+    assert all(s > 0.5 for s in summary["saved_activation_bf16_share_per_rank"])
+    assert 0 < summary["mfu"] < 1 and len(summary["peak_saved_activation_bytes_per_rank"]) == 4
