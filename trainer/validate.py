@@ -512,6 +512,12 @@ def check_precision(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> Non
                 "trainer.compile=true on CPU needs a C++ compiler for inductor's kernels and none was found "
                 "(g++, c++, clang++ or $CXX); install one (apt-get install g++) or set trainer.compile=false"
             )
+    if cfg.parallel.name == "dp" and (mode != "none" or tr.compile) and len(_cuda_compute_capabilities() or []) > 1:
+        f.error(
+            f"parallel=dp with trainer.activation_checkpointing={mode} trainer.compile={tr.compile}: DataParallel "
+            "copies the model to each GPU every step and the copies would skip the per-block checkpointing and "
+            "compile; use parallel=ddp (one process per GPU), or activation_checkpointing=none compile=false"
+        )
     steps = list(tr.profile_steps or [])
     if steps:
         max_steps = int(tr.max_steps)
