@@ -9,7 +9,7 @@ Validation, the strategies and the planner ask a model's spec instead of testing
   means the family cannot run with tp > 1 (validation refuses it before spawn);
 - ``pipeline``: how the model splits into pipeline units (the parts before the blocks, the blocks in
   ``layers``, the parts after); ``None`` means it cannot be pipelined;
-- ``blocks``: the number of splittable blocks, from the config;
+- ``blocks``: the number of splittable blocks, from the config; ``max_seq_len``: the longest sequence it takes;
 - ``shape``: parameter and FLOP formulas (``models/shape.py``), for the planner, the memory check and MFU;
 - ``check`` / ``tp_check``: what the config's sizes must satisfy, alone and for a tensor-parallel degree;
   each returns the problems as "key=value: what is wrong; the fix".
@@ -79,6 +79,8 @@ class ModelSpec:
     sequence_parallel, loss_parallel) -> model``."""
     pipeline: PipelineUnits | None = PipelineUnits()
     blocks: Callable[[Any], int] | None = None
+    max_seq_len: Callable[[Any], int] | None = None
+    """The longest sequence the model takes (position table, rotary table); None: any length."""
     shape: Callable[[Any], ModelShape] | None = None
     check: Callable[[Any], Problems] | None = None
     tp_check: Callable[[Any, int], Problems] | None = None

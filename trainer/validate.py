@@ -217,9 +217,11 @@ def check_data(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
     if path and not os.path.exists(os.path.expanduser(str(path))):
         f.error(f"data.path={path}: no such file; point it at a UTF-8 text file or a .npy/.bin token file")
     model = cfg.model
-    if "max_seq_len" in model and int(model.max_seq_len) < int(cfg.data.seq_len):
+    spec = model_spec(cfg)
+    longest = spec.max_seq_len(model) if spec is not None and spec.max_seq_len is not None else None
+    if longest is not None and longest < int(cfg.data.seq_len):
         f.error(
-            f"data.seq_len={cfg.data.seq_len} exceeds model.max_seq_len={model.max_seq_len}; "
+            f"data.seq_len={cfg.data.seq_len} exceeds model.max_seq_len={longest}; "
             f"lower data.seq_len or raise model.max_seq_len"
         )
     if model.get("planner_only", False):
@@ -375,9 +377,10 @@ def check_pipeline(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None
     n = model_blocks(cfg)
     if n is None:
         return
+    depth = f"model.n_layers={n}" if "n_layers" in cfg.model else f"{n} blocks in the model (its ModelSpec.blocks)"
     if num_stages > n:
         f.error(
-            f"pp.size={pp} x pp.stages_per_rank={v} = {num_stages} stages but model.n_layers={n}: every stage "
+            f"pp.size={pp} x pp.stages_per_rank={v} = {num_stages} stages but {depth}: every stage "
             f"needs at least one block; use at most {n} stages or a deeper model"
         )
         return
@@ -394,7 +397,7 @@ def check_pipeline(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None
     if bad:
         f.error(
             f"{split_key}={shown}: {bad} out of range; split points are block indices where a new stage "
-            f"starts, between 1 and {n - 1} for model.n_layers={n}"
+            f"starts, between 1 and {n - 1} for {depth}"
         )
     elif any(b <= a for a, b in zip(points, points[1:])):
         f.error(

@@ -50,6 +50,7 @@ SPEC = ModelSpec(
     parallelize="models.gpt.parallelize:parallelize_gpt",
     pipeline=PipelineUnits(pre=("tok_embeddings", "pos_embeddings"), post=("norm", "output")),
     blocks=lambda model: int(model.n_layers),
+    max_seq_len=lambda model: int(model.max_seq_len),
     shape=gpt_shape,
     check=gpt_problems,
     tp_check=gpt_tp_problems,

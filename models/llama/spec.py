@@ -68,6 +68,7 @@ SPEC = ModelSpec(
     parallelize="models.llama.parallelize:parallelize_llama",
     pipeline=PipelineUnits(pre=("tok_embeddings",), post=("norm", "output")),
     blocks=lambda model: int(model.n_layers),
+    max_seq_len=lambda model: int(model.max_seq_len),
     shape=llama_shape,
     check=llama_problems,
     tp_check=llama_tp_problems,

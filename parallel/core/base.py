@@ -24,6 +24,7 @@ from omegaconf import DictConfig
 from torch import nn
 
 from parallel.core.layout import ParallelLayout
+from parallel.core.memory import BuildPeak, tensor_bytes
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -46,6 +47,10 @@ class WorkerContext:
     log: logging.Logger
     model_init: dict[str, Any] = field(default_factory=dict)
     """How this rank's model was made (init device, bytes); filled by ``build_model`` and the worker."""
+    _build_peak: BuildPeak = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._build_peak = BuildPeak(self.device)
 
     @property
     def model_spec(self):
@@ -88,11 +93,19 @@ class WorkerContext:
         from parallel.core.precision import cast_parameters
 
         device = self.init_device()
+        self._build_peak.start()
         torch.manual_seed(self.cfg.trainer.seed)
         with torch.device(device):
             model = cast_parameters(instantiate(builder_kwargs(self.cfg.model)), self.precision)
         self.model_init.update(init_device=device, full_fp32_bytes=self.full_fp32_bytes())
+        self._record_build(model)
         return self.place(model) if materialize and device == "meta" else model
+
+    def _record_build(self, module: nn.Module) -> None:
+        """Largest parameter + buffer bytes materialised at once, and the peak memory growth so far."""
+        held = tensor_bytes([*module.parameters(), *module.buffers()])
+        self.model_init["materialised_bytes_max"] = max(self.model_init.get("materialised_bytes_max", 0), held)
+        self.model_init["build_peak_growth_bytes"] = self._build_peak.read()
 
     def place(self, module: nn.Module) -> nn.Module:
         """Put ``module`` (whole, a stage or a shard) on this rank's device: moved, or, when built on the meta
@@ -112,6 +125,7 @@ class WorkerContext:
                     reset = getattr(sub, "reset_parameters", None)
                     if callable(reset):
                         reset()
+        self._record_build(module)
         return module
 
     @property

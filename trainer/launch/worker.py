@@ -25,11 +25,11 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from parallel.core.base import WorkerContext
 from parallel.core.layout import MESH_DIMS, ParallelLayout
+from parallel.core.memory import tensor_bytes
 from trainer.launch.attempts import previous_attempt_report, restart_count, write_exit_record
 from trainer.launch.environment import rendezvous_port
 from trainer.launch.preemption import PreemptionFlag
 from trainer.loop.fit import RankZeroSinks, Trainer, output_listing
-from trainer.observe.memory import BuildMemory, local_param_bytes
 from trainer.observe.rank_logs import TRACE_LOGGER_NAME, setup_rank_logging, teardown_rank_logging
 
 
@@ -147,12 +147,8 @@ def run(cfg_dict: dict, run_dir: Path, layout: ParallelLayout, run_meta: dict[st
         if env.rank == 0 and (report := previous_attempt_report(run_dir, env.world_size)):
             log.warning(report)
         strategy = instantiate(cfg.parallel)
-        with BuildMemory(device) as build_memory:
-            engine = strategy.build(ctx=ctx)
-        ctx.model_init.update(
-            build_peak_growth_bytes=build_memory.peak_growth_bytes(),
-            local_param_bytes=local_param_bytes(engine.parameters()),
-        )
+        engine = strategy.build(ctx=ctx)
+        ctx.model_init.update(local_param_bytes=tensor_bytes(engine.parameters()))
         log.info("model built (%s): %s", cfg.model.get("name"), ctx.model_init)
         trainer = Trainer(ctx=ctx, engine=engine)
         start_step = trainer.resume()

@@ -314,6 +314,7 @@ class Trainer:
                 "init_device": ctx.model_init.get("init_device"),
                 "full_fp32_bytes": ctx.model_init.get("full_fp32_bytes"),
                 "local_param_bytes_per_rank": [i.get("local_param_bytes") for i in inits],
+                "materialised_bytes_max_per_rank": [i.get("materialised_bytes_max") for i in inits],
                 "build_peak_growth_bytes_per_rank": [i.get("build_peak_growth_bytes") for i in inits],
             },
             **perf,

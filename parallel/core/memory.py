@@ -1,0 +1,68 @@
+"""What building the model costs a rank: the growth of its peak memory while the model is built, sharded and
+materialised. Peak resident set on CPU (Linux ``VmHWM``, reset through ``/proc/self/clear_refs``), peak
+allocated bytes on CUDA."""
+
+from __future__ import annotations
+
+import torch
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def reset_peak_rss() -> int | None:
+    """Reset this process's peak resident set; returns the current RSS in bytes (None where it cannot)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return None
+    rss = _status_kib("VmRSS")
+    return rss * 1024 if rss is not None else None
+
+
+def peak_rss_since_reset() -> int | None:
+    hwm = _status_kib("VmHWM")
+    return hwm * 1024 if hwm is not None else None
+
+
+class BuildPeak:
+    """Peak memory growth since ``start``: each ``read`` returns the largest growth seen so far."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.base: int | None = None
+        self.growth: int | None = None
+
+    def start(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = int(torch.cuda.memory_allocated(self.device))
+        else:
+            self.base = reset_peak_rss()
+
+    def read(self) -> int | None:
+        if self.base is None:
+            return None
+        peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else peak_rss_since_reset()
+        if peak is not None:
+            self.growth = max(self.growth or 0, int(peak) - self.base)
+        return self.growth
+
+
+def tensor_bytes(tensors) -> int:
+    """Bytes of storage the tensors hold on this rank (a DTensor counts its local shard; meta counts 0)."""
+    total = 0
+    for t in tensors:
+        local = t.to_local() if hasattr(t, "to_local") else t
+        if not local.is_meta:
+            total += local.numel() * local.element_size()
+    return int(total)
