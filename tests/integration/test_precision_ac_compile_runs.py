@@ -6,7 +6,7 @@ and the single-process reference round at different places (FSDP2's MixedPrecisi
 bf16 where autocast keeps them in fp32; gradients are summed in another order and all-reduced in fp32;
 tensor parallel splits every matmul's reduction), so their losses drift apart by a few roundings over 20
 AdamW steps. Measured here over 20 steps: at most 1.7e-3 relative (fsdp), 1.1e-3 (tp), 7e-4 (ddp, pp),
-6e-4 (hybrid). The test allows 1e-2: about 2.5 bf16 units in the last place and 6x the largest drift seen, so
+6e-4 (GPT hybrid dp2 x pp2). The test allows 1e-2: about 2.5 bf16 units in the last place and 6x the largest drift seen, so
 other CPUs' kernels pass, while the loss itself falls by about half over these 20 steps. Rounding alone cannot
 tell bf16 from fp32 here (fp32 and bf16-mixed single differ by at most 6e-4 over the same steps), so whether
 a run really computed in bf16 is checked on its own: the share of bytes saved for backward in bf16 (0 in fp32). Under autocast with full
