@@ -4,7 +4,7 @@
   backward, attention included, recomputation *not* counted: ``ModelShape.training_flops_per_token`` times the
   tokens of the global batch; the formulas live with the model family, ``models/shape.py``) over the step time and the peak FLOP/s of all devices of the run. The peak of
   one device is ``topology.device_peak_tflops``; when null, a known GPU's dense bf16 peak, else a matmul in
-  the compute dtype measured on rank 0 at start (CPU). Models the FLOP formula cannot describe (the CNN)
+  the compute dtype measured on rank 0 at the first logged step (CPU). Models the FLOP formula cannot describe (the CNN)
   get no ``mfu``.
 - **Memory**: CUDA allocated and reserved bytes (the maximum over ranks at the logged step); on CPU the
   resident set size. ``peak_memory_bytes_per_rank`` (the run's peak) stays in the summary as before.
@@ -61,7 +61,7 @@ def model_flops_per_token(cfg: Any) -> float | None:
     return float(shape.training_flops_per_token(int(cfg.data.seq_len)))
 
 
-def measure_matmul_tflops(*, dtype: torch.dtype, device: torch.device, seconds: float = 0.3) -> float:
+def measure_matmul_tflops(*, dtype: torch.dtype, device: torch.device, seconds: float = 0.2) -> float:
     """Best sustained TFLOP/s of a square matmul in ``dtype`` on ``device`` (this rank's threads)."""
     n = 4096 if device.type == "cuda" else 512
     a = torch.randn(n, n, device=device, dtype=dtype)
@@ -176,8 +176,6 @@ class StepInstruments:
         self.flops_per_step = per_token * tokens_per_step if per_token is not None else None
         self.peak_tflops: float | None = None
         self.peak_source: str | None = None
-        if self.flops_per_step is not None and ctx.rank == 0:
-            self.peak_tflops, self.peak_source = device_peak(cfg, ctx.device)
         steps = list(cfg.trainer.get("profile_steps") or [])
         self.profiler = StepProfiler(ctx=ctx, steps=steps) if steps else None
         self.compile = bool(cfg.trainer.get("compile", False))
@@ -206,6 +204,10 @@ class StepInstruments:
         values = vec.tolist()
         out: dict[str, float] = dict(zip(keys, values[:-1]))
         out["saved_activation_bytes"] = values[-1]
+        if self.flops_per_step is not None and self.ctx.rank == 0 and self.peak_source is None:
+            # measured (CPU) at the first logged step, after the first step's time is taken: a matmul
+            # benchmark before the loop would delay the first step
+            self.peak_tflops, self.peak_source = device_peak(self.ctx.cfg, self.ctx.device)
         if self.flops_per_step is not None and self.peak_tflops:
             achieved = self.flops_per_step / max(step_time_s, 1e-12)
             out["model_tflops_per_s"] = achieved / 1e12
