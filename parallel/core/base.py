@@ -48,6 +48,7 @@ class WorkerContext:
     model_init: dict[str, Any] = field(default_factory=dict)
     """How this rank's model was made (init device, bytes); filled by ``build_model`` and the worker."""
     _build_peak: BuildPeak = field(init=False, repr=False)
+    _placed_bytes: int = field(init=False, repr=False, default=0)
 
     def __post_init__(self) -> None:
         self._build_peak = BuildPeak(self.device)
@@ -101,9 +102,13 @@ class WorkerContext:
         self._record_build(model)
         return self.place(model) if materialize and device == "meta" else model
 
-    def _record_build(self, module: nn.Module) -> None:
-        """Largest parameter + buffer bytes materialised at once, and the peak memory growth so far."""
+    def _record_build(self, module: nn.Module, *, placed: bool = False) -> None:
+        """Largest parameter + buffer bytes materialised at once (the whole model when built on cpu; the sum
+        of the parts placed so far when built on meta), and the peak memory growth so far."""
         held = tensor_bytes([*module.parameters(), *module.buffers()])
+        if placed:
+            self._placed_bytes += held
+            held = self._placed_bytes
         self.model_init["materialised_bytes_max"] = max(self.model_init.get("materialised_bytes_max", 0), held)
         self.model_init["build_peak_growth_bytes"] = self._build_peak.read()
 
@@ -113,7 +118,10 @@ class WorkerContext:
         one, else each submodule's ``reset_parameters()``)."""
         tensors = [*module.parameters(), *module.buffers()]
         if not any(t.is_meta for t in tensors):
-            return module.to(self.device)
+            module = module.to(self.device)
+            self._build_peak.read()
+            self.model_init["build_peak_growth_bytes"] = self._build_peak.growth
+            return module
         module.to_empty(device=self.device)
         torch.manual_seed(self.cfg.trainer.seed)
         with torch.no_grad():
@@ -125,7 +133,7 @@ class WorkerContext:
                     reset = getattr(sub, "reset_parameters", None)
                     if callable(reset):
                         reset()
-        self._record_build(module)
+        self._record_build(module, placed=True)
         return module
 
     @property

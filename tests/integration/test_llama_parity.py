@@ -16,7 +16,7 @@ import yaml
 from parallel.pipeline.schedules import available_schedules
 from tests.helpers import FAST, assert_losses_close, run_train
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # one multirun of 13 jobs in its fixture
 
 #: a smaller llama_debug: 4 blocks (4 stages for the looped / V schedules), grouped-query attention
 TINY = ("model=llama_debug", "model.d_model=64", "model.n_heads=4", "model.n_kv_heads=2", "model.d_ff=192")
