@@ -31,6 +31,10 @@ from parallel.config import (
     TPConfig,
 )
 
+#: trainer.precision values (parallel/core/precision.py) and trainer.activation_checkpointing modes
+PRECISIONS = ("fp32", "bf16-mixed", "bf16")
+AC_MODES = ("none", "full", "selective")
+
 
 @dataclass
 class TrainerConfig:
@@ -50,6 +54,19 @@ class TrainerConfig:
     """After SIGTERM/SIGUSR1, how long a rank may take to reach a step boundary before it just exits."""
     on_nonfinite: str = "stop"
     """stop or skip when the loss or gradient norm is not finite."""
+    precision: str = "fp32"
+    """fp32; bf16-mixed (bf16 compute, fp32 master weights, optimizer state and gradient reduction); or bf16
+    (parameters stored in bf16). The loss is computed in fp32 in every mode."""
+    activation_checkpointing: str = "none"
+    """none, full (recompute every block in backward) or selective (ac_every=1: keep matmul outputs and
+    recompute the rest, op by op; ac_every=k>1: recompute every k-th block in full)."""
+    ac_every: int = 1
+    """With activation_checkpointing=selective: 1 = op-level policy on every block, k > 1 = every k-th block."""
+    compile: bool = False
+    """torch.compile each block (regional compilation); compile time is reported apart (summary.json)."""
+    profile_steps: List[int] = field(default_factory=list)
+    """[a, b]: a torch.profiler trace per rank of steps a..b (and a CUDA memory snapshot on CUDA) in the
+    run folder's profile/; empty = no profiling."""
 
 
 @dataclass

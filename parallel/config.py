@@ -110,6 +110,9 @@ class TopologyConfig:
     """Compute slowdown of a device while its node's other devices compute too (calibrate measures it)."""
     devices_per_nic: int = 1
     """Devices sharing one inter-node link of inter_node_gbps (8 behind a node's single 1 GbE port)."""
+    device_peak_tflops: Optional[float] = None
+    """Peak dense TFLOP/s of one device in the training precision, the denominator of MFU (e.g. 989 for an
+    H100 SXM in bf16). null: a known GPU's bf16 peak, else a matmul measured at start (CPU)."""
     calibrate: bool = False
     """Measure FLOP/s, overhead, memory, all-reduce and p2p bandwidth on this machine instead of the preset."""
 

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from conf.schema import AC_MODES, PRECISIONS
 from parallel.core.layout import ParallelLayout, describe_factorization, factorizations, why_dp_needs_fsdp
 from parallel.core.registry import DIMS, STRATEGIES, strategy_spec
 from trainer.launch.environment import ExternalLaunch, detect_external_launch
@@ -439,6 +442,91 @@ def check_dp_composition(cfg: DictConfig, layout: ParallelLayout, f: Findings) -
         )
 
 
+def _cuda_compute_capabilities() -> list[float] | None:
+    """Compute capabilities of the visible NVIDIA GPUs from nvidia-smi (no torch import); None if unknown."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
+        )
+        caps = [float(line) for line in out.stdout.split() if line.strip()]
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+    return caps or None
+
+
+def _runs_on_cuda(cfg: DictConfig) -> bool | None:
+    """True/False when the device is known without torch; None for topology.device=auto without nvidia-smi
+    answering (then the workers pick CPU unless torch sees a GPU)."""
+    if cfg.topology.device == "cuda":
+        return True
+    if cfg.topology.device == "cpu":
+        return False
+    return True if _cuda_compute_capabilities() else None
+
+
+def check_precision(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
+    """trainer.precision, activation checkpointing, compile and profiling (parallel/core/precision.py,
+    parallel/core/regional.py, trainer/observe/perf.py)."""
+    tr = cfg.trainer
+    precision = str(tr.precision)
+    if precision not in PRECISIONS:
+        hint = (
+            " (fp16 needs a loss scaler this trainer does not have; bf16 has fp32's range and needs none)"
+            if precision in ("fp16", "16-mixed", "float16", "half")
+            else ""
+        )
+        f.error(f"trainer.precision={precision}: unknown precision; use one of {', '.join(PRECISIONS)}{hint}")
+    elif precision != "fp32" and _runs_on_cuda(cfg):
+        caps = _cuda_compute_capabilities()
+        old = [c for c in caps or [] if c < 8.0]
+        if old:
+            f.error(
+                f"trainer.precision={precision} on a GPU of compute capability {min(old)}: bf16 needs compute "
+                "capability 8.0 or newer (A100, H100, L4, RTX 30xx+); use trainer.precision=fp32 on this GPU"
+            )
+    mode = str(tr.activation_checkpointing)
+    if mode not in AC_MODES:
+        f.error(f"trainer.activation_checkpointing={mode}: unknown mode; use one of {', '.join(AC_MODES)}")
+    every = int(tr.ac_every)
+    if every < 1:
+        f.error(f"trainer.ac_every={every}: must be >= 1 (1: op-level selective on every block; k: every k-th block)")
+    elif every > 1 and mode != "selective":
+        f.error(
+            f"trainer.ac_every={every} with trainer.activation_checkpointing={mode}: ac_every chooses which blocks "
+            "selective checkpointing recomputes; use trainer.activation_checkpointing=selective, or ac_every=1"
+        )
+    if mode != "none" and model_blocks(cfg) is None:
+        f.error(
+            f"trainer.activation_checkpointing={mode} with model={cfg.model.get('name')}: checkpointing works per "
+            "block and this model has no blocks in model.layers; use trainer.activation_checkpointing=none"
+        )
+    if tr.compile:
+        on_cuda = _runs_on_cuda(cfg)
+        compilers = [c for c in (os.environ.get("CXX"), "g++", "c++", "clang++") if c and shutil.which(c)]
+        if not on_cuda and not compilers:
+            f.error(
+                "trainer.compile=true on CPU needs a C++ compiler for inductor's kernels and none was found "
+                "(g++, c++, clang++ or $CXX); install one (apt-get install g++) or set trainer.compile=false"
+            )
+    if cfg.parallel.name == "dp" and (mode != "none" or tr.compile) and len(_cuda_compute_capabilities() or []) > 1:
+        f.error(
+            f"parallel=dp with trainer.activation_checkpointing={mode} trainer.compile={tr.compile}: DataParallel "
+            "copies the model to each GPU every step and the copies would skip the per-block checkpointing and "
+            "compile; use parallel=ddp (one process per GPU), or activation_checkpointing=none compile=false"
+        )
+    steps = list(tr.profile_steps or [])
+    if steps:
+        max_steps = int(tr.max_steps)
+        if len(steps) != 2 or not 1 <= int(steps[0]) <= int(steps[1]) <= max_steps:
+            f.error(
+                f"trainer.profile_steps={steps}: give [first, last] steps with 1 <= first <= last <= "
+                f"trainer.max_steps={max_steps}, e.g. trainer.profile_steps=[{min(3, max_steps)},{min(4, max_steps)}]"
+            )
+
+
 CHECKS: list[Check] = [
     check_positive,
     check_strategy,
@@ -450,6 +538,7 @@ CHECKS: list[Check] = [
     check_pipeline,
     check_tensor_parallel,
     check_dp_composition,
+    check_precision,
 ]
 
 

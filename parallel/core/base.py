@@ -92,12 +92,13 @@ class WorkerContext:
         sharding (torchtitan's order: meta -> parallelize / split -> to_empty -> init_weights).
         """
         from models.spec import builder_kwargs
+        from parallel.core.precision import cast_parameters
 
         device = self.init_device()
         self._build_peak.start()
         torch.manual_seed(self.cfg.trainer.seed)
         with torch.device(device):
-            model = instantiate(builder_kwargs(self.cfg.model))
+            model = cast_parameters(instantiate(builder_kwargs(self.cfg.model)), self.precision)
         self.model_init.update(init_device=device, full_fp32_bytes=self.full_fp32_bytes())
         self._record_build(model)
         return self.place(model) if materialize and device == "meta" else model
@@ -135,6 +136,24 @@ class WorkerContext:
                         reset()
         self._record_build(module, placed=True)
         return module
+
+    @property
+    def precision(self) -> str:
+        """``trainer.precision``: fp32, bf16-mixed or bf16 (``parallel/core/precision.py``)."""
+        return str(self.cfg.trainer.get("precision", "fp32"))
+
+    def prepare(self, module: nn.Module, *, fsdp: bool = False) -> nn.Module:
+        """Per-block activation checkpointing and compile, then bf16 autocast unless FSDP2 casts
+        (``fsdp=True``: the module is about to be ``fully_shard``-ed with ``fsdp_mp_policy``)."""
+        from parallel.core.regional import prepare_module
+
+        return prepare_module(module, trainer=self.cfg.trainer, device_type=self.device.type, autocast=not fsdp)
+
+    def fsdp_mp_policy(self):
+        """FSDP2's MixedPrecisionPolicy for ``trainer.precision`` (None for fp32 and bf16)."""
+        from parallel.core.precision import fsdp_mp_policy
+
+        return fsdp_mp_policy(self.precision)
 
     def per_replica_batch(self) -> int:
         return int(self.cfg.data.global_batch_size) // self.layout.dp

@@ -19,7 +19,7 @@ DIMS = ("dp", "tp", "pp")
 
 #: what the trainer can build of the planner's options: FSDP2 (ZeRO-3) or no sharding, no recomputation
 TRAINABLE_ZERO_STAGES = (0, 3)
-TRAINABLE_RECOMPUTE = ("none",)
+TRAINABLE_RECOMPUTE = ("none", "selective", "full")
 
 
 @dataclass(frozen=True)

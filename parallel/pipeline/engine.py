@@ -350,8 +350,9 @@ def build_pipeline_engine(
         if s.pp_rank != pp_rank:
             continue
         module = build_stage_module(model, spec=s, units=ctx.model_spec.pipeline)
-        # wrap_stage shards, then places; a meta-built stage is materialised here, holding its blocks only
-        module = wrap_stage(module, s) if wrap_stage is not None else ctx.place(module)
+        # wrap_stage (hybrid) runs TP, AC/compile/autocast (ctx.prepare), DP, then places; a meta-built stage is
+        # materialised here, holding its blocks only
+        module = wrap_stage(module, s) if wrap_stage is not None else ctx.prepare(ctx.place(module))
         stage = PipelineStage(module, s.index, num_stages, ctx.device, group=group)
         recorder.instrument(
             stage,

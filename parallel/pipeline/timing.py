@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from parallel.core.activations import active_meter
 from parallel.core.intervals import union_seconds
 
 
@@ -140,14 +141,18 @@ class StageRecorder:
     def _counting_saved(self, params: set[int]):
         """Bytes of the tensors autograd saves for backward in this block (parameters excluded)."""
         seen: dict[int, int] = {}
+        outer = active_meter()  # the loop's per-rank meter: these hooks shadow its own, so chain to it
 
         def pack(t):
             ptr = t.data_ptr() if t.layout == torch.strided else id(t)
             if ptr not in params and ptr not in seen:
                 seen[ptr] = t.numel() * t.element_size()
-            return t
+            return outer.pack(t) if outer is not None else t
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        def unpack(t):
+            return outer.unpack(t) if outer is not None else t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
             yield seen
 
     # ---- activation memory ----------------------------------------------------------------------

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 from parallel.plan.cost_model import Estimate
-from parallel.plan.search import Plan, describe, plan, specs_from_cfg, strategy_of
-from parallel.plan.specs import GB, PlanError
+from parallel.plan.search import TRAINER_AC, Plan, describe, plan, specs_from_cfg, strategy_of
+from parallel.plan.specs import GB, TRAINER_PRECISION, PlanError
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -82,7 +82,8 @@ def _row(i: int, e: Estimate) -> list[str]:
         str(c.tp),
         str(c.pp),
         str(c.micro_batches),
-        describe(c).split(f"m={c.micro_batches}", 1)[1].strip() or "-",
+        describe(c).split(f"m={c.micro_batches}", 1)[1].replace(f"recompute={c.recompute}", "").strip() or "-",
+        TRAINER_AC[c.recompute],
         f"{mem.total / GB:.3g}",
         f"{(mem.params + mem.grads + mem.optimizer) / GB:.3g}",
         f"{mem.activations / GB:.3g}",
@@ -100,7 +101,8 @@ def print_table(p: Plan, *, top: int, elapsed_s: float, file=None) -> None:
     m, h, w = p.model, p.hardware, p.workload
     console.print(
         f"[bold]{m.name}[/]: {m.params / 1e9:.4g}B params, {m.training_flops_per_token(w.seq_len):.3g} FLOPs/token, "
-        f"batch {w.global_batch_size} x {w.seq_len} tokens, {w.precision} | [bold]{h.name}[/]: {h.world_size} devices "
+        f"batch {w.global_batch_size} x {w.seq_len} tokens, {w.precision} (trainer.precision="
+        f"{TRAINER_PRECISION[w.precision]}) | [bold]{h.name}[/]: {h.world_size} devices "
         f"({h.nnodes} x {h.devices_per_node}), {h.memory_bytes / GB:g} GB, {h.flops / 1e12:.3g} TFLOP/s, "
         f"links {h.intra.gbps:g}/{h.inter.gbps:g} Gbit/s intra/inter"
         + (f" [measured: {', '.join(f'{k}={v:.3g}' for k, v in h.measured.items())}]" if h.measured else "")
@@ -116,6 +118,7 @@ def print_table(p: Plan, *, top: int, elapsed_s: float, file=None) -> None:
         "pp",
         "m",
         "schedule/sharding",
+        "AC",
         "mem GB",
         "states GB",
         "act GB",

@@ -20,7 +20,7 @@ from parallel.core.layout import ParallelLayout, factorizations
 from parallel.core.registry import STRATEGIES, TRAINABLE_RECOMPUTE, TRAINABLE_ZERO_STAGES, plannable, strategy_for
 from parallel.pipeline.schedules import SCHEDULES, schedule_spec
 from parallel.plan.cost_model import Candidate, Estimate, estimate
-from parallel.plan.specs import GB, HardwareSpec, ModelSpec, PlanError, Workload
+from parallel.plan.specs import GB, TRAINER_PRECISION, HardwareSpec, ModelSpec, PlanError, Workload
 
 DEEP_LAYERS = 50
 """The seed's "deep" threshold: from about 50 layers, pipeline stages beat splitting each layer."""
@@ -98,8 +98,14 @@ def available_strategies(conf_dir: Path) -> dict[str, str]:
     return found
 
 
+#: the planner's recomputation choice -> trainer.activation_checkpointing (parallel/core/regional.py): the
+#: planner's "selective" (attention scores and softmax recomputed, arXiv 2205.05198) is what the trainer's
+#: op-level selective policy does (matmul outputs kept, the element-wise and softmax ops recomputed)
+TRAINER_AC = {"none": "none", "selective": "selective", "full": "full"}
+
+
 def trainable(c: Candidate, strategies: Iterable[str]) -> bool:
-    """This trainer shards with FSDP2 (ZeRO-3) or not at all, and does not recompute activations."""
+    """This trainer shards with FSDP2 (ZeRO-3) or not at all, and runs every recomputation choice."""
     return (
         strategy_of(c) in set(strategies)
         and c.recompute in TRAINABLE_RECOMPUTE
@@ -271,13 +277,29 @@ def candidate_of(cfg: DictConfig, layout: ParallelLayout) -> Candidate:
         zero_stage=3 if layout.dp_shard else 0,
         sequence_parallel=bool(cfg.tp.get("sequence_parallel", False)),
         split_points=layout.split_points,
+        recompute=_recompute_of(cfg),
     )
 
 
-def apply_candidate(cfg: DictConfig, c: Candidate, *, strategies: dict[str, str]) -> None:
-    """Rewrite ``cfg`` in place so that it asks for ``c`` (what ``parallel=auto`` trains)."""
+def _recompute_of(cfg: DictConfig) -> str:
+    """The planner's name for the run's trainer.activation_checkpointing (every k-th block counts as none)."""
+    trainer = cfg.get("trainer") or {}
+    mode = str(trainer.get("activation_checkpointing", "none"))
+    if mode == "selective" and int(trainer.get("ac_every", 1)) > 1:
+        return "none"
+    return mode if mode in TRAINER_AC else "none"
+
+
+def apply_candidate(cfg: DictConfig, c: Candidate, *, strategies: dict[str, str], precision: str | None = None) -> None:
+    """Rewrite ``cfg`` in place so that it asks for ``c`` (what ``parallel=auto`` trains): the layout, and
+    the precision (the workload's, ``precision``) and activation checkpointing the plan assumed."""
     name = strategy_of(c)
     spec = STRATEGIES[name]
+    if "trainer" in cfg:
+        if precision is not None:
+            cfg.trainer.precision = TRAINER_PRECISION[precision]
+        cfg.trainer.activation_checkpointing = TRAINER_AC[c.recompute]
+        cfg.trainer.ac_every = 1
     cfg.parallel._target_ = strategies[name]
     cfg.parallel.name = name
     cfg.dp.size, cfg.tp.size, cfg.pp.size = c.dp, c.tp, c.pp
@@ -304,6 +326,8 @@ def run_warnings(cfg: DictConfig, layout: ParallelLayout) -> list[str]:
         model, hardware, workload = specs_from_cfg(cfg, calibrate=False)
     except PlanError:
         return []
+    trained = "fp32" if str((cfg.get("trainer") or {}).get("precision", "fp32")) == "fp32" else "mixed"
+    workload = replace(workload, precision=trained)  # what this run trains in, whatever planner.precision says
     c = candidate_of(cfg, layout)
     if c.pp > 1 and not schedule_spec(c.schedule).modeled:  # e.g. dualpipev: estimate it as 1F1B
         c = replace(c, schedule="1f1b")

@@ -26,6 +26,8 @@ PRECISIONS = {
     "mixed": (2, 2, 12),
 }
 ACTIVATION_BYTES = {"fp32": 4, "mixed": 2}
+#: the planner's precision -> the trainer.precision that trains it (parallel=auto sets it)
+TRAINER_PRECISION = {"fp32": "fp32", "mixed": "bf16-mixed"}
 
 
 #: the planner's view of a model: its shape and the parameter / FLOP formulas, from the model's
@@ -138,7 +140,9 @@ class Workload:
         seq = planner.get("seq_len") or (model.max_seq_len if described else cfg.data.seq_len)
         precision = str(planner.precision)
         if precision == "auto":
-            precision = "mixed" if hardware.device == "cuda" else "fp32"
+            # what the run will train in: trainer.precision when set to a bf16 mode, else by device
+            asked = str(cfg.get("trainer", {}).get("precision", "fp32"))
+            precision = "mixed" if asked != "fp32" or hardware.device == "cuda" else "fp32"
         if precision not in PRECISIONS:
             raise PlanError(f"planner.precision={planner.precision}: use auto, fp32 or mixed")
         recompute = str(planner.recompute)

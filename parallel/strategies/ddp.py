@@ -80,6 +80,6 @@ def wrap_ddp(model: nn.Module, *, ctx: WorkerContext) -> tuple[DDP, CommTimer]:
 
 class DDPStrategy(Strategy):
     def build(self, *, ctx: WorkerContext) -> Engine:
-        model = ctx.build_model().to(ctx.device)
+        model = ctx.prepare(ctx.build_model().to(ctx.device))
         ddp, timer = wrap_ddp(model, ctx=ctx)
         return DDPEngine(ddp, timer=timer, accumulation=ctx.accumulation_steps())

@@ -14,6 +14,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -22,16 +23,23 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from parallel.core.base import Engine, Strategy, WorkerContext
 
 
-def apply_fsdp(model: nn.Module, *, dp_mesh: DeviceMesh, reshard_after_forward: bool = True) -> nn.Module:
-    """Shard ``model`` in place: every block in ``model.layers`` (when it has them), then the root."""
+def apply_fsdp(
+    model: nn.Module, *, dp_mesh: DeviceMesh, reshard_after_forward: bool = True, mp_policy: Any = None
+) -> nn.Module:
+    """Shard ``model`` in place: every block in ``model.layers`` (when it has them), then the root.
+
+    ``mp_policy``: FSDP2's ``MixedPrecisionPolicy`` (bf16-mixed: bf16 all-gather and compute, fp32
+    gradient reduce-scatter into fp32 sharded parameters); None keeps the parameters' dtype.
+    """
+    extra = {"mp_policy": mp_policy} if mp_policy is not None else {}
     # With TP the root returns ``to_local()`` of the gathered logits, a view; FSDP2 warns that an in-place
     # op on it would skip its pre-backward hook. Engines here never modify outputs in place.
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
     blocks = getattr(model, "layers", None)
     if isinstance(blocks, nn.ModuleDict):
         for block in blocks.values():
-            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, **extra)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, **extra)
     return model
 
 
@@ -55,8 +63,8 @@ class FSDPStrategy(Strategy):
         from parallel.core.rank_map import announce_rank_map
         from parallel.strategies.tp import MeshModuleEngine
 
-        model = ctx.build_model(materialize=False)
-        apply_fsdp(model, dp_mesh=ctx.mesh["dp"])
+        model = ctx.prepare(ctx.build_model(materialize=False), fsdp=True)
+        apply_fsdp(model, dp_mesh=ctx.mesh["dp"], mp_policy=ctx.fsdp_mp_policy())
         model = ctx.place(model)  # a meta-built model gets storage for its shards only, then its init
         ctx.log.info("parallel=fsdp: fully_shard per block and root over dp=%d", ctx.layout.dp)
         rank_map = announce_rank_map(ctx, stage_modules=[model])

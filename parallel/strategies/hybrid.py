@@ -4,7 +4,8 @@ How one rank's model is built, in this order (torchtitan's):
 1. pipeline (pp > 1): the model is split into stages by names (``parallel/pipeline/engine.py``); this rank
    keeps its stage(s);
 2. tensor parallel (tp > 1): the model's plan (its ``ModelSpec.parallelize``) on the tp sub-mesh, applied
-   to each stage module;
+   to each stage module; then activation checkpointing and compile per block, and bf16 autocast unless
+   FSDP2 casts (``parallel/core/regional.py``);
 3. data parallel (dp > 1): FSDP2 ``fully_shard`` on the dp sub-mesh when ``dp.shard``, else DDP; with
    tp > 1 or pp > 1 always FSDP2 (DDP over DTensor modules fails on torch 2.13, and DDP inside a
    ``PipelineStage`` with several micro-batches crashes or gives wrong gradients; see
@@ -46,10 +47,12 @@ def shard_replica(
     layout = ctx.layout
     if layout.tp > 1:
         parallelize_for_tp(module, ctx=ctx)
+    fsdp = layout.dp > 1 and layout.dp_shard
+    ctx.prepare(module, fsdp=fsdp)  # activation checkpointing, compile, autocast (unless FSDP2 casts)
     if layout.dp == 1:
         return ctx.place(module), None, None
-    if layout.dp_shard:
-        apply_fsdp(module, dp_mesh=ctx.mesh["dp"])
+    if fsdp:
+        apply_fsdp(module, dp_mesh=ctx.mesh["dp"], mp_policy=ctx.fsdp_mp_policy())
         return ctx.place(module), fsdp_no_sync(module), None
     ddp, timer = wrap_ddp(ctx.place(module), ctx=ctx)
     return ddp, ddp.no_sync, timer

@@ -7,5 +7,5 @@ from parallel.core.base import Engine, ModuleEngine, Strategy, WorkerContext
 
 class SingleStrategy(Strategy):
     def build(self, *, ctx: WorkerContext) -> Engine:
-        model = ctx.build_model().to(ctx.device)
+        model = ctx.prepare(ctx.build_model().to(ctx.device))
         return ModuleEngine(model, accumulation=ctx.accumulation_steps())

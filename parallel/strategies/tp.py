@@ -35,7 +35,10 @@ def plain_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Te
 def tp_meter(ctx: WorkerContext) -> SampledCommMeter:
     """Times the tp group's collectives on the steps the loop logs (none with tp.measure_comm=false)."""
     timer = None
-    if ctx.layout.tp > 1 and ctx.cfg.tp.get("measure_comm", True):
+    if ctx.layout.tp > 1 and ctx.cfg.trainer.get("compile", False):
+        # the timer is a TorchDispatchMode: while one is active torch.compile runs the blocks eagerly
+        ctx.log.info("tp_comm_time_s is not measured with trainer.compile=true (it would disable compile)")
+    elif ctx.layout.tp > 1 and ctx.cfg.tp.get("measure_comm", True):
         timer = CollectiveTimer(group_name=ctx.mesh["tp"].get_group().group_name)
     return SampledCommMeter(timer, every=int(ctx.cfg.trainer.log_every), prefix="tp")
 
@@ -100,7 +103,7 @@ class TPStrategy(Strategy):
     def build(self, *, ctx: WorkerContext) -> Engine:
         model = ctx.build_model(materialize=False)
         parallelize_for_tp(model, ctx=ctx)
-        model = ctx.place(model)
+        model = ctx.prepare(ctx.place(model))
         ctx.log.info(
             "parallel=tp: %d-way tensor parallel (sequence_parallel=%s, loss_parallel=%s)",
             ctx.layout.tp,

@@ -28,6 +28,7 @@ from trainer.loop.optim import build_optimizer, build_scheduler
 from trainer.observe.console import ProgressDisplay
 from trainer.observe.memory import peak_memory_bytes
 from trainer.observe.metrics import StepStats
+from trainer.observe.perf import StepInstruments
 from trainer.observe.sinks import RankZeroSinks
 
 
@@ -98,6 +99,7 @@ class Trainer:
         self.tokens_per_step = int(self.cfg.data.global_batch_size) * int(self.data.tokens_per_sample)
         self.faults = FaultInjector.from_config(self.cfg.get("debug"), rank=ctx.rank, log=ctx.log)
         self.stats = StepStats()
+        self.instruments = StepInstruments(ctx=ctx, tokens_per_step=self.tokens_per_step)
         self.first_loss: float | None = None
         self.last_loss: float | None = None
         self.skipped_steps: list[int] = []
@@ -178,7 +180,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if self.faults is not None:
             self.faults.before_step(step)
-        loss = self.engine.train_step(x, y)
+        with self.instruments.step(step):  # saved activations; profiler at trainer.profile_steps
+            loss = self.engine.train_step(x, y)
         if self.faults is not None:
             loss = self.faults.after_backward(step, loss, self.engine.parameters())
         return loss, self.engine.clip_grad_norm_(self.max_grad_norm)
@@ -212,6 +215,7 @@ class Trainer:
                 "step_time_s": outcome.seconds,
                 "tokens_per_s": self.tokens_per_step / outcome.seconds,
                 "grad_norm": float(outcome.grad_norm),
+                **self.instruments.logged(step, outcome.seconds),  # mfu, memory, saved activations (collective)
                 **outcome.extras,
             }
             if sinks is not None:
@@ -333,6 +337,10 @@ class Trainer:
             inits = [None] * ctx.world_size
             dist.all_gather_object(inits, ctx.model_init)
         extras = self.engine.summary()  # may hold collectives: called on every rank
+        perf = self.instruments.summary(step_times=self.stats.step_times)  # collective too
+        if perf.get("profile_files"):
+            artifacts = extras.setdefault("artifacts", {"images": {}, "files": []})
+            artifacts.setdefault("files", []).extend(perf["profile_files"])
         return {
             "status": "completed",
             "strategy": ctx.layout.strategy,
@@ -354,5 +362,6 @@ class Trainer:
                 "materialised_bytes_max_per_rank": [i.get("materialised_bytes_max") for i in inits],
                 "build_peak_growth_bytes_per_rank": [i.get("build_peak_growth_bytes") for i in inits],
             },
+            **perf,
             **extras,
         }

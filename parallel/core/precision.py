@@ -1,0 +1,75 @@
+"""``trainer.precision``: how parameters are stored and in which dtype the model computes.
+
+- ``fp32``: everything in float32 (the default; parity with ``parallel=single`` within 1e-4).
+- ``bf16-mixed``: float32 parameters, gradients and optimizer state (the master copy); the forward and
+  backward compute in bfloat16; gradients are reduced across replicas in float32. On fsdp/hybrid with a
+  sharded dp dimension this is FSDP2's ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``
+  (parameters all-gathered in bf16, gradients reduce-scattered in fp32); everywhere else (single, ddp,
+  tp, pp, mp) ``torch.autocast(device_type, bfloat16)`` around the module's forward (for pipelines: each
+  stage's forward), so DDP all-reduces the fp32 gradients of fp32 parameters.
+- ``bf16``: parameters (and so gradients and optimizer state) stored in bfloat16; floating inputs are cast
+  on the way in. Half the memory, no master copy: small updates round away.
+
+The loss is computed in float32 in every mode (``parallel.core.base.cross_entropy`` upcasts the logits);
+softmax inside attention accumulates in float32 in torch's SDPA kernels (CPU and CUDA) whatever the input
+dtype, and autocast runs softmax, norms and the loss in float32 by its own op lists.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch import nn
+
+PRECISIONS = ("fp32", "bf16-mixed", "bf16")
+
+
+def param_dtype(precision: str) -> torch.dtype:
+    """The dtype parameters are stored in."""
+    return torch.bfloat16 if precision == "bf16" else torch.float32
+
+
+def compute_dtype(precision: str) -> torch.dtype:
+    """The dtype matmuls run in (what the device's peak FLOP/s is measured for)."""
+    return torch.float32 if precision == "fp32" else torch.bfloat16
+
+
+def fsdp_mp_policy(precision: str) -> Any:
+    """FSDP2's mixed-precision policy for ``precision`` (None: FSDP2 keeps the parameters' dtype)."""
+    if precision != "bf16-mixed":
+        return None
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def _cast_floating_inputs(module: nn.Module, args: tuple) -> tuple:
+    return tuple(a.to(torch.bfloat16) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
+
+
+def cast_parameters(model: nn.Module, precision: str) -> nn.Module:
+    """``bf16``: parameters and buffers to bfloat16 and floating inputs cast on entry; others unchanged."""
+    if precision == "bf16":
+        model.to(torch.bfloat16)
+        model.register_forward_pre_hook(_cast_floating_inputs)
+    return model
+
+
+def enable_autocast(module: nn.Module, *, device_type: str) -> nn.Module:
+    """Run ``module``'s forward under ``torch.autocast(device_type, bfloat16)``.
+
+    The instance's ``forward`` is replaced (no wrapper module), so parameter names do not change and
+    DDP, a ``PipelineStage`` or a checkpoint see the same module. Backward replays the dtypes autocast
+    chose; activation checkpointing restores the autocast state when it recomputes.
+    """
+    inner = module.forward
+
+    @functools.wraps(inner)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device_type=device_type, dtype=torch.bfloat16):
+            return inner(*args, **kwargs)
+
+    module.forward = forward  # type: ignore[method-assign]
+    return module

@@ -1,0 +1,127 @@
+"""Per-block transforms of a model (or a pipeline stage): activation checkpointing, then regional compile,
+then bf16 autocast on the module's forward, applied after tensor parallel and before data parallel —
+torchtitan's order TP → AC → compile → FSDP.
+
+``prepare_module`` is what every strategy calls on the module it is about to hand to DDP, FSDP2 or a
+``PipelineStage``. Each block in ``module.layers`` keeps its name: its instance ``forward`` is replaced by a
+checkpointed and/or compiled one, so parameter names (checkpoints, split points, TP plans) do not change and
+FSDP2's per-block hooks stay outside the compiled region.
+
+- ``trainer.activation_checkpointing=full``: every block's activations are recomputed in backward; only the
+  block's input is kept.
+- ``selective`` with ``trainer.ac_every=1`` (default): torch's op-level selective checkpointing
+  (``create_selective_checkpoint_contexts``) keeps the outputs of matmuls (mm, addmm, bmm, attention)
+  and recomputes the cheap element-wise and normalisation ops.
+- ``selective`` with ``trainer.ac_every=k > 1``: block-level selective: every k-th block (global block
+  index k-1, 2k-1, ...) is checkpointed in full, the others keep everything.
+- ``trainer.compile=true``: each block is compiled on its own (regional compilation): one compiled graph
+  reused by every block of the same shape, so compile time does not grow with depth.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+from parallel.core.activations import CountingSACStorage, active_meter, hold_inputs
+from parallel.core.precision import enable_autocast
+
+
+def _matmul_ops() -> frozenset:
+    aten = torch.ops.aten
+    ops = [aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default]
+    for name in (
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+    ):
+        op = getattr(aten, name, None)
+        if op is not None:
+            ops.append(op.default)
+    return frozenset(ops)
+
+
+SAVE_OPS = _matmul_ops()
+
+
+def save_matmuls_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    """Keep matmul and attention outputs, recompute everything else."""
+    return CheckpointPolicy.MUST_SAVE if op in SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _selective_contexts() -> tuple:
+    """The policy's two dispatch modes with a cache that the activation meter counts (eager only)."""
+    caching, cached = create_selective_checkpoint_contexts(save_matmuls_policy)
+    storage = CountingSACStorage(active_meter())
+    caching.storage = cached.storage = storage
+    return caching, cached
+
+
+def checkpoint_block(block: nn.Module, *, selective: bool, for_compile: bool = False) -> None:
+    """Recompute ``block``'s forward in backward: everything (``selective=False``) or all but matmuls."""
+    inner = block.forward
+    if selective:
+        # torch.compile accepts a functools.partial of create_selective_checkpoint_contexts only
+        context_fn = (
+            functools.partial(create_selective_checkpoint_contexts, save_matmuls_policy)
+            if for_compile
+            else _selective_contexts
+        )
+    else:
+        context_fn = None
+
+    @functools.wraps(inner)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        args = hold_inputs(args)
+        if context_fn is None:
+            return checkpoint(inner, *args, use_reentrant=False, **kwargs)
+        return checkpoint(inner, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
+
+    block.forward = forward  # type: ignore[method-assign]
+
+
+def compile_block(block: nn.Module) -> None:
+    block.forward = torch.compile(block.forward)  # type: ignore[method-assign]
+
+
+def blocks_of(module: nn.Module) -> list[tuple[int, nn.Module]]:
+    """(global block index, block) of the blocks this module (or pipeline stage) holds."""
+    layers = getattr(module, "layers", None)
+    if not isinstance(layers, nn.ModuleDict):
+        return []
+    return [(int(key), block) for key, block in layers.items()]
+
+
+def checkpoint_plan(mode: str, every: int, index: int) -> str:
+    """How block ``index`` is checkpointed: none, full or selective."""
+    if mode == "full":
+        return "full"
+    if mode == "selective":
+        if every > 1:
+            return "full" if (index + 1) % every == 0 else "none"
+        return "selective"
+    return "none"
+
+
+def prepare_module(module: nn.Module, *, trainer: Any, device_type: str, autocast: bool) -> nn.Module:
+    """Activation checkpointing and compile per block, then (``autocast``) bf16 autocast on the forward.
+
+    ``trainer`` is ``cfg.trainer``; ``autocast`` is False where FSDP2's MixedPrecisionPolicy casts instead.
+    """
+    mode = str(trainer.get("activation_checkpointing", "none"))
+    every = int(trainer.get("ac_every", 1))
+    compile_ = bool(trainer.get("compile", False))
+    for index, block in blocks_of(module):
+        how = checkpoint_plan(mode, every, index)
+        if how != "none":
+            checkpoint_block(block, selective=how == "selective", for_compile=compile_)
+        if compile_:
+            compile_block(block)
+    if autocast and str(trainer.get("precision", "fp32")) == "bf16-mixed":
+        enable_autocast(module, device_type=device_type)
+    return module

@@ -1,0 +1,102 @@
+"""trainer.precision, activation checkpointing and compile: refused before spawn, and checkpointing in-process
+(same gradients, less saved memory). The runs are in tests/integration/test_precision_ac_compile_runs.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from trainer.validate import ConfigError, validate
+
+
+def _problems(cfg) -> str:
+    with pytest.raises(ConfigError) as err:
+        validate(cfg, environ={})
+    return str(err.value)
+
+
+# ---- refused before spawn -------------------------------------------------------------------------
+
+
+def test_unknown_precision_and_ac_mode_refused(compose_cfg):
+    msg = _problems(compose_cfg("trainer.precision=fp16", "trainer.activation_checkpointing=some"))
+    assert "trainer.precision=fp16: unknown precision; use one of fp32, bf16-mixed, bf16" in msg
+    assert "loss scaler" in msg
+    assert "trainer.activation_checkpointing=some: unknown mode; use one of none, full, selective" in msg
+
+
+def test_ac_every_and_profile_steps_refused(compose_cfg):
+    msg = _problems(
+        compose_cfg(
+            "trainer.activation_checkpointing=full",
+            "trainer.ac_every=2",
+            "trainer.max_steps=5",
+            "trainer.profile_steps=[4,9]",
+        )
+    )
+    assert "trainer.ac_every=2 with trainer.activation_checkpointing=full" in msg
+    assert "use trainer.activation_checkpointing=selective" in msg
+    assert "trainer.profile_steps=[4, 9]" in msg and "trainer.max_steps=5" in msg
+
+
+def test_compile_without_compiler_refused(compose_cfg, monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CXX", raising=False)
+    msg = _problems(compose_cfg("trainer.compile=true", "topology.device=cpu"))
+    assert "trainer.compile=true on CPU needs a C++ compiler" in msg and "trainer.compile=false" in msg
+
+
+# ---- activation checkpointing in-process: same gradients, less saved memory -------------------------
+
+
+def _grads_and_saved(mode: str, every: int = 1) -> tuple[dict[str, torch.Tensor], int]:
+    from models.gpt.model import GPT
+    from parallel.core.activations import SavedActivationMeter
+    from parallel.core.base import cross_entropy
+    from parallel.core.regional import prepare_module
+
+    torch.manual_seed(0)
+    model = GPT(n_layers=4, d_model=32, n_heads=2, max_seq_len=32)
+    trainer = OmegaConf.create({"activation_checkpointing": mode, "ac_every": every, "precision": "fp32"})
+    prepare_module(model, trainer=trainer, device_type="cpu", autocast=True)
+    x = torch.randint(0, 256, (4, 32))
+    meter = SavedActivationMeter()
+    with meter.step():
+        cross_entropy(model(x[:, :-1]), x[:, 1:]).backward()
+    assert meter.live == 0  # everything saved was released by backward
+    return {n: p.grad.clone() for n, p in model.named_parameters()}, meter.peak
+
+
+def test_activation_checkpointing_same_gradients_less_memory():
+    ref, none = _grads_and_saved("none")
+    peaks = {"none": none}
+    for mode, every in (("full", 1), ("selective", 1), ("selective", 2)):
+        grads, peaks[f"{mode}{every}"] = _grads_and_saved(mode, every)
+        assert grads.keys() == ref.keys()  # names kept
+        for name in ref:
+            torch.testing.assert_close(grads[name], ref[name], rtol=1e-5, atol=1e-7)
+    assert peaks["full1"] < peaks["selective1"] < peaks["none"], peaks
+    assert peaks["full1"] < peaks["selective2"] < peaks["none"], peaks
+
+
+# ---- the planner plans what the trainer runs ----------------------------------------------------------
+
+
+def test_plan_choice_sets_precision_and_checkpointing(compose_cfg):
+    from parallel.plan.cost_model import Candidate
+    from parallel.plan.search import apply_candidate, available_strategies, candidate_of, trainable
+    from tests.helpers import CONF
+
+    strategies = available_strategies(CONF)
+    chosen = Candidate(dp=2, micro_batches=1, zero_stage=3, recompute="selective")
+    assert trainable(chosen, strategies) and trainable(Candidate(recompute="full"), strategies)
+    cfg = compose_cfg("parallel=auto", "data.global_batch_size=16")
+    apply_candidate(cfg, chosen, strategies=strategies, precision="mixed")
+    assert cfg.parallel.name == "fsdp"
+    assert cfg.trainer.precision == "bf16-mixed" and cfg.trainer.activation_checkpointing == "selective"
+    run = validate(cfg, environ={})
+    assert candidate_of(cfg, run.layout).recompute == "selective"  # read back as the planner's choice
+    apply_candidate(cfg, Candidate(dp=2, recompute="full"), strategies=strategies, precision="fp32")
+    assert cfg.trainer.precision == "fp32" and cfg.trainer.activation_checkpointing == "full"
