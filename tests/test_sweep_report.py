@@ -98,6 +98,9 @@ def test_report_of_a_sweep_with_completed_skipped_and_crashed_jobs(tmp_path):
             "split_points": [2],
             "bubble_fraction": 0.3,
             "bubble_theoretical": 0.2,
+            "bubble_schedule": 0.2,
+            "bubble_imbalance": 0.04,
+            "bubble_overhead": 0.06,
         },
     }
     _job(tmp_path, 0, config=cfg, summary=summary)
@@ -112,8 +115,11 @@ def test_report_of_a_sweep_with_completed_skipped_and_crashed_jobs(tmp_path):
     assert report_main([str(tmp_path), "--wandb", "disabled"]) == 0
     report = (tmp_path / "report.md").read_text()
     assert "3 jobs: 1 completed, 1 skipped, 1 failed" in report
-    assert "| ★ ◆ 0 | dp1·tp1·pp2 | gpipe | 4 | 2 | 1,234 | 50.0 | 30% | 20% | 100 / 80 | completed |" in report
-    assert "| 1 | dp1·tp1·pp2 | 1f1b | 1 | 2 | - | - | - | - | - | skipped: 1f1b needs m >= 2 |" in report
+    assert (
+        "| ★ ◆ 0 | dp1·tp1·pp2 | gpipe | 4 | 2 | 1,234 | 50.0 | 30% | 20% | 20% + 4% + 6% | 100 / 80 | completed |"
+        in report
+    )
+    assert "| 1 | dp1·tp1·pp2 | 1f1b | 1 | 2 | - | - | - | - | - | - | skipped: 1f1b needs m >= 2 |" in report
     assert "job 2 **failed**" in report and "crashed outside the task" in report
     assert json.loads((tmp_path / "sweep_status.json").read_text())["counts"] == {
         "completed": 1,

@@ -76,7 +76,10 @@ def test_grid_sweep_report_has_one_row_per_job_with_the_summaries_values(grid_sw
         assert row[5] == f"{s['tokens_per_s']:,.0f}"
         assert row[6] == f"{s['median_step_time_s'] * 1000:.1f}"
         assert row[7] == f"{pipe['bubble_fraction']:.0%}" and row[8] == f"{pipe['bubble_theoretical']:.0%}"
-        assert row[10] == "completed"
+        parts = [float(p.rstrip("%")) / 100 for p in row[9].split(" + ")]
+        assert parts[0] == pytest.approx(pipe["bubble_schedule"], abs=0.005)
+        assert sum(parts) == pytest.approx(pipe["bubble_fraction"], abs=0.03)
+        assert row[11] == "completed"
         seen.add((pipe["micro_batches"], tuple(pipe["split_points"])))
     assert seen == {(2, (1,)), (2, (3,)), (4, (1,)), (4, (3,))}
     best = max(summaries, key=lambda n: summaries[n]["tokens_per_s"])
@@ -130,7 +133,7 @@ def test_invalid_combinations_are_skipped_with_their_reason_and_the_others_run(t
         assert not (job.path / "logs").exists(), "a skipped job must not start workers"
     report = write_report(sweep_dir, wandb_mode="disabled")["report"].read_text()
     cells = job_cells(table_rows(report))
-    assert cells[ok.num][10] == "completed" and cells[ok.num][0].startswith("★")
+    assert cells[ok.num][11] == "completed" and cells[ok.num][0].startswith("★")
     skipped = cells[jobs[(1, (2,))].num]
     assert skipped[3] == "1" and skipped[5] == "-" and skipped[10].startswith("skipped:")
     assert "1f1b needs at least as many micro-batches" in report

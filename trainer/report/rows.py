@@ -30,6 +30,10 @@ class ReportRow:
     step_time_s: float | None = None
     bubble_measured: float | None = None
     bubble_theoretical: float | None = None
+    bubble_schedule: float | None = None
+    bubble_imbalance: float | None = None
+    bubble_overhead: float | None = None
+    """The measured bubble's parts (schedule + imbalance + overhead = measured; parallel/pipeline/schedules.py)."""
     peak_memory_per_stage: list[int] = field(default_factory=list)  # bytes, max over the stage's ranks
     reason: str = ""
     best: bool = False
@@ -91,6 +95,9 @@ def _from_summary(job: SweepJob) -> ReportRow:
         step_time_s=_float(s.get("median_step_time_s")),
         bubble_measured=_float(pipe.get("bubble_fraction", s.get("bubble_fraction"))),
         bubble_theoretical=_float(pipe.get("bubble_theoretical", s.get("bubble_theoretical"))),
+        bubble_schedule=_float(pipe.get("bubble_schedule")),
+        bubble_imbalance=_float(pipe.get("bubble_imbalance")),
+        bubble_overhead=_float(pipe.get("bubble_overhead")),
         peak_memory_per_stage=peak_memory_per_stage(s),
         reason=job.reason,
     )
