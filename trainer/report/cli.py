@@ -33,6 +33,8 @@ COLUMNS = [
     "bubble theoretical",
     "bubble = schedule + imbalance + overhead",
     "peak memory per stage (MiB)",
+    "planner (ms)",
+    "planner error",
     "status",
 ]
 
@@ -61,6 +63,8 @@ def row_cells(row: ReportRow) -> list[str]:
         _fmt(row.bubble_theoretical, ".0%"),
         _bubble_parts(row),
         " / ".join(f"{b / MIB:.0f}" for b in row.peak_memory_per_stage) or "-",
+        _fmt(row.predicted_step_time_s, ".1f", 1000.0),
+        _fmt(row.prediction_error, "+.0%"),
         status,
     ]
 
