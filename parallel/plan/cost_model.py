@@ -70,6 +70,10 @@ class Estimate:
     stage_times_s: tuple[float, ...]
     fits: bool
     budget_bytes: float
+    rank_memory: tuple[Memory, ...] = ()
+    """Memory of every pipeline rank (``memory`` is the fullest)."""
+    rank_activation_per_micro_batch: tuple[float, ...] = ()
+    """Saved-activation bytes of one micro-batch on every pipeline rank (logits included on the last)."""
 
     @property
     def comm_fraction(self) -> float:
@@ -145,6 +149,25 @@ def last_chunk_rank(*, pp: int, schedule: str, stages_per_rank: int) -> int:
 # ---- memory terms -----------------------------------------------------------------------------
 
 
+def rank_params(model: ModelSpec, layers: list[int], *, first: bool, last: bool, tp: int, meshtrain: bool) -> float:
+    """Parameters one tensor-parallel rank of a pipeline rank holds (before data-parallel sharding).
+
+    Megatron-LM shards every block's matrices, the vocabulary-parallel embedding and the head over t
+    (norms are small and counted as sharded). meshtrain's tensor-parallel plans (``models/*/parallelize.py``)
+    shard the blocks' projections and the output head, and replicate norms and embeddings.
+    """
+    params = sum(model.layer_params(i) for i in layers)
+    embedding = model.embedding_params if first else 0
+    head = model.head_params if last else 0
+    if last and model.tied_embeddings and not first:
+        head += model.vocab_size * model.d_model
+    if not meshtrain or tp == 1:
+        return (params + embedding + head) / tp
+    norms = sum(model.layer_norm_params(i) for i in layers)
+    head_norm = model.head_params - (0 if model.tied_embeddings else model.vocab_size * model.d_model) if last else 0
+    return (params - norms + head - head_norm) / tp + norms + embedding + head_norm
+
+
 def model_state_bytes(
     params: float, *, bytes_per_param: tuple[int, int, int], zero_stage: int, dp: int
 ) -> tuple[float, float, float]:
@@ -194,6 +217,43 @@ def layer_activation_bytes(
     if sequence_parallel or tp == 1:
         return scale * (unsharded + sharded + scores) / tp
     return scale * (unsharded + (sharded + scores) / tp)
+
+
+def saved_layer_activation_bytes(
+    model: ModelSpec,
+    layer: int,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    tp: int,
+    sequence_parallel: bool,
+    recompute: str,
+    element_bytes: int,
+) -> float:
+    """What one of meshtrain's blocks actually keeps for backward, for one micro-batch (bytes).
+
+    Counted from the tensors autograd saves in ``models/gpt/model.py`` under DTensor tensor parallel (the dry
+    run measures exactly this: ``parallel/plan/dry_run.py``), which differs from Megatron-LM's in three ways:
+    attention is ``scaled_dot_product_attention`` (a fused kernel that keeps the log-sum-exp, s·a·b fp32
+    values, not the s²·a·b scores), there is no dropout (no masks), and DTensor's sequence parallel keeps the
+    all-gathered inputs of the column-parallel projections (2sbh, not sharded). Per block:
+    LayerNorm inputs 2sbh (/t with sequence parallel) and their statistics 4sb fp32; the normed inputs of the
+    attention and MLP projections 2sbh (replicated over t); q, k, v and the attention output 4sbh/t; the MLP's
+    first projection output and its GELU output 2sb·d_ff/t; the log-sum-exp s·a·b/t fp32.
+    Selective recomputation keeps the matmul outputs and recomputes norms and the GELU (drops the normed
+    inputs and the GELU output); full recomputation keeps the block input, sbh (/t with sequence parallel).
+    """
+    s, b, h, a, f = seq_len, micro_batch, model.d_model, model.n_heads, model.layer_d_ff[layer]
+    shard_seq = tp if sequence_parallel else 1
+    if recompute == "full":
+        return element_bytes * s * b * h / shard_seq
+    norm_in = 2 * s * b * h / shard_seq * element_bytes + 4 * s * b / shard_seq * 4
+    normed = 2 * s * b * h * element_bytes
+    attention = 4 * s * b * h / tp * element_bytes + s * b * a / tp * 4
+    mlp = 2 * s * b * f / tp * element_bytes
+    if recompute == "selective":
+        return norm_in + attention + mlp / 2
+    return norm_in + normed + attention + mlp
 
 
 def logits_bytes(model: ModelSpec, *, seq_len: int, micro_batch: int, tp: int, element_bytes: int) -> float:
@@ -277,18 +337,16 @@ def estimate(candidate: Candidate, *, model: ModelSpec, hardware: HardwareSpec, 
     last = last_chunk_rank(pp=c.pp, schedule=c.schedule, stages_per_rank=v)
 
     # ---- memory of each pipeline rank, keep the fullest
+    meshtrain = workload.implementation == "meshtrain"
+    layer_bytes = saved_layer_activation_bytes if meshtrain else layer_activation_bytes
     worst: Memory | None = None
+    rank_memory: list[Memory] = []
+    rank_per_mb: list[float] = []
     for r, layers in enumerate(layers_of):
-        params = sum(model.layer_params(i) for i in layers)
-        params += model.embedding_params if r == 0 else 0
-        params += model.head_params if r == last else 0
-        if r == last and model.tied_embeddings and r != 0:
-            params += model.vocab_size * model.d_model
-        w, g, o = model_state_bytes(
-            params / c.tp, bytes_per_param=workload.bytes_per_param, zero_stage=c.zero_stage, dp=c.dp
-        )
+        params = rank_params(model, layers, first=r == 0, last=r == last, tp=c.tp, meshtrain=meshtrain)
+        w, g, o = model_state_bytes(params, bytes_per_param=workload.bytes_per_param, zero_stage=c.zero_stage, dp=c.dp)
         per_mb = sum(
-            layer_activation_bytes(
+            layer_bytes(
                 model,
                 i,
                 seq_len=s,
@@ -301,10 +359,13 @@ def estimate(candidate: Candidate, *, model: ModelSpec, hardware: HardwareSpec, 
             for i in layers
         )
         held = micro_batches_in_flight(c.schedule, pp=c.pp, m=c.micro_batches, v=v, stage=r)
-        acts = per_mb * held
         if r == last:
-            acts += logits_bytes(model, seq_len=s, micro_batch=b, tp=c.tp, element_bytes=e)
+            # meshtrain's head gathers the logits on every tp rank (tp.loss_parallel=false, the default)
+            per_mb += logits_bytes(model, seq_len=s, micro_batch=b, tp=1 if meshtrain else c.tp, element_bytes=e)
+        acts = per_mb * held
         mem = Memory(params=w, grads=g, optimizer=o, activations=acts)
+        rank_memory.append(mem)
+        rank_per_mb.append(per_mb)
         if worst is None or mem.total > worst.total:
             worst = mem
     assert worst is not None
@@ -373,4 +434,6 @@ def estimate(candidate: Candidate, *, model: ModelSpec, hardware: HardwareSpec, 
         stage_times_s=stage_times,
         fits=worst.total <= budget,
         budget_bytes=budget,
+        rank_memory=tuple(rank_memory),
+        rank_activation_per_micro_batch=tuple(rank_per_mb),
     )

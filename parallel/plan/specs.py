@@ -57,6 +57,10 @@ class ModelSpec:
         h, f = self.d_model, self.layer_d_ff[i]
         return 4 * h * h + 2 * h * f + 4 * h + ((4 * h + f + h) if self.bias else 0)
 
+    def layer_norm_params(self, i: int) -> int:
+        """The block's two LayerNorms (weight and bias each): the part tensor parallel does not shard."""
+        return 4 * self.d_model
+
     @property
     def embedding_params(self) -> int:
         return self.vocab_size * self.d_model + self.max_seq_len * self.d_model
@@ -208,6 +212,10 @@ class Workload:
     precision: str = "fp32"
     memory_fraction: float = 0.9
     recompute: tuple[str, ...] = ("none",)
+    implementation: str = "meshtrain"
+    """Whose blocks the memory terms count: ``meshtrain`` (what meshtrain's models and tensor-parallel plans
+    hold and save, checked by the dry run: ``parallel/plan/dry_run.py``) or ``megatron`` (Megatron-LM's, as
+    ZeRO and Korthikanti et al. count them)."""
 
     @property
     def bytes_per_param(self) -> tuple[int, int, int]:
