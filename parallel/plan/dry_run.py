@@ -23,6 +23,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from parallel.core.state_bytes import model_state_bytes
 from parallel.plan.cost_model import Candidate, estimate
 from parallel.plan.specs import HardwareSpec, ModelSpec, Workload
 
@@ -66,16 +67,6 @@ def sample_ranks(*, pp: int, dp: int, tp: int) -> list[int]:
     ranks = {r for s in range(pp) for r in (s * per_stage, (s + 1) * per_stage - 1)}
     ranks.add(((pp // 2) * dp + dp // 2) * tp + tp // 2)
     return sorted(ranks)
-
-
-def _local_bytes(tensors) -> int:
-    from torch.distributed.tensor import DTensor
-
-    total = 0
-    for t in tensors:
-        local = t.to_local() if isinstance(t, DTensor) else t
-        total += local.numel() * local.element_size()
-    return total
 
 
 def build_meta_model(model_cfg: Any):
@@ -200,12 +191,27 @@ def _clear_dtensor_caches() -> None:
             cache.cache_clear()
 
 
+class DryRunError(RuntimeError):
+    """A layout that cannot be built: which step failed on which rank, torch's reason and the fix."""
+
+
+def _fix_for(phase: str, c: Candidate, model: ModelSpec) -> str:
+    if phase == "tensor-parallel plan":
+        return f"use a tp.size dividing model.n_heads={model.n_heads} and model.d_model={model.d_model} (now {c.tp})"
+    if phase == "schedule":
+        return (
+            f"pp.schedule={c.schedule} with {c.pp * c.stages_per_rank} stages and pp.micro_batches="
+            f"{c.micro_batches}: choose a micro-batch count or pp.stages_per_rank the schedule accepts, or "
+            "another schedule (python train.py ... prints the accepted counts)"
+        )
+    return f"this layout ({phase}) cannot be built with torch {__import__('torch').__version__}; choose another"
+
+
 def _measure_rank(
     rank: int,
     *,
     world: int,
     c: Candidate,
-    model_cfg: Any,
     meta_model,
     specs,
     model: ModelSpec,
@@ -213,21 +219,24 @@ def _measure_rank(
     sequence_parallel: bool,
     mixed: bool,
 ) -> dict[str, float]:
+    """Build this rank's part of the layout under a fake process group of ``world`` ranks and measure it."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    phase = "device mesh"
     try:
         mesh = init_device_mesh("cpu", (c.pp, c.dp, c.tp), mesh_dim_names=("pp", "dp", "tp"))
         pp_rank = rank // (c.dp * c.tp)
-        mine = [s for s in specs if s.pp_rank == pp_rank]
         dtype = torch.bfloat16 if mixed else torch.float32
         b = workload.global_batch_size // (c.dp * c.micro_batches)
         stages, acts = [], 0
-        for spec in mine:
+        for spec in (s for s in specs if s.pp_rank == pp_rank):
+            phase = "tensor-parallel plan"
             module = _tp_stage(meta_model, spec, mesh=mesh, c=c, sequence_parallel=sequence_parallel)
+            phase = "activations"
             acts += _saved_activation_bytes(
                 _tp_stage(meta_model, spec, mesh=mesh, c=c, sequence_parallel=sequence_parallel),
                 first=spec.first,
@@ -239,6 +248,7 @@ def _measure_rank(
                 dtype=dtype,
             )
             if c.zero_stage >= 3 and c.dp > 1:
+                phase = "FSDP2 sharding"
                 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
                 policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
@@ -246,22 +256,21 @@ def _measure_rank(
                     fully_shard(block, mesh=mesh["dp"], mp_policy=policy)
                 fully_shard(module, mesh=mesh["dp"], mp_policy=policy)
             stages.append((spec, module))
+        phase = "optimizer"
         params = [p for _, m in stages for p in m.parameters()]
         for p in params:
             p.grad = torch.zeros_like(p)
         opt = torch.optim.AdamW(params, lr=1e-4, foreach=False)
-        opt.step()
-        state = [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v) and v.dim() > 0]
-        measured = {
-            "params": float(_local_bytes(params)),
-            "grads": float(_local_bytes(p.grad for p in params)),
-            "optimizer": float(_local_bytes(state)),
-            "activations_per_micro_batch": float(acts),
-        }
-        measured["model_state"] = measured["params"] + measured["grads"] + measured["optimizer"]
+        opt.step()  # creates the moments, on meta tensors
+        measured: dict[str, float] = {k: float(v) for k, v in model_state_bytes(params, opt).items()}
+        measured["activations_per_micro_batch"] = float(acts)
         if c.pp > 1:
+            phase = "schedule"
             _build_schedule(stages, c=c, group=mesh["pp"].get_group())
         return measured
+    except Exception as exc:  # noqa: BLE001 - every failure to build is reported with the rank and the fix
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DryRunError(f"{phase} failed: {reason}; fix: {_fix_for(phase, c, model)}") from exc
     finally:
         dist.destroy_process_group()
         _clear_dtensor_caches()
@@ -323,7 +332,6 @@ def dry_run(
                 rank,
                 world=world,
                 c=c,
-                model_cfg=model_cfg,
                 meta_model=meta_model,
                 specs=specs,
                 model=model,
@@ -331,8 +339,8 @@ def dry_run(
                 sequence_parallel=sp,
                 mixed=workload.precision == "mixed",
             )
-        except Exception as exc:  # noqa: BLE001 - every failure to build is the report, with the rank
-            rep.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        except DryRunError as exc:
+            rep.error = f"rank {rank} (pp={coords['pp']}, dp={coords['dp']}, tp={coords['tp']}): {exc}"
         rep.seconds = time.perf_counter() - t1
         reports.append(rep)
     layout = {

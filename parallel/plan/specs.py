@@ -219,6 +219,12 @@ class Workload:
 
     @property
     def bytes_per_param(self) -> tuple[int, int, int]:
+        """(weights, gradients, optimizer states) per parameter. meshtrain's bf16-mixed keeps fp32 weights
+        (the master copy: FSDP2 casts to bf16 per block, transiently; autocast casts per op) and fp32
+        gradients (reduced in fp32), so it holds 4 + 4 + 8 where ZeRO's mixed precision holds 2 + 2 + 12:
+        the same 16 bytes, split differently."""
+        if self.implementation == "meshtrain":
+            return PRECISIONS["fp32"]
         return PRECISIONS[self.precision]
 
     @property

@@ -20,6 +20,7 @@ from hydra.utils import instantiate
 from torch import nn
 
 from parallel.core.base import Engine, WorkerContext
+from parallel.core.state_bytes import model_state_bytes
 from trainer.launch.preemption import PreemptionFlag
 from trainer.loop.optim import build_optimizer, build_scheduler
 from trainer.observe.console import ProgressDisplay
@@ -278,11 +279,12 @@ class Trainer:
 
     def _summary(self, *, wall: float, first_step_s: float | None) -> dict[str, Any]:
         ctx = self.ctx
-        peak = peak_memory_bytes(ctx.device)
-        peaks = [peak]
+        mine = (peak_memory_bytes(ctx.device), model_state_bytes(list(self.engine.parameters()), self.optimizer))
+        gathered = [mine]
         if ctx.world_size > 1:
-            peaks = [None] * ctx.world_size
-            dist.all_gather_object(peaks, peak)
+            gathered = [None] * ctx.world_size
+            dist.all_gather_object(gathered, mine)
+        peaks = [g[0] for g in gathered]
         extras = self.engine.summary()  # may hold collectives: called on every rank
         return {
             "status": "completed",
@@ -297,6 +299,8 @@ class Trainer:
             "wall_time_s": wall,
             "peak_memory_bytes_per_rank": peaks,
             "peak_memory_bytes_max": max(peaks),
+            # parameters, gradients and optimizer state each rank holds (local shards), as the dry run counts
+            "model_state_bytes_per_rank": [g[1] for g in gathered],
             "layout": ctx.layout.to_dict(),
             **extras,
         }
