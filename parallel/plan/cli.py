@@ -138,6 +138,13 @@ def _versus(r, key: str) -> str:
     return f"{got} ({r.estimated[key] / GB:.4g}, {ratio - 1:+.1%})" if ratio else got
 
 
+def _versus(r, key: str) -> str:
+    """``measured (estimated, +error)`` in GB."""
+    ratio = r.ratio(key)
+    got = f"{r.measured[key] / GB:.4g}"
+    return f"{got} ({r.estimated[key] / GB:.4g}, {ratio - 1:+.1%})" if ratio else got
+
+
 def print_dry_run(report, *, file=None) -> None:
     """Measured beside estimated bytes per sampled rank (``parallel/plan/dry_run.py``)."""
     from rich.console import Console
@@ -166,12 +173,7 @@ def print_dry_run(report, *, file=None) -> None:
         if r.error:
             table.add_row(str(r.rank), coords, ",".join(map(str, r.stages)), f"[red]{r.error}[/]", "", "", "", "")
             continue
-        m, e = r.measured, r.estimated
-
-        def pair(key: str) -> str:
-            ratio = r.ratio(key)
-            return f"{m[key] / GB:.4g} ({e[key] / GB:.4g}, {ratio - 1:+.1%})" if ratio else f"{m[key] / GB:.4g}"
-
+        m = r.measured
         table.add_row(
             str(r.rank),
             coords,
@@ -179,8 +181,8 @@ def print_dry_run(report, *, file=None) -> None:
             f"{m['params'] / GB:.4g}",
             f"{m['grads'] / GB:.4g}",
             f"{m['optimizer'] / GB:.4g}",
-            pair("model_state"),
-            pair("activations_per_micro_batch"),
+            _versus(r, "model_state"),
+            _versus(r, "activations_per_micro_batch"),
         )
     console.print(table)
 
