@@ -52,6 +52,9 @@ class TrainerConfig:
     """After SIGTERM/SIGUSR1, how long a rank may take to reach a step boundary before it just exits."""
     on_nonfinite: str = "stop"
     """stop or skip when the loss or gradient norm is not finite."""
+    dry_run: bool = False
+    """Build this layout for every rank (sampled ranks above 16) under torch's fake process group in this one
+    process, report measured vs planned memory per rank (dry_run.json) and stop: no worker, no training."""
 
 
 @dataclass
