@@ -308,6 +308,12 @@ def bubble_fraction(schedule: str, *, pp: int, m: int, v: int = 1) -> float:
     return idle / (m + idle)
 
 
+def actions_per_micro_batch(schedule: str, *, v: int) -> int:
+    """Pipeline actions one rank runs per micro-batch: F and B on each of its v stages, plus W for the
+    zero-bubble schedules, which split B into input (I) and weight (W) gradients (arXiv 2401.10241)."""
+    return v * (3 if schedule in ("zero_bubble", "zbv") else 2)
+
+
 def ring_allreduce_s(nbytes: float, *, n: int, link: Link, messages: int = 1) -> float:
     """Ring all-reduce: each rank sends and receives 2(n-1)/n of the buffer (reduce-scatter + all-gather)
     in 2(n-1) steps, each paying the link latency (Patarasuk & Yuan 2009; the cost Megatron-LM
@@ -376,6 +382,7 @@ def estimate(candidate: Candidate, *, model: ModelSpec, hardware: HardwareSpec, 
     tp_link = hardware.link_for(span=c.tp, stride=1)
     ar_per_layer = 4 + (2 if c.recompute == "full" else 0)  # Megatron-LM 2104.04473 section 3.2: 2 fwd + 2 bwd
     tp_ar = ring_allreduce_s(tokens * model.d_model * e, n=c.tp, link=tp_link)
+    tp_ar += hardware.tp_collective_s if c.tp > 1 else 0.0
     stage_compute, stage_tp = [], []
     # ranks sharing a node slow each other down (memory bandwidth, caches): measured, see calibrate.py
     busy = hardware.busy_node_slowdown if min(c.dp * c.tp * c.pp, hardware.devices_per_node) > 1 else 1.0
@@ -394,6 +401,8 @@ def estimate(candidate: Candidate, *, model: ModelSpec, hardware: HardwareSpec, 
     act_msg = tokens * model.d_model * e / (c.tp if c.sequence_parallel else 1)
     hops = (2 if c.schedule == "zbv" else 1) * v  # each virtual stage boundary sends once forward, once back
     pp_per_mb = 2 * hops * p2p_s(act_msg, link=pp_link) if c.pp > 1 else 0.0
+    # every stage of a rank runs F and B (and W where the schedule splits the backward) per micro-batch
+    pp_per_mb += actions_per_micro_batch(c.schedule, v=v) * hardware.pipeline_action_s if c.pp > 1 else 0.0
     stage_times = tuple(cp + tp_ + pp_per_mb for cp, tp_ in zip(stage_compute, stage_tp))
     bubble = bubble_fraction(c.schedule, pp=c.pp, m=c.micro_batches, v=v)
     pipeline_s = c.micro_batches * max(stage_times) / (1 - bubble)

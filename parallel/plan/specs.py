@@ -152,6 +152,10 @@ class HardwareSpec:
     inter: Link
     p2p: Link
     microbatch_overhead_s: float = 0.0
+    pipeline_action_s: float = 0.0
+    """Fixed cost of one pipeline action (F, B or W of one micro-batch on one stage) besides compute and p2p."""
+    tp_collective_s: float = 0.0
+    """Fixed cost of one tensor-parallel collective besides the link's latency and bandwidth."""
     dp_comm_overlap: float = 0.0
     busy_node_slowdown: float = 1.0
     """How much slower one device computes while the other devices of its node compute too (shared
@@ -199,6 +203,8 @@ class HardwareSpec:
             inter=inter,
             p2p=p2p,
             microbatch_overhead_s=float(topo.get("microbatch_overhead_ms", 0.0)) * 1e-3,
+            pipeline_action_s=float(topo.get("pipeline_action_ms", 0.0) or 0.0) * 1e-3,
+            tp_collective_s=float(topo.get("tp_collective_us", 0.0) or 0.0) * 1e-6,
             dp_comm_overlap=float(topo.get("dp_comm_overlap", 0.0)),
             busy_node_slowdown=float(topo.get("busy_node_slowdown", 1.0)),
             devices_per_nic=sharing,
