@@ -152,6 +152,9 @@ class HardwareSpec:
     inter: Link
     p2p: Link
     microbatch_overhead_s: float = 0.0
+    cores_per_node: int | None = None
+    """CPU devices: the node's cores, which ranks beyond them time-share (None: devices do not share)."""
+    threads_per_device: int = 1
     pipeline_action_s: float = 0.0
     """Fixed cost of one pipeline action (F, B or W of one micro-batch on one stage) besides compute and p2p."""
     tp_collective_s: float = 0.0
@@ -204,6 +207,8 @@ class HardwareSpec:
             p2p=p2p,
             microbatch_overhead_s=float(topo.get("microbatch_overhead_ms", 0.0)) * 1e-3,
             pipeline_action_s=float(topo.get("pipeline_action_ms", 0.0) or 0.0) * 1e-3,
+            cores_per_node=(os.cpu_count() or 1) if device in ("cpu", "auto") else None,
+            threads_per_device=int(topo.get("threads_per_rank", 1) or 1),
             tp_collective_s=float(topo.get("tp_collective_us", 0.0) or 0.0) * 1e-6,
             dp_comm_overlap=float(topo.get("dp_comm_overlap", 0.0)),
             busy_node_slowdown=float(topo.get("busy_node_slowdown", 1.0)),
