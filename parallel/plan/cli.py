@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from parallel.plan.cost_model import Estimate
-from parallel.plan.search import Plan, describe, plan, specs_from_cfg, strategy_of
+from parallel.plan.search import Plan, describe, pitfalls, plan, specs_from_cfg, strategy_of
 from parallel.plan.specs import GB, PlanError
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -67,6 +67,7 @@ def plan_json(p: Plan, *, top: int) -> dict:
             "measured": h.measured,
         },
         "reason": p.reason if p.ranked else None,
+        "pitfalls": plan_pitfalls(p),
         "rejected_over_memory": p.rejected,
         "candidates": [
             {"rank": i + 1, "strategy": strategy_of(e.candidate), **e.to_dict()} for i, e in enumerate(p.ranked[:top])
@@ -129,6 +130,16 @@ def print_table(p: Plan, *, top: int, elapsed_s: float, file=None) -> None:
         table.add_row(*_row(i, e))
     console.print(table)
     console.print(f"[bold]reason:[/] {p.reason}")
+    for line in plan_pitfalls(p):
+        console.print(f"[bold yellow]pitfall:[/] {line}")
+
+
+def plan_pitfalls(p: Plan) -> list[str]:
+    """The seed's traps for the first choice, with their numbers (``search.pitfalls``)."""
+    if not p.ranked:
+        return []
+    best = p.ranked[0]
+    return pitfalls(best.candidate, best, model=p.model, hardware=p.hardware, workload=p.workload)
 
 
 def _versus(r, key: str) -> str:
