@@ -67,6 +67,9 @@ class TrainerConfig:
     profile_steps: List[int] = field(default_factory=list)
     """[a, b]: a torch.profiler trace per rank of steps a..b (and a CUDA memory snapshot on CUDA) in the
     run folder's profile/; empty = no profiling."""
+    dry_run: bool = False
+    """Build this layout for every rank (sampled ranks above 16) under torch's fake process group in this one
+    process, report measured vs planned memory per rank (dry_run.json) and stop: no worker, no training."""
 
 
 @dataclass

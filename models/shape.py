@@ -75,6 +75,10 @@ class ModelShape:
         biases = (2 * h + 2 * self.kv_dim) + (2 if self.gated_mlp else 1) * f + h if self.bias else 0
         return self.layer_matmul_params(i) + 2 * self.norm_params * h + biases
 
+    def layer_norm_params(self, i: int) -> int:
+        """The block's two norms: the part tensor parallel does not shard."""
+        return 2 * self.norm_params * self.d_model
+
     @property
     def embedding_params(self) -> int:
         return self.vocab_size * self.d_model + (self.max_seq_len * self.d_model if self.learned_positions else 0)

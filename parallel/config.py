@@ -101,6 +101,12 @@ class TopologyConfig:
     """Device memory bandwidth in GB/s (bytes): the optimizer step is bound by it."""
     microbatch_overhead_ms: float = 0.0
     """Fixed cost of one forward+backward pass of the whole model besides its FLOPs (framework, small kernels)."""
+    pipeline_action_ms: float = 0.0
+    """Fixed cost of one pipeline action (a stage's forward or backward of one micro-batch) besides its compute
+    and its message: the schedule's bookkeeping, posting send/recv, waking the peer (calibrate measures it)."""
+    tp_collective_us: float = 0.0
+    """Fixed cost of one tensor-parallel collective besides the link's latency and bandwidth: DTensor's
+    dispatch of the collective and of the sharded ops around it (calibrate measures it)."""
     p2p_gbps: Optional[float] = None
     """Point-to-point bandwidth between pipeline neighbours (Gbit/s); null = the link's bandwidth."""
     p2p_latency_us: Optional[float] = None

@@ -92,6 +92,37 @@ def check_resume(cfg: DictConfig, run_dir: Path) -> None:
     check_model_matches(meta, resolved_container(cfg.model), path)
 
 
+def dry_run_layout(cfg: DictConfig, layout, *, run_dir: Path) -> dict:
+    """``trainer.dry_run=true``: the layout built for its ranks under a fake process group, measured beside
+    the planner's estimate (``parallel/plan/dry_run.py``); written to dry_run.json, nothing trained."""
+    from parallel.plan.cli import print_dry_run
+    from parallel.plan.dry_run import dry_run, sample_ranks
+    from parallel.plan.search import candidate_of, specs_from_cfg
+    from parallel.plan.specs import PlanError
+
+    try:
+        model, hardware, workload = specs_from_cfg(cfg, calibrate=False)
+    except PlanError as exc:
+        raise ConfigError([f"trainer.dry_run=true: {exc}"]) from None
+    ranks = None if layout.world_size > 16 else list(range(layout.world_size))
+    report = dry_run(
+        model_cfg=cfg.model,
+        candidate=candidate_of(cfg, layout),
+        model=model,
+        hardware=hardware,
+        workload=workload,
+        ranks=ranks if ranks is not None else sample_ranks(pp=layout.pp, dp=layout.dp, tp=layout.tp),
+    )
+    print_dry_run(report)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    summary = {"status": "dry_run", "dry_run": report.to_dict()}
+    write_json(run_dir / "dry_run.json", summary["dry_run"])
+    failed = [r.error for r in report.ranks if r.error]
+    if failed:
+        raise ConfigError(failed)
+    return summary
+
+
 def train(cfg: DictConfig, *, run_dir: Path, run_meta: dict[str, Any]) -> dict | None:
     """Validate, then run the job's workers; returns rank 0's summary."""
     if cfg.parallel.name == "auto":
@@ -109,6 +140,8 @@ def train(cfg: DictConfig, *, run_dir: Path, run_meta: dict[str, Any]) -> dict |
 
     for warning in run_warnings(cfg, validated.layout):
         log.warning("warning (planner): %s", warning)
+    if cfg.trainer.dry_run:
+        return dry_run_layout(cfg, validated.layout, run_dir=run_dir)
     cfg_dict = resolved_container(cfg)
 
     from hydra.utils import instantiate

@@ -31,7 +31,14 @@ from torch import nn
 
 from parallel.core.base import Engine, WorkerContext, cross_entropy
 from parallel.core.registry import strategy_spec
-from parallel.pipeline.schedules import schedule_class, schedule_spec, stage_to_rank, theoretical_bubble
+from parallel.pipeline.schedules import (
+    action_order,
+    bubble_parts,
+    schedule_class,
+    schedule_spec,
+    simulate,
+    stage_to_rank,
+)
 from parallel.pipeline.split import SplitPlan, even_split, min_max_partition, profile_blocks, uniform_costs
 from parallel.pipeline.stages import StageSpec, build_stage_module, pipeline_parts, stage_specs
 from parallel.pipeline.timing import StageRecorder, StepRecord, union_busy
@@ -116,9 +123,8 @@ class PipelineEngine(Engine):
         self.m = ctx.layout.micro_batches
         self.has_first = any(st.is_first for st in stages)
         self.has_last = any(st.is_last for st in stages)
-        self.bubble_theoretical = theoretical_bubble(
-            str(ctx.layout.schedule), pp=self.pp, micro_batches=self.m, num_stages=len(specs), schedule=schedule
-        )
+        self.order = action_order(str(ctx.layout.schedule), pp=self.pp, micro_batches=self.m, schedule=schedule)
+        self.bubble_theoretical = float(simulate(self.order, num_stages=len(specs))["bubble_fraction"])
         trace_step = int(ctx.cfg.pp.trace_step)
         self.trace_step = min(trace_step, int(ctx.cfg.trainer.max_steps)) if trace_step > 0 else 0
         self.steps = 0
@@ -171,9 +177,15 @@ class PipelineEngine(Engine):
             for k, spec in enumerate(specs):
                 stage_rows[spec.index] = row[_FIXED + 4 * k : _FIXED + 4 * k + 4]
         stage_busy = [sum(stage_rows[s][:3]) for s in range(len(self.specs))]
+        measured = 1.0 - sum(rank_busy) / (self.pp * window)
+        per_action = {s: dict(zip("FBW", (t / self.m for t in row[:3]))) for s, row in stage_rows.items()}
+        parts = bubble_parts(self.order, num_stages=len(self.specs), measured=measured, stage_costs=per_action)
         out: dict[str, float] = {
-            "bubble_fraction": 1.0 - sum(rank_busy) / (self.pp * window),
+            "bubble_fraction": measured,
             "bubble_theoretical": self.bubble_theoretical,
+            "bubble_schedule": parts["schedule"],
+            "bubble_imbalance": parts["imbalance"],
+            "bubble_overhead": parts["overhead"],
             "pipeline_time_s": window,
             "imbalance_ratio": max(stage_busy) / max(min(stage_busy), 1e-9),
             "activation_bytes_sent": sum(r[3] for r in rows),
@@ -274,6 +286,13 @@ class PipelineEngine(Engine):
             "split_policy": self.plan.policy,
             "bubble_fraction": med("bubble_fraction") if hist else None,
             "bubble_theoretical": self.bubble_theoretical,
+            # measured = schedule + imbalance + overhead (parallel/pipeline/schedules.py bubble_parts)
+            "bubble_schedule": med("bubble_schedule") if hist else None,
+            "bubble_imbalance": med("bubble_imbalance") if hist else None,
+            # the remainder of the medians, so that the three parts add up to the reported bubble exactly
+            "bubble_overhead": (med("bubble_fraction") - med("bubble_schedule") - med("bubble_imbalance"))
+            if hist
+            else None,
             # slowest over fastest stage, from each stage's median busy time (robust to one noisy step)
             "imbalance_ratio": (
                 max(r["busy_s"] for r in stages) / max(min(r["busy_s"] for r in stages), 1e-9) if hist else None

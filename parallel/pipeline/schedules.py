@@ -278,8 +278,24 @@ def _compute_actions(actions: Iterable[Any]) -> list[tuple[str, int, int]]:
     return out
 
 
+StageCosts = dict[int, dict[str, float]]
+"""Seconds of one action per stage and kind: ``{stage: {"F": .., "B": .., "W": ..}}`` (I costs what B does)."""
+
+
+def _cost_of(costs: dict[str, float] | StageCosts | None):
+    """``(kind, stage) -> cost`` from unit costs per kind, or measured costs per stage and kind."""
+    if costs is None:
+        return lambda kind, stage: UNIT_COSTS[kind]
+    if all(isinstance(k, str) for k in costs):
+        return lambda kind, stage: costs[kind]  # type: ignore[index]
+    return lambda kind, stage: costs[stage].get("B" if kind == "I" else kind, 0.0)  # type: ignore[union-attr]
+
+
 def simulate(
-    pipeline_order: dict[int, list[Any]], *, num_stages: int, costs: dict[str, float] | None = None
+    pipeline_order: dict[int, list[Any]],
+    *,
+    num_stages: int,
+    costs: dict[str, float] | StageCosts | None = None,
 ) -> dict[str, Any]:
     """Replay every rank's compute actions in order, each starting when its inputs are ready.
 
@@ -287,7 +303,7 @@ def simulate(
     Communication is free. Returns the makespan, each rank's busy time and the bubble fraction
     (idle share of ranks x makespan).
     """
-    costs = costs or UNIT_COSTS
+    cost = _cost_of(costs)
     queues = {r: _compute_actions(acts) for r, acts in pipeline_order.items()}
     done: dict[tuple[str, int, int], float] = {}
     clock = {r: 0.0 for r in queues}
@@ -322,8 +338,8 @@ def simulate(
                 if t is None:
                     break
                 start = max(clock[r], t)
-                clock[r] = start + costs[kind]
-                busy[r] += costs[kind]
+                clock[r] = start + cost(kind, s)
+                busy[r] += cost(kind, s)
                 done[(kind, s, i)] = clock[r]
                 pos[r] += 1
                 remaining -= 1
@@ -366,14 +382,30 @@ def single_stage_order(name: str, *, pp: int, micro_batches: int) -> dict[int, l
     return order
 
 
-def theoretical_bubble(name: str, *, pp: int, micro_batches: int, num_stages: int, schedule: Any = None) -> float:
-    """Bubble fraction of a schedule with unit costs, replaying its action order.
-
-    Single-stage schedules use ``single_stage_order``; the others the built torch schedule's
-    ``pipeline_order``.
-    """
+def action_order(name: str, *, pp: int, micro_batches: int, schedule: Any = None) -> dict[int, list[Any]]:
+    """Every rank's action order: written out for single-stage schedules, the built schedule's otherwise."""
     if schedule_spec(name).placement == "single":
-        order: Any = single_stage_order(name, pp=pp, micro_batches=micro_batches)
-    else:
-        order = schedule.pipeline_order
+        return single_stage_order(name, pp=pp, micro_batches=micro_batches)
+    return schedule.pipeline_order
+
+
+def theoretical_bubble(name: str, *, pp: int, micro_batches: int, num_stages: int, schedule: Any = None) -> float:
+    """Bubble fraction of a schedule with unit costs (equal stages, B = 2F), replaying its action order."""
+    order = action_order(name, pp=pp, micro_batches=micro_batches, schedule=schedule)
     return float(simulate(order, num_stages=num_stages)["bubble_fraction"])
+
+
+def bubble_parts(
+    order: dict[int, list[Any]], *, num_stages: int, measured: float, stage_costs: StageCosts
+) -> dict[str, float]:
+    """Split a measured bubble into what the schedule, the stages' imbalance and per-action overhead cost.
+
+    - schedule: the replay of the action order with equal stages (F = 1, B = 2), the textbook bubble;
+    - imbalance: the same replay with each stage's measured F/B/W seconds, minus the schedule part (what
+      unequal stages, and a B/F ratio other than 2, add or remove);
+    - overhead: the rest of the measured bubble: time in send/recv, waiting on peers and the schedule's own
+      bookkeeping between actions, which a replay with free communication cannot see.
+    """
+    schedule = float(simulate(order, num_stages=num_stages)["bubble_fraction"])
+    replay = float(simulate(order, num_stages=num_stages, costs=stage_costs)["bubble_fraction"])
+    return {"schedule": schedule, "imbalance": replay - schedule, "overhead": measured - replay}

@@ -8,6 +8,10 @@ was measured:
 - optimizer: AdamW step + gradient clipping, as bytes moved per second (``memory_gbps``);
 - all-reduce: two gloo processes, two buffer sizes; t = 2α + bytes/β (ring with n = 2);
 - point-to-point: ping-pong between the same two processes; t = α + bytes/β one way;
+- a pipeline's per-action cost: GPipe over two one-layer stages of 16 features, whose step is almost all
+  bookkeeping and send/recv, fitted to the cost model's step formula (``pipeline_action_ms``);
+- a tensor-parallel collective's cost: a column/row-parallel pair of tiny layers (DTensor) against the same
+  local compute without DTensor, per all-reduce, less the link's latency (``tp_collective_us``);
 - a busy node: the same forward + backward run by both processes at once, over the time alone
   (``busy_node_slowdown``): ranks of one node share memory bandwidth and caches (and on a CPU, the
   cores' turbo budget), so a rank computes slower when its neighbours compute too. On 2 cores here
@@ -168,6 +172,12 @@ def _comm_worker(rank: int, port: int, out_path: str, sizes: tuple[int, ...], bu
         results[f"allreduce_{n}"] = _timed(allreduce, reps=COMM_REPS)
         dist.barrier()
         results[f"p2p_{n}"] = _timed(pingpong, reps=COMM_REPS) / 2
+    dist.barrier()
+    results["pipeline_step_s"] = _timed(_tiny_pipeline(rank), reps=COMM_REPS)
+    tp_step, plain_step = _tiny_tensor_parallel()
+    dist.barrier()
+    results["tp_step_s"] = _timed(tp_step, reps=COMM_REPS)
+    results["plain_step_s"] = _timed(plain_step, reps=COMM_REPS)
     if rank == 0:
         import json
 
@@ -175,6 +185,61 @@ def _comm_worker(rank: int, port: int, out_path: str, sizes: tuple[int, ...], bu
             json.dump(results, f)
     dist.barrier()
     dist.destroy_process_group()
+
+
+PIPE_MICRO_BATCHES = 8
+TINY = 16
+
+
+def _tiny_pipeline(rank: int) -> Callable[[], None]:
+    """GPipe over two one-layer stages of 16 features, 8 micro-batches: its step is almost all per-action cost
+    (schedule bookkeeping, send/recv), the term the cost model's ``pipeline_action_s`` stands for."""
+    import torch
+    from torch import nn
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    torch.manual_seed(0)
+    stage = PipelineStage(nn.Linear(TINY, TINY), rank, 2, torch.device("cpu"))
+    schedule = ScheduleGPipe(
+        stage, n_microbatches=PIPE_MICRO_BATCHES, loss_fn=lambda out, tgt: out.sum(), scale_grads=False
+    )
+    x, target = torch.randn(PIPE_MICRO_BATCHES, TINY), torch.randn(PIPE_MICRO_BATCHES, TINY)
+
+    def step() -> None:
+        if rank == 0:
+            schedule.step(x)
+        else:
+            schedule.step(target=target, losses=[])
+
+    return step
+
+
+def _tiny_tensor_parallel() -> tuple[Callable[[], None], Callable[[], None]]:
+    """A column- then row-parallel pair of 16-feature layers over the two processes (two all-reduces per
+    forward + backward: the row-parallel output, the column-parallel input's gradient), and the same local
+    compute without DTensor: their difference is what tensor parallel costs per collective besides the link."""
+    import torch
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    torch.manual_seed(0)
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    sharded = parallelize_module(
+        nn.Sequential(nn.Linear(TINY, 2 * TINY), nn.Linear(2 * TINY, TINY)),
+        mesh,
+        {"0": ColwiseParallel(), "1": RowwiseParallel()},
+    )
+    plain = nn.Sequential(nn.Linear(TINY, TINY), nn.Linear(TINY, TINY))  # the same local shapes
+    x = torch.randn(4, TINY, requires_grad=True)
+
+    def run(module: nn.Module) -> Callable[[], None]:
+        def step() -> None:
+            module(x).sum().backward()
+
+        return step
+
+    return run(sharded), run(plain)
 
 
 def _free_port() -> int:
@@ -203,7 +268,15 @@ def measure_links(sizes: tuple[int, ...] = COMM_SIZES, *, busy: dict[str, Any] |
     ar_lat2, ar_spb = _fit_line(small, r[f"allreduce_{small}"], big, r[f"allreduce_{big}"])  # t = 2α + bytes/β
     p2p_lat, p2p_spb = _fit_line(small, r[f"p2p_{small}"], big, r[f"p2p_{big}"])
     busy_slowdown = max(1.0, r["busy_s"] / busy["alone_s"]) if busy is not None else 1.0
+    # fitted to the cost model's own terms: GPipe, p = 2, m micro-batches: step = m·(2a + 2·p2p)/(1 - bubble)
+    m = PIPE_MICRO_BATCHES
+    bubble = 1 / (m + 1)
+    action_s = max(0.0, (r["pipeline_step_s"] * (1 - bubble) / m - 2 * (p2p_lat + TINY * 4 * p2p_spb)) / 2)
+    # two all-reduces per tensor-parallel step, each already paying the link's 2α (ring over 2)
+    tp_collective_s = max(0.0, (r["tp_step_s"] - r["plain_step_s"]) / 2 - ar_lat2)
     return {
+        "pipeline_action_s": action_s,
+        "tp_collective_s": tp_collective_s,
         "busy_node_slowdown": busy_slowdown,
         "allreduce_gbps": 8 / ar_spb / 1e9,
         "allreduce_latency_s": ar_lat2 / 2,
@@ -231,7 +304,11 @@ def calibrate_hardware(
         lk = measure_links(busy=c if hardware.devices_per_node > 1 else None)
         intra = Link(lk["allreduce_gbps"], lk["allreduce_latency_s"])
         updates.update(
-            intra=intra, p2p=Link(lk["p2p_gbps"], lk["p2p_latency_s"]), busy_node_slowdown=lk["busy_node_slowdown"]
+            intra=intra,
+            p2p=Link(lk["p2p_gbps"], lk["p2p_latency_s"]),
+            busy_node_slowdown=lk["busy_node_slowdown"],
+            pipeline_action_s=lk["pipeline_action_s"],
+            tp_collective_s=lk["tp_collective_s"],
         )
         if hardware.nnodes == 1:
             updates["inter"] = intra
@@ -241,5 +318,7 @@ def calibrate_hardware(
             allreduce_latency_us=lk["allreduce_latency_s"] * 1e6,
             p2p_gbps=lk["p2p_gbps"],
             p2p_latency_us=lk["p2p_latency_s"] * 1e6,
+            pipeline_action_ms=lk["pipeline_action_s"] * 1e3,
+            tp_collective_us=lk["tp_collective_s"] * 1e6,
         )
     return replace(hardware, measured=measured, **updates)

@@ -1,8 +1,9 @@
-"""``python -m parallel.plan [OVERRIDES] [--top N] [--json]``: rank layouts for a model on a topology.
+"""``python -m parallel.plan [OVERRIDES] [--top N] [--json] [--dry-run]``: rank layouts for a model on a topology.
 
 Composes conf/ with Hydra-style overrides exactly as train.py does (``model=gpt_175b
 topology=cluster_1024xh100 planner.recompute=any``), starts no worker, needs no GPU and imports no torch
-(unless ``topology.calibrate=true`` asks to measure this machine).
+(unless ``topology.calibrate=true`` asks to measure this machine, or ``--dry-run`` builds the first choice
+for sampled ranks under torch's fake process group: ``parallel/plan/dry_run.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 from pathlib import Path
 
 from parallel.plan.cost_model import Estimate
-from parallel.plan.search import TRAINER_AC, Plan, describe, plan, specs_from_cfg, strategy_of
+from parallel.plan.search import TRAINER_AC, Plan, describe, pitfalls, plan, specs_from_cfg, strategy_of
 from parallel.plan.specs import GB, TRAINER_PRECISION, PlanError
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -66,6 +67,7 @@ def plan_json(p: Plan, *, top: int) -> dict:
             "measured": h.measured,
         },
         "reason": p.reason if p.ranked else None,
+        "pitfalls": plan_pitfalls(p),
         "rejected_over_memory": p.rejected,
         "candidates": [
             {"rank": i + 1, "strategy": strategy_of(e.candidate), **e.to_dict()} for i, e in enumerate(p.ranked[:top])
@@ -131,6 +133,72 @@ def print_table(p: Plan, *, top: int, elapsed_s: float, file=None) -> None:
         table.add_row(*_row(i, e))
     console.print(table)
     console.print(f"[bold]reason:[/] {p.reason}")
+    for line in plan_pitfalls(p):
+        console.print(f"[bold yellow]pitfall:[/] {line}")
+
+
+def plan_pitfalls(p: Plan) -> list[str]:
+    """The seed's traps for the first choice, with their numbers (``search.pitfalls``)."""
+    if not p.ranked:
+        return []
+    best = p.ranked[0]
+    return pitfalls(best.candidate, best, model=p.model, hardware=p.hardware, workload=p.workload)
+
+
+def _versus(r, key: str) -> str:
+    """``measured (estimated, +error)`` in GB."""
+    ratio = r.ratio(key)
+    got = f"{r.measured[key] / GB:.4g}"
+    return f"{got} ({r.estimated[key] / GB:.4g}, {ratio - 1:+.1%})" if ratio else got
+
+
+def _versus(r, key: str) -> str:
+    """``measured (estimated, +error)`` in GB."""
+    ratio = r.ratio(key)
+    got = f"{r.measured[key] / GB:.4g}"
+    return f"{got} ({r.estimated[key] / GB:.4g}, {ratio - 1:+.1%})" if ratio else got
+
+
+def print_dry_run(report, *, file=None) -> None:
+    """Measured beside estimated bytes per sampled rank (``parallel/plan/dry_run.py``)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=file or sys.stdout, width=160)
+    lay = report.layout
+    table = Table(
+        title=f"dry run: dp{lay['dp']} tp{lay['tp']} pp{lay['pp']} m={lay['micro_batches']} {lay['schedule']} "
+        f"(v{lay['stages_per_rank']}, zero{lay['zero_stage']}, {lay['precision']}) on {report.world_size} ranks, "
+        f"fake process group, {len(report.ranks)} sampled, {report.seconds:.1f} s"
+    )
+    for col in (
+        "rank",
+        "pp/dp/tp",
+        "stages",
+        "params GB",
+        "grads GB",
+        "optim GB",
+        "states GB (est)",
+        "act/mb GB (est)",
+    ):
+        table.add_column(col, justify="left" if col in ("pp/dp/tp", "stages") else "right")
+    for r in report.ranks:
+        coords = "/".join(str(r.coords[k]) for k in ("pp", "dp", "tp"))
+        if r.error:
+            table.add_row(str(r.rank), coords, ",".join(map(str, r.stages)), f"[red]{r.error}[/]", "", "", "", "")
+            continue
+        m = r.measured
+        table.add_row(
+            str(r.rank),
+            coords,
+            ",".join(map(str, r.stages)),
+            f"{m['params'] / GB:.4g}",
+            f"{m['grads'] / GB:.4g}",
+            f"{m['optimizer'] / GB:.4g}",
+            _versus(r, "model_state"),
+            _versus(r, "activations_per_micro_batch"),
+        )
+    console.print(table)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,6 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=gpt_175b topology=cluster_1024xh100")
     parser.add_argument("--top", type=int, default=None, help="candidates to show (default planner.top)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="build the first choice for sampled ranks under torch's fake process group and measure its memory",
+    )
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
     try:
@@ -151,8 +224,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"parallel.plan: {exc}", file=sys.stderr)
         return 2
     elapsed = time.perf_counter() - t0
+    report = None
+    if args.dry_run:
+        from parallel.plan.dry_run import dry_run
+
+        report = dry_run(
+            model_cfg=cfg.model, candidate=result.best.candidate, model=model, hardware=hardware, workload=workload
+        )
     if args.json:
-        print(json.dumps({**plan_json(result, top=top), "planning_time_s": elapsed}, indent=1))
+        out = {**plan_json(result, top=top), "planning_time_s": elapsed}
+        if report is not None:
+            out["dry_run"] = report.to_dict()
+        print(json.dumps(out, indent=1))
     else:
         print_table(result, top=top, elapsed_s=elapsed)
-    return 0
+        if report is not None:
+            print_dry_run(report)
+    return 1 if report is not None and any(r.error for r in report.ranks) else 0

@@ -70,6 +70,10 @@ class Estimate:
     stage_times_s: tuple[float, ...]
     fits: bool
     budget_bytes: float
+    rank_memory: tuple[Memory, ...] = ()
+    """Memory of every pipeline rank (``memory`` is the fullest)."""
+    rank_activation_per_micro_batch: tuple[float, ...] = ()
+    """Saved-activation bytes of one micro-batch on every pipeline rank (logits included on the last)."""
 
     @property
     def comm_fraction(self) -> float:
@@ -145,6 +149,25 @@ def last_chunk_rank(*, pp: int, schedule: str, stages_per_rank: int) -> int:
 # ---- memory terms -----------------------------------------------------------------------------
 
 
+def rank_params(model: ModelSpec, layers: list[int], *, first: bool, last: bool, tp: int, meshtrain: bool) -> float:
+    """Parameters one tensor-parallel rank of a pipeline rank holds (before data-parallel sharding).
+
+    Megatron-LM shards every block's matrices, the vocabulary-parallel embedding and the head over t
+    (norms are small and counted as sharded). meshtrain's tensor-parallel plans (``models/*/parallelize.py``)
+    shard the blocks' projections and the output head, and replicate norms and embeddings.
+    """
+    params = sum(model.layer_params(i) for i in layers)
+    embedding = model.embedding_params if first else 0
+    head = model.head_params if last else 0
+    if last and model.tied_embeddings and not first:
+        head += model.vocab_size * model.d_model
+    if not meshtrain or tp == 1:
+        return (params + embedding + head) / tp
+    norms = sum(model.layer_norm_params(i) for i in layers)
+    head_norm = model.head_params - (0 if model.tied_embeddings else model.vocab_size * model.d_model) if last else 0
+    return (params - norms + head - head_norm) / tp + norms + embedding + head_norm
+
+
 def model_state_bytes(
     params: float, *, bytes_per_param: tuple[int, int, int], zero_stage: int, dp: int
 ) -> tuple[float, float, float]:
@@ -196,6 +219,43 @@ def layer_activation_bytes(
     return scale * (unsharded + (sharded + scores) / tp)
 
 
+def saved_layer_activation_bytes(
+    model: ModelSpec,
+    layer: int,
+    *,
+    seq_len: int,
+    micro_batch: int,
+    tp: int,
+    sequence_parallel: bool,
+    recompute: str,
+    element_bytes: int,
+) -> float:
+    """What one of meshtrain's blocks actually keeps for backward, for one micro-batch (bytes).
+
+    Counted from the tensors autograd saves in ``models/gpt/model.py`` under DTensor tensor parallel (the dry
+    run measures exactly this: ``parallel/plan/dry_run.py``), which differs from Megatron-LM's in three ways:
+    attention is ``scaled_dot_product_attention`` (a fused kernel that keeps the log-sum-exp, s·a·b fp32
+    values, not the s²·a·b scores), there is no dropout (no masks), and DTensor's sequence parallel keeps the
+    all-gathered inputs of the column-parallel projections (2sbh, not sharded). Per block:
+    LayerNorm inputs 2sbh (/t with sequence parallel) and their statistics 4sb fp32; the normed inputs of the
+    attention and MLP projections 2sbh (replicated over t); q, k, v and the attention output 4sbh/t; the MLP's
+    first projection output and its GELU output 2sb·d_ff/t; the log-sum-exp s·a·b/t fp32.
+    Selective recomputation keeps the matmul outputs and recomputes norms and the GELU (drops the normed
+    inputs and the GELU output); full recomputation keeps the block input, sbh (/t with sequence parallel).
+    """
+    s, b, h, a, f = seq_len, micro_batch, model.d_model, model.n_heads, model.layer_d_ff[layer]
+    shard_seq = tp if sequence_parallel else 1
+    if recompute == "full":
+        return element_bytes * s * b * h / shard_seq
+    norm_in = 2 * s * b * h / shard_seq * element_bytes + 4 * s * b / shard_seq * 4
+    normed = 2 * s * b * h * element_bytes
+    attention = 4 * s * b * h / tp * element_bytes + s * b * a / tp * 4
+    mlp = 2 * s * b * f / tp * element_bytes
+    if recompute == "selective":
+        return norm_in + attention + mlp / 2
+    return norm_in + normed + attention + mlp
+
+
 def logits_bytes(model: ModelSpec, *, seq_len: int, micro_batch: int, tp: int, element_bytes: int) -> float:
     """The last stage keeps the logits (s·b·V) and an fp32 copy for cross entropy, split over t by the
     vocabulary-parallel head (Megatron-LM). Our estimate; arXiv 2205.05198 section 4.3 counts the output
@@ -237,6 +297,12 @@ def _modeled(schedule: str):
     return spec
 
 
+def actions_per_micro_batch(schedule: str, *, v: int) -> int:
+    """Pipeline actions one rank runs per micro-batch: F and B on each of its v stages, plus W for the
+    zero-bubble schedules, which split B into input (I) and weight (W) gradients (arXiv 2401.10241)."""
+    return v * (3 if schedule in ("zero_bubble", "zbv") else 2)
+
+
 def ring_allreduce_s(nbytes: float, *, n: int, link: Link, messages: int = 1) -> float:
     """Ring all-reduce: each rank sends and receives 2(n-1)/n of the buffer (reduce-scatter + all-gather)
     in 2(n-1) steps, each paying the link latency (Patarasuk & Yuan 2009; the cost Megatron-LM
@@ -266,18 +332,16 @@ def estimate(candidate: Candidate, *, model: ModelSpec, hardware: HardwareSpec, 
     last = last_chunk_rank(pp=c.pp, schedule=c.schedule, stages_per_rank=v)
 
     # ---- memory of each pipeline rank, keep the fullest
+    meshtrain = workload.implementation == "meshtrain"
+    layer_bytes = saved_layer_activation_bytes if meshtrain else layer_activation_bytes
     worst: Memory | None = None
+    rank_memory: list[Memory] = []
+    rank_per_mb: list[float] = []
     for r, layers in enumerate(layers_of):
-        params = sum(model.layer_params(i) for i in layers)
-        params += model.embedding_params if r == 0 else 0
-        params += model.head_params if r == last else 0
-        if r == last and model.tied_embeddings and r != 0:
-            params += model.vocab_size * model.d_model
-        w, g, o = model_state_bytes(
-            params / c.tp, bytes_per_param=workload.bytes_per_param, zero_stage=c.zero_stage, dp=c.dp
-        )
+        params = rank_params(model, layers, first=r == 0, last=r == last, tp=c.tp, meshtrain=meshtrain)
+        w, g, o = model_state_bytes(params, bytes_per_param=workload.bytes_per_param, zero_stage=c.zero_stage, dp=c.dp)
         per_mb = sum(
-            layer_activation_bytes(
+            layer_bytes(
                 model,
                 i,
                 seq_len=s,
@@ -290,10 +354,13 @@ def estimate(candidate: Candidate, *, model: ModelSpec, hardware: HardwareSpec, 
             for i in layers
         )
         held = micro_batches_in_flight(c.schedule, pp=c.pp, m=c.micro_batches, v=v, stage=r)
-        acts = per_mb * held
         if r == last:
-            acts += logits_bytes(model, seq_len=s, micro_batch=b, tp=c.tp, element_bytes=e)
+            # meshtrain's head gathers the logits on every tp rank (tp.loss_parallel=false, the default)
+            per_mb += logits_bytes(model, seq_len=s, micro_batch=b, tp=1 if meshtrain else c.tp, element_bytes=e)
+        acts = per_mb * held
         mem = Memory(params=w, grads=g, optimizer=o, activations=acts)
+        rank_memory.append(mem)
+        rank_per_mb.append(per_mb)
         if worst is None or mem.total > worst.total:
             worst = mem
     assert worst is not None
@@ -304,9 +371,14 @@ def estimate(candidate: Candidate, *, model: ModelSpec, hardware: HardwareSpec, 
     tp_link = hardware.link_for(span=c.tp, stride=1)
     ar_per_layer = 4 + (2 if c.recompute == "full" else 0)  # Megatron-LM 2104.04473 section 3.2: 2 fwd + 2 bwd
     tp_ar = ring_allreduce_s(tokens * model.d_model * e, n=c.tp, link=tp_link)
+    tp_ar += hardware.tp_collective_s if c.tp > 1 else 0.0
     stage_compute, stage_tp = [], []
     # ranks sharing a node slow each other down (memory bandwidth, caches): measured, see calibrate.py
-    busy = hardware.busy_node_slowdown if min(c.dp * c.tp * c.pp, hardware.devices_per_node) > 1 else 1.0
+    on_node = min(c.dp * c.tp * c.pp, hardware.devices_per_node)
+    busy = hardware.busy_node_slowdown if on_node > 1 else 1.0
+    # CPU ranks beyond the node's cores time-share them (4 ranks of 1 thread on 2 cores: each computes at half speed)
+    if hardware.cores_per_node:
+        busy *= max(1.0, on_node * hardware.threads_per_device / hardware.cores_per_node)
     for r, layers in enumerate(layers_of):
         flops = sum(passes * model.layer_forward_flops_per_token(i, s) for i in layers)
         if c.recompute == "selective":
@@ -322,6 +394,8 @@ def estimate(candidate: Candidate, *, model: ModelSpec, hardware: HardwareSpec, 
     act_msg = tokens * model.d_model * e / (c.tp if c.sequence_parallel else 1)
     hops = schedule_spec(c.schedule).p2p_round_trips * v  # each virtual stage boundary: forward, then back
     pp_per_mb = 2 * hops * p2p_s(act_msg, link=pp_link) if c.pp > 1 else 0.0
+    # every stage of a rank runs F and B (and W where the schedule splits the backward) per micro-batch
+    pp_per_mb += actions_per_micro_batch(c.schedule, v=v) * hardware.pipeline_action_s if c.pp > 1 else 0.0
     stage_times = tuple(cp + tp_ + pp_per_mb for cp, tp_ in zip(stage_compute, stage_tp))
     bubble = bubble_fraction(c.schedule, pp=c.pp, m=c.micro_batches, v=v)
     pipeline_s = c.micro_batches * max(stage_times) / (1 - bubble)
@@ -362,4 +436,6 @@ def estimate(candidate: Candidate, *, model: ModelSpec, hardware: HardwareSpec, 
         stage_times_s=stage_times,
         fits=worst.total <= budget,
         budget_bytes=budget,
+        rank_memory=tuple(rank_memory),
+        rank_activation_per_micro_batch=tuple(rank_per_mb),
     )

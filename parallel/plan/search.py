@@ -320,6 +320,48 @@ def unresolved_auto(**_: Any) -> None:
     raise PlanError("parallel=auto reached a worker unresolved: run it through train.py, which plans it first")
 
 
+def pitfalls(c: Candidate, est: Estimate, *, model: ModelSpec, hardware: HardwareSpec, workload: Workload) -> list[str]:
+    """The seed's three traps for one layout, each with the numbers that trigger it (the cost model's terms):
+    data parallel over slow inter-node links, unbalanced pipeline stages, and activation memory that grows
+    with the micro-batches a schedule keeps in flight."""
+    out = []
+    if crosses_nodes(span=c.dp, stride=c.tp, hardware=hardware) and est.dp_comm_s > 0.25 * est.step_time_s:
+        spanned = min(hardware.nnodes, -(-c.dp * c.tp // hardware.devices_per_node))
+        out.append(
+            f"dp.size={c.dp} spans {spanned} nodes over {hardware.inter.gbps:g} Gbit/s links per device "
+            f"(topology.inter_node_gbps): the gradient all-reduce takes {est.dp_comm_s:.3g} s of a predicted "
+            f"{est.step_time_s:.3g} s step; put pipeline stages across nodes instead (parallel=hybrid "
+            f"pp.size={hardware.nnodes}) or try parallel=auto"
+        )
+    if c.pp > 1 and est.stage_imbalance > IMBALANCE_WARN:
+        times = ", ".join(f"{t * 1e3:.3g}" for t in est.stage_times_s)
+        out.append(
+            f"pipeline stages are imbalanced by {est.stage_imbalance:.0%} (predicted ms per micro-batch: {times}; "
+            f"split points {list(c.split_points) if c.split_points else 'uniform'}): the slowest stage "
+            "sets the pace; move pp.split_points or use pp.split=balanced"
+        )
+    if c.pp > 1 and c.schedule in ("gpipe", "looped_bfs") and c.micro_batches > c.pp:
+        # GPipe keeps every micro-batch's activations until the backwards start; 1F1B at most p of them
+        ofob = estimate(
+            replace(c, schedule="1f1b", stages_per_rank=1), model=model, hardware=hardware, workload=workload
+        )
+        if est.memory.activations > 0.25 * est.budget_bytes and ofob.memory.activations < est.memory.activations:
+            out.append(
+                f"pp.schedule={c.schedule} keeps all {c.micro_batches} micro-batches' activations alive on the first "
+                f"stage: {est.memory.activations / GB:.3g} GB of a {est.budget_bytes / GB:.3g} GB budget, growing "
+                f"with pp.micro_batches; 1f1b holds at most {c.pp}: {ofob.memory.activations / GB:.3g} GB"
+            )
+    if est.memory.activations > est.budget_bytes or not est.fits:
+        key = "pp.micro_batches" if c.pp > 1 else "data.micro_batch_size"
+        out.append(
+            f"predicted memory per rank {est.memory.total / GB:.3g} GB (activations {est.memory.activations / GB:.3g} GB "
+            f"for {c.micro_batches} micro-batch(es)) exceeds the budget {est.budget_bytes / GB:.3g} GB "
+            f"(topology.device_memory_gb x planner.memory_fraction); raise {key} granularity (smaller micro-batches), "
+            "use a schedule holding fewer micro-batches (1f1b), or shard (dp.shard=true)"
+        )
+    return out
+
+
 def run_warnings(cfg: DictConfig, layout: ParallelLayout) -> list[str]:
     """The seed's pitfalls for the layout this run uses (empty for models the planner cannot describe)."""
     try:
@@ -331,31 +373,6 @@ def run_warnings(cfg: DictConfig, layout: ParallelLayout) -> list[str]:
     c = candidate_of(cfg, layout)
     if c.pp > 1 and not schedule_spec(c.schedule).modeled:  # e.g. dualpipev: estimate it as 1F1B
         c = replace(c, schedule="1f1b")
+    hardware = replace(hardware, nnodes=layout.nnodes)
     est = estimate(c, model=model, hardware=hardware, workload=workload)
-    out = []
-    if (
-        crosses_nodes(span=c.dp, stride=c.tp, hardware=replace(hardware, nnodes=layout.nnodes))
-        and est.dp_comm_s > 0.25 * est.step_time_s
-    ):
-        out.append(
-            f"dp.size={c.dp} spans {layout.nnodes} nodes over {hardware.inter.gbps:g} Gbit/s links "
-            f"(topology.inter_node_gbps): the gradient all-reduce takes {est.dp_comm_s:.3g} s of a predicted "
-            f"{est.step_time_s:.3g} s step; put pipeline stages across nodes instead (parallel=hybrid "
-            f"pp.size={layout.nnodes}) or try parallel=auto"
-        )
-    if c.pp > 1 and est.stage_imbalance > IMBALANCE_WARN:
-        times = ", ".join(f"{t * 1e3:.3g}" for t in est.stage_times_s)
-        out.append(
-            f"pipeline stages are imbalanced by {est.stage_imbalance:.0%} (predicted ms per micro-batch: {times}; "
-            f"split points {list(layout.split_points) if layout.split_points else 'uniform'}): the slowest stage "
-            "sets the pace; move pp.split_points or use pp.split=balanced"
-        )
-    if est.memory.activations > est.budget_bytes or not est.fits:
-        key = "pp.micro_batches" if c.pp > 1 else "data.micro_batch_size"
-        out.append(
-            f"predicted memory per rank {est.memory.total / GB:.3g} GB (activations {est.memory.activations / GB:.3g} GB "
-            f"for {c.micro_batches} micro-batch(es)) exceeds the budget {est.budget_bytes / GB:.3g} GB "
-            f"(topology.device_memory_gb x planner.memory_fraction); raise {key} granularity (smaller micro-batches), "
-            "use a schedule holding fewer micro-batches (1f1b), or shard (dp.shard=true)"
-        )
-    return out
+    return pitfalls(c, est, model=model, hardware=hardware, workload=workload)

@@ -62,6 +62,13 @@ class HardwareSpec:
     inter: Link
     p2p: Link
     microbatch_overhead_s: float = 0.0
+    cores_per_node: int | None = None
+    """CPU devices: the node's cores, which ranks beyond them time-share (None: devices do not share)."""
+    threads_per_device: int = 1
+    pipeline_action_s: float = 0.0
+    """Fixed cost of one pipeline action (F, B or W of one micro-batch on one stage) besides compute and p2p."""
+    tp_collective_s: float = 0.0
+    """Fixed cost of one tensor-parallel collective besides the link's latency and bandwidth."""
     dp_comm_overlap: float = 0.0
     busy_node_slowdown: float = 1.0
     """How much slower one device computes while the other devices of its node compute too (shared
@@ -109,6 +116,10 @@ class HardwareSpec:
             inter=inter,
             p2p=p2p,
             microbatch_overhead_s=float(topo.get("microbatch_overhead_ms", 0.0)) * 1e-3,
+            pipeline_action_s=float(topo.get("pipeline_action_ms", 0.0) or 0.0) * 1e-3,
+            cores_per_node=(os.cpu_count() or 1) if device in ("cpu", "auto") else None,
+            threads_per_device=int(topo.get("threads_per_rank", 1) or 1),
+            tp_collective_s=float(topo.get("tp_collective_us", 0.0) or 0.0) * 1e-6,
             dp_comm_overlap=float(topo.get("dp_comm_overlap", 0.0)),
             busy_node_slowdown=float(topo.get("busy_node_slowdown", 1.0)),
             devices_per_nic=sharing,
@@ -122,9 +133,19 @@ class Workload:
     precision: str = "fp32"
     memory_fraction: float = 0.9
     recompute: tuple[str, ...] = ("none",)
+    implementation: str = "meshtrain"
+    """Whose blocks the memory terms count: ``meshtrain`` (what meshtrain's models and tensor-parallel plans
+    hold and save, checked by the dry run: ``parallel/plan/dry_run.py``) or ``megatron`` (Megatron-LM's, as
+    ZeRO and Korthikanti et al. count them)."""
 
     @property
     def bytes_per_param(self) -> tuple[int, int, int]:
+        """(weights, gradients, optimizer states) per parameter. meshtrain's bf16-mixed keeps fp32 weights
+        (the master copy: FSDP2 casts to bf16 per block, transiently; autocast casts per op) and fp32
+        gradients (reduced in fp32), so it holds 4 + 4 + 8 where ZeRO's mixed precision holds 2 + 2 + 12:
+        the same 16 bytes, split differently."""
+        if self.implementation == "meshtrain":
+            return PRECISIONS["fp32"]
         return PRECISIONS[self.precision]
 
     @property

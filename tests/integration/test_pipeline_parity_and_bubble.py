@@ -65,6 +65,15 @@ def test_pipeline_matches_single(case, single_losses, tmp_path):
     last = run.metrics()[-1]
     assert 0.0 <= last["bubble_fraction"] < 1.0 and 0.0 <= last["bubble_theoretical"] < 1.0
     assert last["activation_bytes_sent"] > 0 and last["gradient_bytes_sent"] > 0
+    assert_bubble_parts_add_up(run.metrics(), pipe)
+
+
+def assert_bubble_parts_add_up(records: list[dict], pipe: dict) -> None:
+    """measured bubble = schedule + imbalance + overhead, every logged step and in the summary."""
+    for rec in [*records, pipe]:
+        parts = rec["bubble_schedule"] + rec["bubble_imbalance"] + rec["bubble_overhead"]
+        assert parts == pytest.approx(rec["bubble_fraction"], abs=0.03), rec
+        assert rec["bubble_schedule"] == pytest.approx(pipe["bubble_theoretical"], abs=1e-9)
 
 
 def test_timeline_trace_holds_every_action_and_png_exists(gpipe_run):
@@ -131,4 +140,7 @@ def test_balanced_split_beats_uniform_on_an_uneven_model(tmp_path):
     assert result["balanced"]["split_points"] == [1]  # the wide block alone
     assert result["balanced"]["split_policy"] == "balanced"
     assert result["balanced"]["imbalance_ratio"] < result["uniform"]["imbalance_ratio"]
+    # the bubble says why: the uneven split's extra idle time is imbalance, not schedule or overhead
+    assert result["uniform"]["bubble_imbalance"] > result["balanced"]["bubble_imbalance"] + 0.05, result
+    assert result["uniform"]["bubble_schedule"] == result["balanced"]["bubble_schedule"]
     assert all(r["predicted_per_micro_batch_s"] > 0 for r in result["balanced"]["stages"])

@@ -11,6 +11,7 @@ import yaml
 from tests.helpers import FAST, run_train
 from trainer.observe.wandb_records import find_run_file, read_offline_run
 from trainer.report.cli import write_report
+from trainer.report.rows import planner_prediction
 from trainer.sweeps.jobs import read_sweep, sweep_name
 
 STEPS = ("trainer.max_steps=3",)
@@ -59,6 +60,7 @@ def test_grid_sweep_report_has_one_row_per_job_with_the_summaries_values(grid_sw
     assert "4 jobs: 4 completed, 0 skipped, 0 failed" in run.output
     assert json.loads((sweep_dir / "sweep_status.json").read_text())["counts"]["completed"] == 4
     summaries = {j.num: j.summary for j in read_sweep(sweep_dir)}
+    configs = {j.num: j.config for j in read_sweep(sweep_dir)}
     assert sorted(summaries) == [0, 1, 2, 3] and all(s is not None for s in summaries.values())
 
     out = write_report(sweep_dir, wandb_mode="offline")
@@ -76,7 +78,13 @@ def test_grid_sweep_report_has_one_row_per_job_with_the_summaries_values(grid_sw
         assert row[5] == f"{s['tokens_per_s']:,.0f}"
         assert row[6] == f"{s['median_step_time_s'] * 1000:.1f}"
         assert row[7] == f"{pipe['bubble_fraction']:.0%}" and row[8] == f"{pipe['bubble_theoretical']:.0%}"
-        assert row[10] == "completed"
+        parts = [float(p.rstrip("%")) / 100 for p in row[9].split(" + ")]
+        assert parts[0] == pytest.approx(pipe["bubble_schedule"], abs=0.005)
+        assert sum(parts) == pytest.approx(pipe["bubble_fraction"], abs=0.03)
+        predicted = planner_prediction(configs[num])
+        assert predicted is not None and row[11] == f"{predicted * 1000:.1f}"
+        assert row[12] == f"{(predicted - s['median_step_time_s']) / s['median_step_time_s']:+.0%}"
+        assert row[-1] == "completed"
         seen.add((pipe["micro_batches"], tuple(pipe["split_points"])))
     assert seen == {(2, (1,)), (2, (3,)), (4, (1,)), (4, (3,))}
     best = max(summaries, key=lambda n: summaries[n]["tokens_per_s"])
@@ -130,7 +138,7 @@ def test_invalid_combinations_are_skipped_with_their_reason_and_the_others_run(t
         assert not (job.path / "logs").exists(), "a skipped job must not start workers"
     report = write_report(sweep_dir, wandb_mode="disabled")["report"].read_text()
     cells = job_cells(table_rows(report))
-    assert cells[ok.num][10] == "completed" and cells[ok.num][0].startswith("★")
+    assert cells[ok.num][-1] == "completed" and cells[ok.num][0].startswith("★")
     skipped = cells[jobs[(1, (2,))].num]
     assert skipped[3] == "1" and skipped[5] == "-" and skipped[10].startswith("skipped:")
     assert "1f1b needs at least as many micro-batches" in report

@@ -146,4 +146,10 @@ def test_estimate_terms_move_the_right_way():
     # 25 MiB bucket; dp_comm_overlap of it hidden behind the backward pass
     buckets = math.ceil(2 * m.params / (25 * 2**20))
     expected = 2 * 7 / 8 * 2 * m.params / 300e9 + 2 * 7 * 5e-6 * buckets
-    assert ddp_fast.dp_comm_s == pytest.approx(expected * (1 - hw.dp_comm_overlap), rel=0.01)
+    megatron = Workload(global_batch_size=64, seq_len=2048, precision="mixed", implementation="megatron")
+    ddp_fp16 = estimate(Candidate(dp=8, micro_batches=8), model=m, hardware=hw, workload=megatron)
+    assert ddp_fp16.dp_comm_s == pytest.approx(expected * (1 - hw.dp_comm_overlap), rel=0.01)
+    # meshtrain's bf16-mixed reduces fp32 gradients: twice the bytes, the same number of buckets' latencies
+    buckets32 = math.ceil(4 * m.params / (25 * 2**20))
+    expected32 = 2 * 7 / 8 * 4 * m.params / 300e9 + 2 * 7 * 5e-6 * buckets32
+    assert ddp_fast.dp_comm_s == pytest.approx(expected32 * (1 - hw.dp_comm_overlap), rel=0.01)

@@ -190,3 +190,20 @@ def test_recorder_times_every_action_and_tracks_saved_activation_bytes():
     per_mb = 4 * (16 * 8 + 16 * 64 + 16 * 64 + 16 * 4)
     assert step.peak_live_activation_bytes[1] >= 2 * per_mb - 4 * 16 * 64  # GELU may save its output instead
     assert step.peak_live_activation_bytes[1] <= 2 * (per_mb + 4 * 16 * 64)
+
+
+def test_bubble_parts_charge_a_slow_stage_to_imbalance():
+    """GPipe, 2 stages, m=4, stage 1 twice as slow as stage 0: the replay, worked by hand below."""
+    from parallel.pipeline.schedules import bubble_parts
+
+    order = single_stage_order("gpipe", pp=2, micro_batches=4)
+    equal = {0: {"F": 1.0, "B": 2.0}, 1: {"F": 1.0, "B": 2.0}}
+    slow = {0: {"F": 1.0, "B": 2.0}, 1: {"F": 2.0, "B": 4.0}}
+    even = bubble_parts(order, num_stages=2, measured=0.3, stage_costs=equal)
+    assert even["schedule"] == pytest.approx(1 / 5) and even["imbalance"] == pytest.approx(0.0, abs=1e-12)
+    assert even["overhead"] == pytest.approx(0.3 - 1 / 5)
+    uneven = bubble_parts(order, num_stages=2, measured=0.5, stage_costs=slow)
+    # stage 0: F 0..4; stage 1: F 1..9 (2 each), B 9..25 (4 each, ending 13, 17, 21, 25); stage 0's B(i)
+    # follows stage 1's B(i): 13..15, 17..19, 21..23, 25..27. Makespan 27; busy 12 + 24 = 36 of 2 x 27.
+    assert uneven["schedule"] + uneven["imbalance"] == pytest.approx(1 - 36 / (2 * 27))
+    assert sum(uneven.values()) == pytest.approx(0.5)

@@ -174,3 +174,39 @@ def test_plan_error_names_the_key(compose_cfg):
     cfg = compose_cfg("planner.precision=fp8")
     with pytest.raises(PlanError, match="planner.precision=fp8"):
         specs_from_cfg(cfg)
+
+
+def test_plan_output_names_the_three_traps_with_their_numbers(compose_cfg):
+    """1 GbE under data parallel, unbalanced stages, GPipe's activations growing with micro-batches: each is a
+    pitfall line under the plan with the numbers that trigger it (the cost model's own terms)."""
+    import io
+    from dataclasses import replace
+
+    from parallel.plan.cli import print_table
+    from parallel.plan.cost_model import Candidate, estimate
+    from parallel.plan.search import Plan, pitfalls, specs_from_cfg
+
+    def traps(cfg, c):
+        model, hardware, workload = specs_from_cfg(cfg, calibrate=False)
+        est = estimate(c, model=model, hardware=hardware, workload=workload)
+        return pitfalls(c, est, model=model, hardware=hardware, workload=workload), (model, hardware, workload, est)
+
+    slow, _ = traps(
+        compose_cfg("model=gpt_7b", "topology=cluster_1gbe"), Candidate(dp=16, micro_batches=64, zero_stage=3)
+    )
+    assert any("spans 2 nodes over" in w and "gradient all-reduce takes" in w for w in slow), slow
+    uneven = compose_cfg("model=gpt_small", "model.n_layers=4", "model.layer_d_ff=[4096,64,64,64]")
+    imbalanced, _ = traps(uneven, Candidate(pp=2, micro_batches=4, schedule="1f1b"))
+    assert any("imbalanced by" in w and "predicted ms per micro-batch" in w for w in imbalanced), imbalanced
+    gpipe = Candidate(pp=4, tp=2, micro_batches=64, schedule="gpipe")
+    grows, (model, hardware, workload, est) = traps(compose_cfg("model=gpt_7b", "topology=gpu_node"), gpipe)
+    line = next(w for w in grows if "keeps all 64 micro-batches' activations" in w)
+    assert f"{est.memory.activations / 1e9:.3g} GB" in line and "1f1b holds at most 4" in line
+    # and the plan prints them under its table
+    fake = Plan(
+        model=model, hardware=hardware, workload=workload, ranked=(est,), rejected=0, closest_misses=(), reason="test"
+    )
+    buf = io.StringIO()
+    print_table(fake, top=1, elapsed_s=0.0, file=buf)
+    assert "pitfall:" in buf.getvalue() and "keeps all 64 micro-batches" in buf.getvalue().replace("\n", " ")
+    assert replace(gpipe, schedule="1f1b") != gpipe

@@ -98,6 +98,9 @@ def test_report_of_a_sweep_with_completed_skipped_and_crashed_jobs(tmp_path):
             "split_points": [2],
             "bubble_fraction": 0.3,
             "bubble_theoretical": 0.2,
+            "bubble_schedule": 0.2,
+            "bubble_imbalance": 0.04,
+            "bubble_overhead": 0.06,
         },
     }
     _job(tmp_path, 0, config=cfg, summary=summary)
@@ -112,8 +115,11 @@ def test_report_of_a_sweep_with_completed_skipped_and_crashed_jobs(tmp_path):
     assert report_main([str(tmp_path), "--wandb", "disabled"]) == 0
     report = (tmp_path / "report.md").read_text()
     assert "3 jobs: 1 completed, 1 skipped, 1 failed" in report
-    assert "| ★ ◆ 0 | dp1·tp1·pp2 | gpipe | 4 | 2 | 1,234 | 50.0 | 30% | 20% | 100 / 80 | completed |" in report
-    assert "| 1 | dp1·tp1·pp2 | 1f1b | 1 | 2 | - | - | - | - | - | skipped: 1f1b needs m >= 2 |" in report
+    assert (
+        "| ★ ◆ 0 | dp1·tp1·pp2 | gpipe | 4 | 2 | 1,234 | 50.0 | 30% | 20% | 20% + 4% + 6% | 100 / 80 | - | - | completed |"
+        in report
+    )
+    assert "| 1 | dp1·tp1·pp2 | 1f1b | 1 | 2 | - | - | - | - | - | - | - | - | skipped: 1f1b needs m >= 2 |" in report
     assert "job 2 **failed**" in report and "crashed outside the task" in report
     assert json.loads((tmp_path / "sweep_status.json").read_text())["counts"] == {
         "completed": 1,
@@ -159,3 +165,24 @@ def test_hparams_search_and_slurm_launcher_compose(compose_cfg):
     launcher = cfg.hydra.launcher
     assert launcher._target_.endswith("SlurmLauncher")
     assert {"nodes", "tasks_per_node", "gpus_per_node", "partition"} <= set(launcher)
+
+
+def test_planner_prediction_of_a_jobs_config():
+    """The report asks the planner about each job's own layout; models it cannot describe get none."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from conf.schema import register_configs
+    from parallel.plan.cli import CONF
+    from trainer.report.rows import planner_prediction
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        piped = {m: compose("config", overrides=["parallel=pp", f"pp.micro_batches={m}"]) for m in (2, 8)}
+        cnn = compose("config", overrides=["model=cnn_bn", "data=images"])
+    times = {m: planner_prediction(OmegaConf.to_container(c)) for m, c in piped.items()}
+    assert all(t is not None and t > 0 for t in times.values())
+    assert times[8] != times[2]  # the layout's micro-batching reaches the cost model
+    assert planner_prediction(OmegaConf.to_container(cnn)) is None

@@ -22,6 +22,7 @@ from hydra.utils import instantiate
 from torch import nn
 
 from parallel.core.base import Engine, WorkerContext
+from parallel.core.state_bytes import model_state_bytes
 from trainer.launch.preemption import PreemptionFlag
 from trainer.loop.faults import FaultInjector
 from trainer.loop.optim import build_optimizer, build_scheduler
@@ -327,11 +328,12 @@ class Trainer:
 
     def _summary(self, *, wall: float) -> dict[str, Any]:
         ctx = self.ctx
-        peak = peak_memory_bytes(ctx.device)
-        peaks = [peak]
+        mine = (peak_memory_bytes(ctx.device), model_state_bytes(list(self.engine.parameters()), self.optimizer))
+        gathered = [mine]
         if ctx.world_size > 1:
-            peaks = [None] * ctx.world_size
-            dist.all_gather_object(peaks, peak)
+            gathered = [None] * ctx.world_size
+            dist.all_gather_object(gathered, mine)
+        peaks = [g[0] for g in gathered]
         inits = [ctx.model_init]
         if ctx.world_size > 1:
             inits = [None] * ctx.world_size
@@ -354,6 +356,8 @@ class Trainer:
             "wall_time_s": wall,
             "peak_memory_bytes_per_rank": peaks,
             "peak_memory_bytes_max": max(peaks),
+            # parameters, gradients and optimizer state each rank holds (local shards), as the dry run counts
+            "model_state_bytes_per_rank": [g[1] for g in gathered],
             "layout": ctx.layout.to_dict(),
             "model_init": {
                 "init_device": ctx.model_init.get("init_device"),

@@ -31,13 +31,21 @@ COLUMNS = [
     "step time (ms)",
     "bubble measured",
     "bubble theoretical",
+    "bubble = schedule + imbalance + overhead",
     "peak memory per stage (MiB)",
+    "planner (ms)",
+    "planner error",
     "status",
 ]
 
 
 def _fmt(value: float | None, spec: str, scale: float = 1.0) -> str:
     return "-" if value is None else format(value * scale, spec)
+
+
+def _bubble_parts(row: ReportRow) -> str:
+    parts = (row.bubble_schedule, row.bubble_imbalance, row.bubble_overhead)
+    return "-" if None in parts else " + ".join(f"{p:.0%}" for p in parts)
 
 
 def row_cells(row: ReportRow) -> list[str]:
@@ -53,7 +61,10 @@ def row_cells(row: ReportRow) -> list[str]:
         _fmt(row.step_time_s, ".1f", 1000.0),
         _fmt(row.bubble_measured, ".0%"),
         _fmt(row.bubble_theoretical, ".0%"),
+        _bubble_parts(row),
         " / ".join(f"{b / MIB:.0f}" for b in row.peak_memory_per_stage) or "-",
+        _fmt(row.predicted_step_time_s, ".1f", 1000.0),
+        _fmt(row.prediction_error, "+.0%"),
         status,
     ]
 

@@ -67,6 +67,8 @@ def tokens_vs_m(rows: list[ReportRow], path: Path) -> Path | None:
 
 
 def bubble_vs_m(rows: list[ReportRow], path: Path) -> Path | None:
+    """Per schedule: the measured bubble's parts stacked against m (schedule, imbalance, overhead), the
+    measured total on top; runs from before the parts existed show the measured total and the theory only."""
     piped = [r for r in _pipeline_rows(rows) if r.bubble_measured is not None]
     if not piped:
         return None
@@ -74,28 +76,31 @@ def bubble_vs_m(rows: list[ReportRow], path: Path) -> Path | None:
     for r in piped:
         by_schedule[str(r.schedule)].append(r)
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for i, (schedule, members) in enumerate(sorted(by_schedule.items())):
-        color = f"C{i % 10}"
-        members.sort(key=lambda r: r.micro_batches)
-        ax.scatter(
-            [r.micro_batches for r in members],
-            [r.bubble_measured for r in members],
-            color=color,
-            label=f"{schedule} measured",
-        )
-        theory = sorted({(r.micro_batches, r.bubble_theoretical) for r in members if r.bubble_theoretical is not None})
-        if theory:
-            ax.plot(
-                [m for m, _ in theory],
-                [b for _, b in theory],
-                color=color,
-                linestyle="--",
-                label=f"{schedule} theoretical",
-            )
-    ax.set(xlabel="micro-batches (m)", ylabel="bubble fraction", title="Pipeline bubble: measured vs theoretical")
-    _m_axis(ax, piped)
-    ax.legend(fontsize=8)
+    n = len(by_schedule)
+    fig, axes = plt.subplots(1, n, figsize=(4.5 * n, 4), squeeze=False, sharey=True)
+    for ax, (schedule, members) in zip(axes[0], sorted(by_schedule.items())):
+        members.sort(key=lambda r: (r.micro_batches, r.split))
+        xs = list(range(len(members)))
+        split_labels = len({r.split for r in members}) > 1
+        labels = [f"m={r.micro_batches}" + (f"\nsplit {r.split}" if split_labels else "") for r in members]
+        bottom = [0.0] * len(members)
+        for name, color in (("schedule", "C0"), ("imbalance", "C1"), ("overhead", "C3")):
+            values = [getattr(r, f"bubble_{name}") for r in members]
+            if any(v is None for v in values):
+                continue
+            # a negative imbalance (faster backward than B = 2F) is drawn below zero, not hidden
+            ax.bar(xs, values, bottom=[b if v >= 0 else 0.0 for b, v in zip(bottom, values)], color=color, label=name)
+            bottom = [b + max(v, 0.0) for b, v in zip(bottom, values)]
+        ax.plot(xs, [r.bubble_measured for r in members], "k_", markersize=22, mew=2, label="measured")
+        theory = [r.bubble_theoretical for r in members]
+        if all(t is not None for t in theory):
+            ax.plot(xs, theory, "k:", marker=".", label="theory (equal stages)")
+        ax.set_xticks(xs, labels, fontsize=8)
+        ax.set(xlabel="micro-batches", title=f"{schedule}")
+        ax.axhline(0, color="grey", linewidth=0.5)
+    axes[0][0].set_ylabel("bubble fraction")
+    axes[0][-1].legend(fontsize=7)
+    fig.suptitle("Pipeline bubble = schedule + imbalance + overhead")
     return _save(fig, path)
 
 

@@ -30,7 +30,13 @@ class ReportRow:
     step_time_s: float | None = None
     bubble_measured: float | None = None
     bubble_theoretical: float | None = None
+    bubble_schedule: float | None = None
+    bubble_imbalance: float | None = None
+    bubble_overhead: float | None = None
+    """The measured bubble's parts (schedule + imbalance + overhead = measured; parallel/pipeline/schedules.py)."""
     peak_memory_per_stage: list[int] = field(default_factory=list)  # bytes, max over the stage's ranks
+    predicted_step_time_s: float | None = None
+    """The planner's prediction for this job's layout (parallel/plan), from the job's own config."""
     reason: str = ""
     best: bool = False
     pareto: bool = False
@@ -42,6 +48,13 @@ class ReportRow:
     @property
     def split(self) -> str:
         return "-" if not self.split_points else ",".join(str(s) for s in self.split_points)
+
+    @property
+    def prediction_error(self) -> float | None:
+        """(predicted - measured) / measured step time."""
+        if self.predicted_step_time_s is None or not self.step_time_s:
+            return None
+        return (self.predicted_step_time_s - self.step_time_s) / self.step_time_s
 
     @property
     def peak_memory(self) -> int | None:
@@ -91,9 +104,35 @@ def _from_summary(job: SweepJob) -> ReportRow:
         step_time_s=_float(s.get("median_step_time_s")),
         bubble_measured=_float(pipe.get("bubble_fraction", s.get("bubble_fraction"))),
         bubble_theoretical=_float(pipe.get("bubble_theoretical", s.get("bubble_theoretical"))),
+        bubble_schedule=_float(pipe.get("bubble_schedule")),
+        bubble_imbalance=_float(pipe.get("bubble_imbalance")),
+        bubble_overhead=_float(pipe.get("bubble_overhead")),
         peak_memory_per_stage=peak_memory_per_stage(s),
+        predicted_step_time_s=planner_prediction(job.config),
         reason=job.reason,
     )
+
+
+def planner_prediction(config: dict[str, Any]) -> float | None:
+    """Step time the planner predicts for the layout a job's composed config asks for; None where it
+    cannot describe the job (a model it does not know, an unreadable config)."""
+    if not config:
+        return None
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from parallel.plan.cost_model import estimate
+    from parallel.plan.search import candidate_of, specs_from_cfg
+    from parallel.plan.specs import PlanError
+    from trainer.validate import ConfigError, build_layout
+
+    try:
+        cfg = OmegaConf.create(config)
+        model, hardware, workload = specs_from_cfg(cfg, calibrate=False)
+        candidate = candidate_of(cfg, build_layout(cfg))
+        return estimate(candidate, model=model, hardware=hardware, workload=workload).step_time_s
+    except (PlanError, ConfigError, OmegaConfBaseException, KeyError, TypeError, ValueError):
+        return None
 
 
 def _from_config(job: SweepJob) -> ReportRow:

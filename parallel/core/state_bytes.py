@@ -1,0 +1,36 @@
+"""Bytes of parameters, gradients and optimizer state a rank holds, read from its local shards.
+
+One definition for the trainer's summary (``model_state_bytes_per_rank``) and the planner's dry run
+(``parallel/plan/dry_run.py``), so a dry run and a real run of one layout are compared like for like.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+
+def local_bytes(tensors: Iterable[Any]) -> int:
+    """Sum of the local (per-rank) storage of ``tensors``: a DTensor counts its shard only."""
+    from torch.distributed.tensor import DTensor
+
+    total = 0
+    for t in tensors:
+        local = t.to_local() if isinstance(t, DTensor) else t
+        total += local.numel() * local.element_size()
+    return total
+
+
+def model_state_bytes(params: list[Any], optimizer: Any) -> dict[str, int]:
+    """{params, grads, optimizer, model_state} on this rank; optimizer state counts tensors with a shape
+    (Adam's moments), not its step counters."""
+    import torch
+
+    state = [v for st in optimizer.state.values() for v in st.values() if torch.is_tensor(v) and v.dim() > 0]
+    out = {
+        "params": local_bytes(params),
+        "grads": local_bytes(p.grad for p in params if p.grad is not None),
+        "optimizer": local_bytes(state),
+    }
+    out["model_state"] = out["params"] + out["grads"] + out["optimizer"]
+    return out

@@ -1,0 +1,366 @@
+"""Build a layout's real program for a few ranks on one CPU, under torch's fake process group, and measure it.
+
+The planner's numbers are formulas; a dry run checks them against the program the trainer would run. For a
+sample of ranks (first and last rank of every pipeline stage, one in the middle of the mesh), in one process:
+
+1. ``init_process_group("fake")`` with that rank and the full world size, then the (pp, dp, tp) DeviceMesh;
+2. the model on the meta device (no memory), the rank's pipeline stages cut from it as the trainer cuts them
+   (``parallel/pipeline``), the model's tensor-parallel plan, FSDP2 ``fully_shard`` over dp for ZeRO-3 layouts;
+3. parameter, gradient and AdamW state bytes read from the local shards (``DTensor.to_local``), the optimizer
+   state created by a real ``AdamW.step`` on meta tensors;
+4. the saved-activation bytes of one micro-batch: a tensor-parallel copy of each stage runs forward (and the
+   loss on the last stage) under ``FakeTensorMode`` on fake CPU tensors, so attention takes the same kernel as
+   a real run; every tensor autograd saves is counted once per storage, parameters excluded;
+5. the schedule built over the rank's stages (``PipelineStage`` + torch's schedule class), so a schedule that
+   refuses the stage count is reported with the rank and the fix.
+
+No collective is sent (the fake group answers every call), nothing is allocated, no GPU is needed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from parallel.core.state_bytes import model_state_bytes
+from parallel.plan.cost_model import Candidate, estimate
+from parallel.plan.specs import HardwareSpec, ModelSpec, Workload
+
+
+@dataclass
+class RankReport:
+    rank: int
+    coords: dict[str, int]
+    stages: list[int]
+    measured: dict[str, float] = field(default_factory=dict)
+    """params, grads, optimizer, model_state (their sum), activations_per_micro_batch: bytes on this rank."""
+    estimated: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+    seconds: float = 0.0
+
+    def ratio(self, key: str) -> float | None:
+        est, got = self.estimated.get(key), self.measured.get(key)
+        return got / est if est and got is not None else None
+
+
+@dataclass
+class DryRunReport:
+    layout: dict[str, Any]
+    world_size: int
+    ranks: list[RankReport]
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "layout": self.layout,
+            "world_size": self.world_size,
+            "seconds": self.seconds,
+            "ranks": [asdict(r) for r in self.ranks],
+        }
+
+
+def sample_ranks(*, pp: int, dp: int, tp: int) -> list[int]:
+    """First and last rank of every pipeline stage, and one in the middle of the mesh (ranks are (pp, dp, tp)
+    row-major: ``parallel/core/layout.py``)."""
+    per_stage = dp * tp
+    ranks = {r for s in range(pp) for r in (s * per_stage, (s + 1) * per_stage - 1)}
+    ranks.add(((pp // 2) * dp + dp // 2) * tp + tp // 2)
+    return sorted(ranks)
+
+
+def _family(model_cfg: Any):
+    """The model's ``ModelSpec``; a planner-only description (numbers, no builder) is the GPT they describe."""
+    from models.registry import REGISTRY, spec_for
+
+    return REGISTRY["gpt"] if model_cfg.get("planner_only", False) else spec_for(model_cfg)
+
+
+def build_meta_model(model_cfg: Any):
+    """The configured model on the meta device: its family's builder, or the GPT a planner-only description names."""
+    import torch
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from models.spec import builder_kwargs, import_object
+
+    node = OmegaConf.to_container(model_cfg, resolve=True)
+    if node.get("planner_only", False):
+        keys = ("vocab_size", "n_layers", "d_model", "n_heads", "d_ff", "layer_d_ff", "max_seq_len")
+        with torch.device("meta"):
+            return import_object(_family(node).builder)(**{k: node[k] for k in keys if k in node})
+    with torch.device("meta"):
+        return instantiate(builder_kwargs(node))
+
+
+def _stage_plan(model, c: Candidate, *, split_points: tuple[int, ...] | None):
+    from parallel.pipeline.schedules import schedule_spec, stage_to_rank
+    from parallel.pipeline.split import min_max_partition, uniform_costs
+    from parallel.pipeline.stages import pipeline_parts, stage_specs
+
+    pre, blocks, post = pipeline_parts(model)
+    num_stages = c.pp * c.stages_per_rank
+    if split_points is None:  # the trainer's uniform policy: embeddings and head weigh one block each
+        costs = uniform_costs(len(blocks), input_weight=1.0 if pre else 0.0, output_weight=1.0 if post else 0.0)
+        split_points = tuple(min_max_partition(costs, num_stages))
+    placement = schedule_spec(c.schedule).placement if c.pp > 1 else "single"
+    ranks = stage_to_rank(placement=placement, pp=c.pp, num_stages=num_stages)
+    return split_points, stage_specs(n_blocks=len(blocks), split_points=split_points, stage_ranks=ranks)
+
+
+def _fake_parameters(module, *, dtype) -> None:
+    """Replace meta parameters by fake CPU ones (inside FakeTensorMode: nothing is allocated), DTensors kept."""
+    import torch
+    from torch import nn
+    from torch.distributed.tensor import DTensor
+
+    for sub in module.modules():
+        for name, p in list(sub._parameters.items()):
+            if p is None:
+                continue
+            if isinstance(p, DTensor):
+                local = torch.empty(p.to_local().shape, dtype=dtype, device="cpu")
+                new = DTensor.from_local(local, p.device_mesh, p.placements, run_check=False)
+            else:
+                new = torch.empty(p.shape, dtype=dtype, device="cpu")
+            sub._parameters[name] = nn.Parameter(new, requires_grad=p.requires_grad)
+
+
+def _tp_stage(meta_model, spec, *, mesh, c: Candidate, sequence_parallel: bool, tp_plan):
+    """The stage module cut from the meta model, with the model family's tensor-parallel plan when tp > 1."""
+    from parallel.pipeline.stages import build_stage_module
+
+    module = build_stage_module(meta_model, spec=spec)
+    if c.tp > 1:
+        tp_plan(module, tp_mesh=mesh["tp"], sequence_parallel=sequence_parallel)
+    return module
+
+
+def _saved_activation_bytes(
+    module, *, first: bool, last: bool, micro_batch: int, seq_len: int, d_model: int, vocab_size: int, dtype
+) -> int:
+    """Bytes autograd saves for one micro-batch through ``module`` (fake tensors: nothing is allocated)."""
+    import torch
+    import torch.nn.functional as F
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.tensor import DTensor
+
+    def local(t):
+        return t._local_tensor if isinstance(t, DTensor) else t
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        _fake_parameters(module, dtype=dtype)
+        params = {local(p).untyped_storage()._cdata for p in module.parameters()}
+        storages: dict[int, int] = {}
+
+        def pack(t):
+            st = local(t).untyped_storage()
+            if st._cdata not in params:
+                storages[st._cdata] = st.nbytes()
+            return t
+
+        if first:
+            x = torch.randint(0, vocab_size, (micro_batch, seq_len))
+        else:
+            x = torch.randn(micro_batch, seq_len, d_model, dtype=dtype, requires_grad=True)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = module(x)
+            if last:
+                targets = torch.randint(0, vocab_size, (micro_batch, seq_len))
+                F.cross_entropy(local(out).reshape(-1, out.shape[-1]).float(), targets.reshape(-1))
+    return sum(storages.values())
+
+
+def _clear_dtensor_caches() -> None:
+    """DTensor caches sharding and redistribution decisions keyed by meshes that compare equal across process
+    groups; a cached decision would carry the previous (destroyed) group into the next sampled rank."""
+    import sys
+
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    torch._C._clear_DTensor_sharding_propagator_cache()  # the C++ fast path's cache
+
+    for name, module in list(sys.modules.items()):
+        if not name.startswith(("torch.distributed.tensor", "torch.distributed._functional_collectives")):
+            continue
+        for fn in list(vars(module).values()):
+            if not isinstance(fn, type) and callable(getattr(fn, "cache_clear", None)):
+                fn.cache_clear()
+        if hasattr(module, "clear_redistribute_planner_cache"):
+            module.clear_redistribute_planner_cache()
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    for value in vars(propagator).values():
+        cache = getattr(value, "cache", None)
+        if callable(getattr(cache, "cache_clear", None)):
+            cache.cache_clear()
+
+
+class DryRunError(RuntimeError):
+    """A layout that cannot be built: which step failed on which rank, torch's reason and the fix."""
+
+
+def _fix_for(phase: str, c: Candidate, model: ModelSpec) -> str:
+    if phase == "tensor-parallel plan":
+        return f"use a tp.size dividing model.n_heads={model.n_heads} and model.d_model={model.d_model} (now {c.tp})"
+    if phase == "schedule":
+        return (
+            f"pp.schedule={c.schedule} with {c.pp * c.stages_per_rank} stages and pp.micro_batches="
+            f"{c.micro_batches}: choose a micro-batch count or pp.stages_per_rank the schedule accepts, or "
+            "another schedule (python train.py ... prints the accepted counts)"
+        )
+    return f"this layout ({phase}) cannot be built with torch {__import__('torch').__version__}; choose another"
+
+
+def _measure_rank(
+    rank: int,
+    *,
+    world: int,
+    c: Candidate,
+    meta_model,
+    specs,
+    model: ModelSpec,
+    workload: Workload,
+    sequence_parallel: bool,
+    mixed: bool,
+    tp_plan,
+) -> dict[str, float]:
+    """Build this rank's part of the layout under a fake process group of ``world`` ranks and measure it."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    phase = "device mesh"
+    try:
+        mesh = init_device_mesh("cpu", (c.pp, c.dp, c.tp), mesh_dim_names=("pp", "dp", "tp"))
+        pp_rank = rank // (c.dp * c.tp)
+        dtype = torch.bfloat16 if mixed else torch.float32
+        b = workload.global_batch_size // (c.dp * c.micro_batches)
+        stages, acts = [], 0
+        for spec in (s for s in specs if s.pp_rank == pp_rank):
+            phase = "tensor-parallel plan"
+            module = _tp_stage(meta_model, spec, mesh=mesh, c=c, sequence_parallel=sequence_parallel, tp_plan=tp_plan)
+            phase = "activations"
+            acts += _saved_activation_bytes(
+                _tp_stage(meta_model, spec, mesh=mesh, c=c, sequence_parallel=sequence_parallel, tp_plan=tp_plan),
+                first=spec.first,
+                last=spec.last,
+                micro_batch=b,
+                seq_len=workload.seq_len,
+                d_model=model.d_model,
+                vocab_size=model.vocab_size,
+                dtype=dtype,
+            )
+            if c.zero_stage >= 3 and c.dp > 1:
+                phase = "FSDP2 sharding"
+                from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+                policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+                for block in module.layers.values():
+                    fully_shard(block, mesh=mesh["dp"], mp_policy=policy)
+                fully_shard(module, mesh=mesh["dp"], mp_policy=policy)
+            stages.append((spec, module))
+        phase = "optimizer"
+        params = [p for _, m in stages for p in m.parameters()]
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        opt = torch.optim.AdamW(params, lr=1e-4, foreach=False)
+        opt.step()  # creates the moments, on meta tensors
+        measured: dict[str, float] = {k: float(v) for k, v in model_state_bytes(params, opt).items()}
+        measured["activations_per_micro_batch"] = float(acts)
+        if c.pp > 1:
+            phase = "schedule"
+            _build_schedule(stages, c=c, group=mesh["pp"].get_group())
+        return measured
+    except Exception as exc:  # noqa: BLE001 - every failure to build is reported with the rank and the fix
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise DryRunError(f"{phase} failed: {reason}; fix: {_fix_for(phase, c, model)}") from exc
+    finally:
+        dist.destroy_process_group()
+        _clear_dtensor_caches()
+
+
+def _build_schedule(stages, *, c: Candidate, group) -> None:
+    import torch
+    from torch.distributed.pipelining import PipelineStage
+
+    from parallel.pipeline.schedules import schedule_class, schedule_spec
+
+    num_stages = c.pp * c.stages_per_rank
+    built = [PipelineStage(m, s.index, num_stages, torch.device("cpu"), group=group) for s, m in stages]
+    cls = schedule_class(c.schedule)
+    single = schedule_spec(c.schedule).placement == "single"
+    cls(built[0] if single else built, n_microbatches=c.micro_batches, loss_fn=lambda out, tgt: out.sum())
+
+
+def dry_run(
+    *,
+    model_cfg: Any,
+    candidate: Candidate,
+    model: ModelSpec,
+    hardware: HardwareSpec,
+    workload: Workload,
+    sequence_parallel: bool | None = None,
+    ranks: list[int] | None = None,
+) -> DryRunReport:
+    """Build ``candidate`` for the sampled ``ranks`` under a fake process group; measured beside estimated bytes."""
+    import torch
+
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    c = candidate
+    sp = c.sequence_parallel if sequence_parallel is None else sequence_parallel
+    meta_model = build_meta_model(model_cfg)
+    tp_plan = _family(model_cfg).parallelize_fn() if c.tp > 1 else None
+    split_points, specs = _stage_plan(meta_model, c, split_points=c.split_points)
+    from dataclasses import replace
+
+    c = replace(c, split_points=tuple(split_points) if c.pp > 1 else None, sequence_parallel=sp)
+    est = estimate(c, model=model, hardware=hardware, workload=workload)
+    world = c.dp * c.tp * c.pp
+    reports = []
+    for rank in ranks if ranks is not None else sample_ranks(pp=c.pp, dp=c.dp, tp=c.tp):
+        pp_i, rem = divmod(rank, c.dp * c.tp)
+        coords = {"pp": pp_i, "dp": rem // c.tp, "tp": rem % c.tp}
+        rep = RankReport(rank=rank, coords=coords, stages=[s.index for s in specs if s.pp_rank == pp_i])
+        mem = est.rank_memory[pp_i]
+        rep.estimated = {
+            "params": mem.params,
+            "grads": mem.grads,
+            "optimizer": mem.optimizer,
+            "model_state": mem.params + mem.grads + mem.optimizer,
+            "activations_per_micro_batch": est.rank_activation_per_micro_batch[pp_i],
+        }
+        t1 = time.perf_counter()
+        try:
+            rep.measured = _measure_rank(
+                rank,
+                world=world,
+                c=c,
+                meta_model=meta_model,
+                specs=specs,
+                model=model,
+                workload=workload,
+                sequence_parallel=sp,
+                mixed=workload.precision == "mixed",
+                tp_plan=tp_plan,
+            )
+        except DryRunError as exc:
+            rep.error = f"rank {rank} (pp={coords['pp']}, dp={coords['dp']}, tp={coords['tp']}): {exc}"
+        rep.seconds = time.perf_counter() - t1
+        reports.append(rep)
+    layout = {
+        "dp": c.dp,
+        "tp": c.tp,
+        "pp": c.pp,
+        "micro_batches": c.micro_batches,
+        "schedule": c.schedule,
+        "stages_per_rank": c.stages_per_rank,
+        "zero_stage": c.zero_stage,
+        "sequence_parallel": sp,
+        "split_points": list(split_points) if c.pp > 1 else None,
+        "precision": workload.precision,
+    }
+    return DryRunReport(layout=layout, world_size=world, ranks=reports, seconds=time.perf_counter() - t0)
