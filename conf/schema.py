@@ -45,9 +45,10 @@ class TrainerConfig:
     resume: str = "auto"
     """auto (newest complete checkpoint in the run folder), never, or a checkpoint path."""
     grad_clip: float = 1.0
-    """Max global gradient norm; 0 disables clipping."""
+    """Max global gradient norm; 0 (or any value <= 0, or inf) disables clipping: the norm is still
+    computed and logged as grad_norm."""
     objective: str = "tokens_per_s"
-    """summary.json key the task returns to Hydra sweepers."""
+    """summary.json key the task returns to Hydra sweepers (one of ``trainer.validate.OBJECTIVES``)."""
     stop_grace_s: float = 15.0
     """After SIGTERM/SIGUSR1, how long a rank may take to reach a step boundary before it just exits."""
     on_nonfinite: str = "stop"
@@ -137,6 +138,22 @@ class SGDConfig:
     min_lr_ratio: float = 1.0
 
 
+@dataclass
+class DebugConfig:
+    """Fault injection for tests: ``debug.<fault>_at_step=N`` makes rank ``debug.<fault>_rank`` (default 0)
+    fail (raise), be killed (SIGKILL), hang, or produce a NaN gradient at step N, in the first attempt only
+    (an elastic restart does not repeat it, except ``fail``). Typed, so a misspelled key is refused."""
+
+    fail_at_step: Optional[int] = None
+    fail_rank: Optional[int] = None
+    kill_at_step: Optional[int] = None
+    kill_rank: Optional[int] = None
+    hang_at_step: Optional[int] = None
+    hang_rank: Optional[int] = None
+    nan_at_step: Optional[int] = None
+    nan_rank: Optional[int] = None
+
+
 #: keys of an optim node that configure the schedule, not the optimizer constructor
 SCHEDULE_KEYS = ("name", "warmup_steps", "decay", "min_lr_ratio")
 
@@ -157,8 +174,8 @@ class MeshtrainConfig:
     model: Any = MISSING
     data: Any = MISSING
     optim: Any = MISSING
-    debug: Any = field(default_factory=dict)
-    """Fault injection and diagnostics (``+debug.fail_at_step=3`` ...)."""
+    debug: DebugConfig = field(default_factory=DebugConfig)
+    """Fault injection for tests (``debug.fail_at_step=3`` ...)."""
 
 
 def register_configs() -> None:

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from trainer.observe.metrics import write_json
 from trainer.sweeps.jobs import sweep_name
-from trainer.validate import ConfigError, resolved_container, validate
+from trainer.validate import ConfigError, ValidatedRun, resolved_container, validate
 
 log = logging.getLogger("meshtrain")
 
@@ -92,8 +92,10 @@ def check_resume(cfg: DictConfig, run_dir: Path) -> None:
     check_model_matches(meta, resolved_container(cfg.model), path)
 
 
-def train(cfg: DictConfig, *, run_dir: Path, run_meta: dict[str, Any]) -> dict | None:
-    """Validate, then run the job's workers; returns rank 0's summary."""
+def preflight(cfg: DictConfig, *, run_dir: Path) -> tuple[ValidatedRun, dict]:
+    """Everything that can refuse a run before a worker starts: parallel=auto, validation, the resume
+    checkpoint, the data (prepared once here) and its vocabulary. Raises ConfigError, DataError or
+    CheckpointError (exit code 2); returns the validated layout and the resolved config for the workers."""
     if cfg.parallel.name == "auto":
         from parallel.plan.auto import resolve_auto
         from parallel.plan.specs import PlanError
@@ -113,13 +115,19 @@ def train(cfg: DictConfig, *, run_dir: Path, run_meta: dict[str, Any]) -> dict |
 
     from hydra.utils import instantiate
 
-    from trainer.launch.launcher import launch
-
     check_resume(cfg, run_dir)
     data = instantiate(cfg.data, seed=int(cfg.trainer.seed))
     data.prepare()
     if "vocab_size" in cfg.model:
         data.check_vocab(int(cfg.model.vocab_size))
+    return validated, cfg_dict
+
+
+def train(cfg: DictConfig, *, run_dir: Path, run_meta: dict[str, Any]) -> dict | None:
+    """Validate, then run the job's workers; returns rank 0's summary."""
+    validated, cfg_dict = preflight(cfg, run_dir=run_dir)
+    from trainer.launch.launcher import launch
+
     run_dir.mkdir(parents=True, exist_ok=True)
     return launch(
         cfg, cfg_dict, layout=validated.layout, external=validated.external, run_dir=run_dir, run_meta=run_meta

@@ -112,7 +112,7 @@ class Trainer:
         """True when ``+debug.<key>_at_step=step`` targets this rank (``+debug.<key>_rank``, default 0),
         in the first attempt only (an elastic restart must not repeat the fault)."""
         debug = self.cfg.get("debug") or {}
-        if debug.get(f"{key}_at_step") != step or self.ctx.rank != int(debug.get(f"{key}_rank", 0)):
+        if debug.get(f"{key}_at_step") != step or self.ctx.rank != int(debug.get(f"{key}_rank") or 0):
             return False
         return key == "fail" or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0
 
