@@ -156,11 +156,11 @@ def composer():
     def _compose(ovs: list[str]):
         """Hydra's compose of the group choices (cached: it takes ~0.3 s here), then Hydra's own code
         applying the key=value overrides, as compose does after merging the defaults."""
-        groups = tuple(o for o in ovs if o.split("=")[0] in GROUPS)
+        groups = tuple(o for o in ovs if "." not in o.split("=")[0])  # config group choices: model=cnn_bn ...
         if groups not in bases:
             bases[groups] = compose("config", overrides=list(groups))
         cfg = copy.deepcopy(bases[groups])
-        rest = OverridesParser.create().parse_overrides([o for o in ovs if o.split("=")[0] not in GROUPS])
+        rest = OverridesParser.create().parse_overrides([o for o in ovs if o not in groups])
         ConfigLoaderImpl._apply_overrides_to_config(rest, cfg)
         return cfg
 

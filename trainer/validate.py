@@ -492,7 +492,7 @@ def check_model_data(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> No
     model_name, data_name = cfg.model.get("name"), cfg.data.get("name")
     if family == "gpt" and images:
         f.error(
-            f"model={model_name} with data={data_name}: the GPT reads token sequences, the data are images; "
+            f"model={model_name} with data={data_name}: the model reads token sequences, the data are images; "
             "use data=text (or model=cnn_bn for images)"
         )
     elif family == "cnn" and not images:
@@ -508,12 +508,15 @@ def check_model_shape(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> N
     family = _model_family(m)
     if family == "gpt" and not m.get("planner_only", False):
         for key in ("vocab_size", "n_layers", "d_model", "n_heads"):
-            _require(f, f"model.{key}", m[key], int(m[key]) >= 1, "must be a positive integer (>= 1)")
-        _require(f, "model.d_ff", m.d_ff, int(m.d_ff) >= 0, "must be >= 0 (0 means 4 * model.d_model)")
-        dropout = _number(m.get("dropout", 0.0))
-        _require(f, "model.dropout", m.get("dropout"), dropout is not None and 0 <= dropout < 1, "must be in [0, 1)")
+            if key in m:
+                _require(f, f"model.{key}", m[key], int(m[key]) >= 1, "must be a positive integer (>= 1)")
+        if "d_ff" in m:
+            _require(f, "model.d_ff", m.d_ff, int(m.d_ff) >= 0, "must be >= 0 (0 means 4 * model.d_model)")
+        if "dropout" in m:
+            dropout = _number(m.dropout)
+            _require(f, "model.dropout", m.dropout, dropout is not None and 0 <= dropout < 1, "must be in [0, 1)")
         widths = list(m.get("layer_d_ff") or [])
-        n = int(m.n_layers)
+        n = int(m.get("n_layers", 0))
         if widths and len(widths) != n:
             f.error(
                 f"model.layer_d_ff={widths}: {len(widths)} width(s) for model.n_layers={n}; give one width per "
