@@ -25,6 +25,7 @@ log = logging.getLogger("meshtrain")
 
 EXIT_CONFIG = 2
 EXIT_WORKER = 1
+EXIT_RENDEZVOUS = 3
 
 
 def hydra_run_meta() -> tuple[Path, dict[str, Any]]:
@@ -52,11 +53,13 @@ def run_task(cfg: DictConfig) -> float | None:
     except Exception as exc:  # noqa: BLE001 - reported with the failing rank's message
         from trainer.checkpoint.files import CheckpointError
         from trainer.data.datasets import DataError
-        from trainer.launch.launcher import Preempted, WorkerFailure
+        from trainer.launch.launcher import Preempted, RendezvousFailure, WorkerFailure
         from trainer.launch.preemption import EXIT_PREEMPTED
 
         if isinstance(exc, Preempted):
             return _fail(run_dir, meta, "preempted", str(exc), EXIT_PREEMPTED)
+        if isinstance(exc, RendezvousFailure):
+            return _fail(run_dir, meta, "failed", str(exc), EXIT_RENDEZVOUS)
         if isinstance(exc, WorkerFailure):
             return _fail(run_dir, meta, "failed", str(exc), EXIT_WORKER)
         if isinstance(exc, (DataError, CheckpointError)):

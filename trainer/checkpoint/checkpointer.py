@@ -75,6 +75,15 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _agree_on(value):
+    """Rank 0's ``value`` on every rank."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def _barrier() -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
@@ -99,7 +108,8 @@ class Checkpointer:
         return {"model": model_sd, "optim": optim_sd}
 
     def save(self, step: int) -> Path:
-        """Collective: every rank writes its shard; rank 0 adds the marker and renames into place."""
+        """Collective: every rank writes its shard; rank 0 checks that every rank's files are in the folder,
+        adds the marker and renames it into place. "saved" is logged only for such a complete folder."""
         ctx = self.ctx
         final = self.root / step_dir_name(step)
         tmp = self.root / f".tmp-{final.name}"
@@ -111,6 +121,14 @@ class Checkpointer:
         dcp.save(self._state(), checkpoint_id=str(tmp))
         torch.save(_rng_state(), tmp / f"rng_rank{ctx.rank}.pt")
         _barrier()
+        missing = _agree_on(self._missing_shards(tmp) if ctx.rank == 0 else None)
+        if missing:
+            if ctx.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(
+                f"checkpoint step {step} is incomplete, not saved: {missing} missing from {tmp} (ranks on other "
+                "nodes wrote theirs elsewhere: nodes must share the run folder, hydra.run.dir=<shared path>)"
+            )
         if ctx.rank == 0:
             files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
             marker = {
@@ -131,6 +149,14 @@ class Checkpointer:
         _barrier()
         ctx.log.info("checkpoint step %d saved to %s (%.2fs)", step, final, time.perf_counter() - t0)
         return final
+
+    def _missing_shards(self, tmp: Path) -> str:
+        """What is not in ``tmp`` that every rank should have written there ('' when complete)."""
+        names = {p.name for p in tmp.iterdir()} if tmp.is_dir() else set()
+        missing = [f"rng_rank{r}.pt" for r in range(self.ctx.world_size) if f"rng_rank{r}.pt" not in names]
+        if ".metadata" not in names:
+            missing.append(".metadata")
+        return ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
 
     def _prune(self) -> None:
         if self.keep <= 0:
