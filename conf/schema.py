@@ -152,6 +152,8 @@ class DebugConfig:
     hang_rank: Optional[int] = None
     nan_at_step: Optional[int] = None
     nan_rank: Optional[int] = None
+    wandb_crash_at_step: Optional[int] = None
+    """Rank 0 tears W&B's service down at this step (its calls then raise): training must go on."""
 
 
 #: keys of an optim node that configure the schedule, not the optimizer constructor

@@ -103,12 +103,13 @@ def final_state(run: TrainRun) -> dict:
 
 
 def assert_parity(
-    run: TrainRun, ref: TrainRun, *, rel: float = 1e-4, params_atol: float = 1e-5, skip: tuple[str, ...] = ()
+    run: TrainRun, ref: TrainRun, *, rel: float = 1e-4, params_atol: float = 1e-4, skip: tuple[str, ...] = ()
 ) -> float:
     """``run`` trained like ``ref`` (parallel=single): per-step losses and gradient norms within ``rel``,
     and the final parameters within ``params_atol`` (max abs difference, returned). The gradient norm
     catches gradients off by a constant factor, which clipping and AdamW's scale invariance hide from
-    the loss; the parameters catch a parameter that is updated wrongly or not at all."""
+    the loss; the parameters catch a parameter that is updated wrongly or not at all (one missed AdamW
+    update moves a parameter by ~lr = 3e-3; fp32 reduction order gives up to ~2e-5 after 12 steps here)."""
     assert_losses_close(run.losses(), ref.losses(), rel=rel)
     got, want = [m["grad_norm"] for m in run.metrics()], [m["grad_norm"] for m in ref.metrics()]
     for step, (g, w) in enumerate(zip(got, want), start=1):
