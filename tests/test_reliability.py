@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -229,3 +230,33 @@ def test_corrupt_data_file_is_named(tmp_path):
     run = run_train("parallel=single", *FAST, f"data.path={bad}", run_dir=tmp_path / "run", expect_ok=False)
     assert run.proc.returncode == 2
     assert f"data file {bad} cannot be read as tokens" in run.proc.stderr
+
+
+def test_wandb_never_stops_training(tmp_path):
+    """Online with no reachable server (and no credentials), and W&B's service torn down mid-run: the run
+    completes, warns once, logs offline, and ends within 15 s of the same run with logger=none."""
+    cache = os.environ.get("MESHTRAIN_CACHE", os.path.expanduser("~/.cache/meshtrain"))
+    job = ("parallel=single", *FAST, "trainer.max_steps=6", "trainer.checkpoint_every=0")
+
+    def timed(*overrides, name, env=None):
+        t0 = time.perf_counter()
+        run = run_train(*job, *overrides, run_dir=tmp_path / name, env=env)
+        return run, time.perf_counter() - t0
+
+    _, base = timed(name="none")
+    no_server = {"WANDB_API_KEY": "x" * 40, "WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_MODE": ""}
+    online, t_online = timed(
+        "logger=wandb", "logger.wandb.mode=online", "logger.wandb.init_timeout=5", name="online", env=no_server
+    )
+    no_key = {"WANDB_API_KEY": "", "HOME": str(tmp_path / "home"), "MESHTRAIN_CACHE": cache, "WANDB_MODE": ""}
+    anon, t_anon = timed("logger=wandb", "logger.wandb.mode=online", name="anon", env=no_key)
+    crashed, t_crash = timed("logger=wandb", "+debug.wandb_crash_at_step=3", name="crash")
+    for run, took in ((online, t_online), (anon, t_anon)):
+        assert run.output.count("W&B online init failed") == 1, run.output[-3000:]
+        assert "logging offline instead" in run.output
+        assert list(run.run_dir.glob("wandb/offline-run-*")), "no offline run after the fallback"
+        assert len(run.metrics()) == 6 and run.summary()["status"] == "completed"
+        assert took < base + 15, (took, base)
+    assert crashed.output.count("W&B failed while") == 1, crashed.output[-3000:]
+    assert len(crashed.metrics()) == 6 and crashed.summary()["status"] == "completed"
+    assert t_crash < base + 15, (t_crash, base)
