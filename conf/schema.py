@@ -51,6 +51,9 @@ class TrainerConfig:
     """summary.json key the task returns to Hydra sweepers (one of ``trainer.validate.OBJECTIVES``)."""
     stop_grace_s: float = 15.0
     """After SIGTERM/SIGUSR1, how long a rank may take to reach a step boundary before it just exits."""
+    async_checkpoint: bool = False
+    """Write checkpoint shards in the background (torch.distributed.checkpoint.async_save); the marker
+    that makes a checkpoint complete follows when every shard is written (at the next save or the end)."""
     on_nonfinite: str = "stop"
     """stop or skip when the loss or gradient norm is not finite."""
 

@@ -35,6 +35,19 @@ class CollectiveTimeout(RuntimeError):
     """A rank stopped answering; names it."""
 
 
+#: what torch raises when a collective times out or loses a peer (NCCL, the TCP store, the network)
+DIST_FAILURES = (dist.DistBackendError, dist.DistNetworkError, dist.DistStoreError)
+
+
+def is_collective_timeout(exc: BaseException, *, waited_s: float, timeout_s: float) -> bool:
+    """Recognised by type, not by message: torch's distributed error types; gloo on torch 2.13 raises a
+    plain RuntimeError for a timed-out collective, which is told apart from other errors by when it came:
+    a timeout cannot end a step before ``topology.timeout_s`` has passed in it."""
+    if isinstance(exc, DIST_FAILURES):
+        return True
+    return type(exc) is RuntimeError and waited_s >= 0.95 * timeout_s
+
+
 def _micro_batch_per_forward(ctx: WorkerContext) -> int:
     per_replica = ctx.per_replica_batch()
     if ctx.layout.schedule is not None:
@@ -187,6 +200,7 @@ class Trainer:
         t_start = time.perf_counter()
         first_step_s = None
         status, step = "completed", start_step
+        t0 = time.perf_counter()
         self.skipped_steps: list[int] = []
         try:
             for step in range(start_step + 1, max_steps + 1):
@@ -242,6 +256,8 @@ class Trainer:
                     preemption.honoured()
                 if self._checkpoint_due(step) or preempt:
                     self.checkpointer.save(step)
+                    if preempt:
+                        self.checkpointer.wait()
                 if preempt:
                     status = "preempted"
                     ctx.log.warning(
@@ -252,10 +268,8 @@ class Trainer:
                     )
                     break
         except RuntimeError as exc:
-            if (
-                isinstance(exc, NonFiniteError)
-                or "timed out" not in str(exc).lower()
-                and "timeout" not in str(exc).lower()
+            if isinstance(exc, NonFiniteError) or not is_collective_timeout(
+                exc, waited_s=time.perf_counter() - t0, timeout_s=float(cfg.topology.timeout_s)
             ):
                 raise
             silent = [r for r in self._unresponsive_ranks(step) if r != ctx.rank]
@@ -266,6 +280,8 @@ class Trainer:
             ) from None
         finally:
             progress.close()
+        if "checkpointer" in self.__dict__:  # a background save still running: its marker comes now
+            self.checkpointer.wait()
         summary = self._summary(wall=time.perf_counter() - t_start, first_step_s=first_step_s)
         summary.update(
             status=status,
@@ -273,6 +289,7 @@ class Trainer:
             start_step=start_step,
             resumed_from=getattr(self, "resumed_from", None),
             skipped_steps=self.skipped_steps,
+            checkpoints_not_saved=self.checkpointer.failed_steps if "checkpointer" in self.__dict__ else [],
         )
         return summary
 
