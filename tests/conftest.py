@@ -1,61 +1,10 @@
-"""Shared helpers: compose the real config, and run train.py as a user would (a real subprocess)."""
+"""Fixtures for every test under tests/ (unit and integration); plain helpers are in tests/helpers.py."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from dataclasses import dataclass
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-CONF = ROOT / "conf"
-
-#: small and quick: every multi-process test starts from these
-FAST = ("trainer.log_every=1", "logger=none", "data.seq_len=32", "data.global_batch_size=8")
-
-
-@dataclass
-class TrainRun:
-    proc: subprocess.CompletedProcess
-    run_dir: Path
-
-    @property
-    def output(self) -> str:
-        return self.proc.stdout + self.proc.stderr
-
-    def metrics(self) -> list[dict]:
-        with open(self.run_dir / "metrics.jsonl") as f:
-            return [json.loads(line) for line in f if line.strip()]
-
-    def summary(self) -> dict:
-        return json.loads((self.run_dir / "summary.json").read_text())
-
-    def losses(self) -> list[float]:
-        return [m["loss"] for m in self.metrics()]
-
-
-def run_train(
-    *overrides: str,
-    run_dir: Path,
-    expect_ok: bool = True,
-    timeout: float = 600,
-    env: dict[str, str] | None = None,
-    multirun: bool = False,
-    cwd: Path = ROOT,
-) -> TrainRun:
-    """``python train.py OVERRIDES`` with its output folder under ``run_dir``."""
-    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-    cmd = [sys.executable, str(ROOT / "train.py"), *(["-m"] if multirun else []), *overrides, f"{key}={run_dir}"]
-    full_env = {**os.environ, "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1", **(env or {})}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd)
-    run = TrainRun(proc=proc, run_dir=run_dir)
-    if expect_ok and proc.returncode != 0:
-        raise AssertionError(f"train.py failed ({proc.returncode}):\n{run.output[-6000:]}")
-    return run
+from tests.helpers import CONF
 
 
 @pytest.fixture
@@ -77,51 +26,3 @@ def compose_cfg():
 
     yield _compose
     GlobalHydra.instance().clear()
-
-
-def assert_losses_close(a: list[float], b: list[float], rel: float = 1e-4) -> None:
-    assert len(a) == len(b) and len(a) > 0, (len(a), len(b))
-    for step, (x, y) in enumerate(zip(a, b), start=1):
-        assert abs(x - y) <= rel * abs(y), f"step {step}: {x} vs {y} (rel {abs(x - y) / abs(y):.2e} > {rel})"
-
-
-def final_state(run: TrainRun) -> dict:
-    """The model state of the run's newest checkpoint (the last step writes one unless
-    trainer.checkpoint_every=0), as full tensors by parameter name, whatever layout wrote it."""
-    import torch
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    from trainer.checkpoint.files import checkpoints_root, complete_checkpoints
-
-    found = complete_checkpoints(checkpoints_root(run.run_dir))
-    assert found, f"no complete checkpoint in {run.run_dir}"
-    out = run.run_dir / "final_state.pt"
-    if not out.exists():
-        dcp_to_torch_save(str(found[-1][1]), str(out))
-    state = torch.load(out, weights_only=False)["model"]
-    return {k: v for k, v in state.items() if hasattr(v, "shape")}
-
-
-def assert_parity(
-    run: TrainRun, ref: TrainRun, *, rel: float = 1e-4, params_atol: float = 1e-4, skip: tuple[str, ...] = ()
-) -> float:
-    """``run`` trained like ``ref`` (parallel=single): per-step losses and gradient norms within ``rel``,
-    and the final parameters within ``params_atol`` (max abs difference, returned). The gradient norm
-    catches gradients off by a constant factor, which clipping and AdamW's scale invariance hide from
-    the loss; the parameters catch a parameter that is updated wrongly or not at all (one missed AdamW
-    update moves a parameter by ~lr = 3e-3; fp32 reduction order gives up to ~2e-5 after 12 steps here)."""
-    assert_losses_close(run.losses(), ref.losses(), rel=rel)
-    got, want = [m["grad_norm"] for m in run.metrics()], [m["grad_norm"] for m in ref.metrics()]
-    for step, (g, w) in enumerate(zip(got, want), start=1):
-        assert abs(g - w) <= rel * abs(w), f"grad_norm at step {step}: {g} vs {w} (rel {abs(g - w) / abs(w):.2e})"
-    a, b = final_state(run), final_state(ref)
-    keys = {k for k in b if not any(s in k for s in skip)}
-    assert keys <= set(a), f"parameters missing from the run's checkpoint: {sorted(keys - set(a))[:5]}"
-    worst, where = 0.0, None
-    for k in sorted(keys):
-        assert a[k].shape == b[k].shape, (k, a[k].shape, b[k].shape)
-        d = (a[k].double() - b[k].double()).abs().max().item()
-        if d > worst:
-            worst, where = d, k
-    assert worst <= params_atol, f"final parameters differ by {worst:.3e} at {where} (> {params_atol:.0e})"
-    return worst

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import FAST, assert_parity, run_train
+from tests.helpers import FAST, assert_parity, run_train
 
 pytestmark = pytest.mark.slow
 

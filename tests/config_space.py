@@ -1,6 +1,5 @@
-"""Property test of the whole config space: every combination of overrides is either accepted, or
-refused before any worker starts (exit code 2) with a message naming a key. A sample of the accepted
-ones then runs for 2 steps: nothing validation let through may fail in a worker.
+"""The config space drawn by the property tests (tests/unit/test_config_space_property.py: every draw is
+accepted or refused naming a key; tests/integration/test_config_space_runs.py: accepted draws run).
 
 The overrides are drawn key by key from valid values and, less often, from the kinds of bad input a
 user types: non-positive sizes, negative learning rates and decays, betas outside [0, 1), unknown
@@ -10,15 +9,14 @@ where numbers belong, contradicting layouts and topologies.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
 from pathlib import Path
 
-import pytest
-from hypothesis import HealthCheck, Phase, assume, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import CONF, run_train
+from tests.helpers import CONF
 
 #: coherent layouts (parallel, sizes): most draws start from one of these
 LAYOUTS = [
@@ -137,7 +135,7 @@ def overrides(draw) -> list[str]:
     return [o for i, o in enumerate(out) if o.split("=")[0] not in GROUPS or last[o.split("=")[0]] == i]
 
 
-@pytest.fixture(scope="module")
+@contextlib.contextmanager
 def composer():
     """Compose conf/ as train.py does, many times, in this process."""
     from hydra import compose, initialize_config_dir
@@ -223,47 +221,3 @@ def outcome(composer, ovs: list[str], tmp: Path) -> tuple[str, str]:
         assert KEY_VALUE.search(str(exc)), str(exc)
         return "refused", str(exc)
     return "accepted", ""
-
-
-SEEN: dict[str, int] = {"accepted": 0, "refused": 0}
-
-
-@settings(
-    max_examples=300,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
-@given(ovs=overrides())
-def test_every_override_combination_is_accepted_or_refused_naming_a_key(composer, tmp_path_factory, ovs):
-    verdict, _ = outcome(composer, ovs, tmp_path_factory.getbasetemp())
-    SEEN[verdict] += 1
-
-
-def test_the_draws_hit_both_verdicts():
-    """(runs after the property test in file order) both outcomes were actually exercised"""
-    if sum(SEEN.values()) < 300:
-        pytest.skip("the property test did not run in this session")
-    assert SEEN["accepted"] >= 20 and SEEN["refused"] >= 100, SEEN
-
-
-@pytest.mark.slow
-@settings(
-    max_examples=5,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    phases=[Phase.generate],  # no shrinking: each example is a real run
-    suppress_health_check=list(HealthCheck),
-)
-@given(ovs=overrides())
-def test_accepted_combinations_run_two_steps(composer, tmp_path_factory, ovs):
-    ovs = [o for o in ovs if not o.startswith(("trainer.max_steps=", "logger."))]
-    ovs += ["trainer.max_steps=2", "logger=none", "topology.timeout_s=120"]
-    run_dir = tmp_path_factory.mktemp("run")
-    verdict, _ = outcome(composer, ovs, run_dir)
-    assume(verdict == "accepted")
-    run = run_train(*ovs, run_dir=run_dir, expect_ok=False, timeout=300)
-    assert run.proc.returncode == 0, f"accepted {ovs} but a worker failed:\n{run.output[-4000:]}"
-    assert len(run.losses()) == 2

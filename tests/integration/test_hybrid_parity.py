@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.conftest import FAST, assert_losses_close, assert_parity, run_train
+from tests.helpers import FAST, assert_losses_close, assert_parity, run_train
 from trainer.validate import validate
 
 
