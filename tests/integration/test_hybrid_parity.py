@@ -36,6 +36,8 @@ def test_dp2_pp2_matches_single(single, tmp_path):
     )
     assert_same_run(run, single)
     assert all("bubble_fraction" in m for m in run.metrics())
+    # the FSDP2 dp dimension's collectives, as for parallel=fsdp
+    assert all(0 < m["comm_fraction"] <= 1 and m["comm_collectives"] > 0 for m in run.metrics())
 
 
 def test_tp2_pp2_sequence_parallel_matches_single(single, tmp_path):

@@ -52,3 +52,8 @@ def test_fsdp2_without_accumulation_matches_single(single, tmp_path):
     run = run_train("parallel=fsdp", *FAST, *STEPS, run_dir=tmp_path / "run")
     assert_parity(run, single)
     assert run.summary()["layout"]["dp_shard"] is True
+    # FSDP2's all-gathers and reduce-scatters, measured every step: 4 blocks + root, each gathered for
+    # forward and backward and reduce-scattered once (the root is not resharded after forward)
+    for m in run.metrics():
+        assert 0 < m["comm_time_s"] <= m["step_time_s"] and 0 < m["comm_fraction"] <= 1, m
+        assert m["comm_collectives"] >= 10, m
