@@ -4,6 +4,8 @@ Thin on purpose: Hydra composes conf/ with the command line's overrides, trainer
 launches the workers and returns the objective (tokens/s by default) for sweepers.
 """
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
@@ -14,12 +16,28 @@ register_resolvers()
 register_configs()
 
 
+_task_started = False
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
+    global _task_started
+    _task_started = True
     from trainer.task import run_task
 
     return run_task(cfg)
 
 
+def cli() -> None:
+    """``main()`` with one exit code for every refused config: Hydra ends a run whose overrides do not
+    compose (unknown key, wrong type) with exit code 1 before the task starts; that is bad input (2)."""
+    try:
+        main()
+    except SystemExit as exc:
+        if exc.code == 1 and not _task_started:
+            sys.exit(2)
+        raise
+
+
 if __name__ == "__main__":
-    main()
+    cli()

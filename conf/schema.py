@@ -47,11 +47,15 @@ class TrainerConfig:
     resume: str = "auto"
     """auto (newest complete checkpoint in the run folder), never, or a checkpoint path."""
     grad_clip: float = 1.0
-    """Max global gradient norm; 0 disables clipping."""
+    """Max global gradient norm; 0 (or any value <= 0, or inf) disables clipping: the norm is still
+    computed and logged as grad_norm."""
     objective: str = "tokens_per_s"
-    """summary.json key the task returns to Hydra sweepers."""
+    """summary.json key the task returns to Hydra sweepers (one of ``trainer.validate.OBJECTIVES``)."""
     stop_grace_s: float = 15.0
     """After SIGTERM/SIGUSR1, how long a rank may take to reach a step boundary before it just exits."""
+    async_checkpoint: bool = False
+    """Write checkpoint shards in the background (torch.distributed.checkpoint.async_save); the marker
+    that makes a checkpoint complete follows when every shard is written (at the next save or the end)."""
     on_nonfinite: str = "stop"
     """stop or skip when the loss or gradient norm is not finite."""
     precision: str = "fp32"
@@ -155,6 +159,24 @@ class SGDConfig:
     min_lr_ratio: float = 1.0
 
 
+@dataclass
+class DebugConfig:
+    """Fault injection for tests: ``debug.<fault>_at_step=N`` makes rank ``debug.<fault>_rank`` (default 0)
+    fail (raise), be killed (SIGKILL), hang, or produce a NaN gradient at step N, in the first attempt only
+    (an elastic restart does not repeat it, except ``fail``). Typed, so a misspelled key is refused."""
+
+    fail_at_step: Optional[int] = None
+    fail_rank: Optional[int] = None
+    kill_at_step: Optional[int] = None
+    kill_rank: Optional[int] = None
+    hang_at_step: Optional[int] = None
+    hang_rank: Optional[int] = None
+    nan_at_step: Optional[int] = None
+    nan_rank: Optional[int] = None
+    wandb_crash_at_step: Optional[int] = None
+    """Rank 0 tears W&B's service down at this step (its calls then raise): training must go on."""
+
+
 #: keys of an optim node that configure the schedule, not the optimizer constructor
 SCHEDULE_KEYS = ("name", "warmup_steps", "decay", "min_lr_ratio")
 
@@ -175,8 +197,8 @@ class MeshtrainConfig:
     model: Any = MISSING
     data: Any = MISSING
     optim: Any = MISSING
-    debug: Any = field(default_factory=dict)
-    """Fault injection and diagnostics (``+debug.fail_at_step=3`` ...)."""
+    debug: DebugConfig = field(default_factory=DebugConfig)
+    """Fault injection for tests (``debug.fail_at_step=3`` ...)."""
 
 
 def register_configs() -> None:

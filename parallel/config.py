@@ -83,6 +83,8 @@ class TopologyConfig:
     master_port: int = 0
     """0 picks a free port (single node)."""
     max_restarts: int = 0
+    rendezvous_timeout_s: float = 600.0
+    """Multi-node: how long a node waits for the others to join before it gives up (exit code 3)."""
     timeout_s: float = 300.0
     """Collective timeout: a rank that stops answering fails the job after this long."""
     threads_per_rank: int = 1

@@ -61,3 +61,45 @@ def assert_losses_close(a: list[float], b: list[float], rel: float = 1e-4) -> No
     assert len(a) == len(b) and len(a) > 0, (len(a), len(b))
     for step, (x, y) in enumerate(zip(a, b), start=1):
         assert abs(x - y) <= rel * abs(y), f"step {step}: {x} vs {y} (rel {abs(x - y) / abs(y):.2e} > {rel})"
+
+
+def final_state(run: TrainRun) -> dict:
+    """The model state of the run's newest checkpoint (the last step writes one unless
+    trainer.checkpoint_every=0), as full tensors by parameter name, whatever layout wrote it."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from trainer.checkpoint.files import checkpoints_root, complete_checkpoints
+
+    found = complete_checkpoints(checkpoints_root(run.run_dir))
+    assert found, f"no complete checkpoint in {run.run_dir}"
+    out = run.run_dir / "final_state.pt"
+    if not out.exists():
+        dcp_to_torch_save(str(found[-1][1]), str(out))
+    state = torch.load(out, weights_only=False)["model"]
+    return {k: v for k, v in state.items() if hasattr(v, "shape")}
+
+
+def assert_parity(
+    run: TrainRun, ref: TrainRun, *, rel: float = 1e-4, params_atol: float = 1e-4, skip: tuple[str, ...] = ()
+) -> float:
+    """``run`` trained like ``ref`` (parallel=single): per-step losses and gradient norms within ``rel``,
+    and the final parameters within ``params_atol`` (max abs difference, returned). The gradient norm
+    catches gradients off by a constant factor, which clipping and AdamW's scale invariance hide from
+    the loss; the parameters catch a parameter that is updated wrongly or not at all (one missed AdamW
+    update moves a parameter by ~lr = 3e-3; fp32 reduction order gives up to ~2e-5 after 12 steps here)."""
+    assert_losses_close(run.losses(), ref.losses(), rel=rel)
+    got, want = [m["grad_norm"] for m in run.metrics()], [m["grad_norm"] for m in ref.metrics()]
+    for step, (g, w) in enumerate(zip(got, want), start=1):
+        assert abs(g - w) <= rel * abs(w), f"grad_norm at step {step}: {g} vs {w} (rel {abs(g - w) / abs(w):.2e})"
+    a, b = final_state(run), final_state(ref)
+    keys = {k for k in b if not any(s in k for s in skip)}
+    assert keys <= set(a), f"parameters missing from the run's checkpoint: {sorted(keys - set(a))[:5]}"
+    worst, where = 0.0, None
+    for k in sorted(keys):
+        assert a[k].shape == b[k].shape, (k, a[k].shape, b[k].shape)
+        d = (a[k].double() - b[k].double()).abs().max().item()
+        if d > worst:
+            worst, where = d, k
+    assert worst <= params_atol, f"final parameters differ by {worst:.3e} at {where} (> {params_atol:.0e})"
+    return worst

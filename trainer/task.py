@@ -19,12 +19,13 @@ from omegaconf import DictConfig
 
 from trainer.observe.metrics import write_json
 from trainer.sweeps.jobs import sweep_name
-from trainer.validate import ConfigError, resolved_container, validate
+from trainer.validate import ConfigError, ValidatedRun, resolved_container, validate
 
 log = logging.getLogger("meshtrain")
 
 EXIT_CONFIG = 2
 EXIT_WORKER = 1
+EXIT_RENDEZVOUS = 3
 
 
 def hydra_run_meta() -> tuple[Path, dict[str, Any]]:
@@ -52,11 +53,13 @@ def run_task(cfg: DictConfig) -> float | None:
     except Exception as exc:  # noqa: BLE001 - reported with the failing rank's message
         from trainer.checkpoint.files import CheckpointError
         from trainer.data.datasets import DataError
-        from trainer.launch.launcher import Preempted, WorkerFailure
+        from trainer.launch.launcher import Preempted, RendezvousFailure, WorkerFailure
         from trainer.launch.preemption import EXIT_PREEMPTED
 
         if isinstance(exc, Preempted):
             return _fail(run_dir, meta, "preempted", str(exc), EXIT_PREEMPTED)
+        if isinstance(exc, RendezvousFailure):
+            return _fail(run_dir, meta, "failed", str(exc), EXIT_RENDEZVOUS)
         if isinstance(exc, WorkerFailure):
             return _fail(run_dir, meta, "failed", str(exc), EXIT_WORKER)
         if isinstance(exc, (DataError, CheckpointError)):
@@ -123,8 +126,8 @@ def dry_run_layout(cfg: DictConfig, layout, *, run_dir: Path) -> dict:
     return summary
 
 
-def train(cfg: DictConfig, *, run_dir: Path, run_meta: dict[str, Any]) -> dict | None:
-    """Validate, then run the job's workers; returns rank 0's summary."""
+def checked(cfg: DictConfig) -> ValidatedRun:
+    """parallel=auto resolved, then validation; its and the planner's warnings logged. Raises ConfigError."""
     if cfg.parallel.name == "auto":
         from parallel.plan.auto import resolve_auto
         from parallel.plan.specs import PlanError
@@ -140,19 +143,33 @@ def train(cfg: DictConfig, *, run_dir: Path, run_meta: dict[str, Any]) -> dict |
 
     for warning in run_warnings(cfg, validated.layout):
         log.warning("warning (planner): %s", warning)
-    if cfg.trainer.dry_run:
-        return dry_run_layout(cfg, validated.layout, run_dir=run_dir)
+    return validated
+
+
+def preflight(cfg: DictConfig, *, run_dir: Path) -> tuple[ValidatedRun, dict]:
+    """Everything that can refuse a run before a worker starts: parallel=auto, validation, the resume
+    checkpoint, the data (prepared once here) and its vocabulary. Raises ConfigError, DataError or
+    CheckpointError (exit code 2); returns the validated layout and the resolved config for the workers."""
+    validated = checked(cfg)
     cfg_dict = resolved_container(cfg)
 
     from hydra.utils import instantiate
-
-    from trainer.launch.launcher import launch
 
     check_resume(cfg, run_dir)
     data = instantiate(cfg.data, seed=int(cfg.trainer.seed))
     data.prepare()
     if "vocab_size" in cfg.model:
         data.check_vocab(int(cfg.model.vocab_size))
+    return validated, cfg_dict
+
+
+def train(cfg: DictConfig, *, run_dir: Path, run_meta: dict[str, Any]) -> dict | None:
+    """Validate, then run the job's workers; returns rank 0's summary (trainer.dry_run: the dry run's)."""
+    if cfg.trainer.dry_run:
+        return dry_run_layout(cfg, checked(cfg).layout, run_dir=run_dir)
+    validated, cfg_dict = preflight(cfg, run_dir=run_dir)
+    from trainer.launch.launcher import launch
+
     run_dir.mkdir(parents=True, exist_ok=True)
     return launch(
         cfg, cfg_dict, layout=validated.layout, external=validated.external, run_dir=run_dir, run_meta=run_meta

@@ -10,14 +10,15 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import socket
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from conf.schema import AC_MODES, PRECISIONS
+from conf.schema import AC_MODES, PRECISIONS, DebugConfig
 from parallel.core.layout import ParallelLayout, describe_factorization, factorizations, why_dp_needs_fsdp
 from parallel.core.registry import DIMS, STRATEGIES, strategy_spec
 from trainer.launch.environment import ExternalLaunch, detect_external_launch
@@ -36,6 +37,8 @@ class ConfigError(ValueError):
 class Findings:
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    external: ExternalLaunch | None = None
+    """Set when torchrun / Slurm started this process (ranks and addresses are theirs)."""
 
     def error(self, msg: str) -> None:
         self.problems.append(msg)
@@ -71,7 +74,8 @@ def split_points_of(cfg: DictConfig) -> tuple[int, ...] | None:
         raw = [raw]
     if isinstance(raw, (list, tuple, ListConfig)):
         return tuple(int(x) for x in raw) if len(raw) else None
-    raise ConfigError([f"split points {raw!r}: expected a list of block indices like [2] or 'auto'"])
+    key = "mp.split_points" if cfg.parallel.name == "mp" else "pp.split_points"
+    raise ConfigError([f"{key}={raw!r}: expected a list of block indices like [2] or 'auto'"])
 
 
 def build_layout(cfg: DictConfig, external: ExternalLaunch | None = None) -> ParallelLayout:
@@ -527,6 +531,257 @@ def check_precision(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> Non
             )
 
 
+# ---- what a worker would otherwise reject (optimizer, model/data, trainer, debug, topology) --------
+
+#: numeric summary.json keys every run writes: what trainer.objective may name
+OBJECTIVES = (
+    "tokens_per_s",
+    "final_loss",
+    "first_loss",
+    "median_step_time_s",
+    "time_to_first_step_s",
+    "wall_time_s",
+    "peak_memory_bytes_max",
+)
+DECAYS = ("cosine", "constant")
+
+
+def _number(value) -> float | None:
+    """``value`` as a float when it is a real number (bools and strings are not)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _require(f: Findings, key: str, value, ok: bool, rule: str) -> None:
+    if not ok:
+        f.error(f"{key}={value}: {rule}")
+
+
+def check_optim(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
+    """Hyper-parameters torch.optim and the lr schedule would reject (or silently misuse) in a worker."""
+    o = cfg.optim
+    lr = _number(o.get("lr"))
+    _require(
+        f,
+        "optim.lr",
+        o.get("lr"),
+        lr is not None and math.isfinite(lr) and lr > 0,
+        "must be a number > 0, e.g. optim.lr=3e-3",
+    )
+    if "weight_decay" in o:
+        wd = _number(o.weight_decay)
+        _require(
+            f,
+            "optim.weight_decay",
+            o.weight_decay,
+            wd is not None and math.isfinite(wd) and wd >= 0,
+            "must be >= 0 (0 disables weight decay)",
+        )
+    if "betas" in o:
+        betas = o.betas
+        ok = isinstance(betas, (list, tuple, ListConfig)) and len(betas) == 2
+        ok = ok and all((b := _number(x)) is not None and 0 <= b < 1 for x in betas)
+        shown = list(betas) if isinstance(betas, ListConfig) else betas
+        _require(f, "optim.betas", shown, ok, "must be two numbers in [0, 1), e.g. optim.betas=[0.9,0.95]")
+    if "eps" in o:
+        eps = _number(o.eps)
+        _require(
+            f, "optim.eps", o.eps, eps is not None and math.isfinite(eps) and eps > 0, "must be a number > 0, e.g. 1e-8"
+        )
+    if "momentum" in o:
+        mom = _number(o.momentum)
+        _require(
+            f, "optim.momentum", o.momentum, mom is not None and 0 <= mom < 1, "must be in [0, 1) (0 disables momentum)"
+        )
+    decay = o.get("decay", "constant")
+    _require(f, "optim.decay", decay, str(decay) in DECAYS, f"unknown decay; use one of {', '.join(DECAYS)}")
+    ratio = _number(o.get("min_lr_ratio", 1.0))
+    _require(
+        f,
+        "optim.min_lr_ratio",
+        o.get("min_lr_ratio"),
+        ratio is not None and 0 <= ratio <= 1,
+        "must be in [0, 1] (the share of optim.lr the cosine decays to)",
+    )
+    warm = o.get("warmup_steps", 0)
+    _require(
+        f, "optim.warmup_steps", warm, isinstance(warm, int) and warm >= 0, "must be an integer >= 0 (0: no warm-up)"
+    )
+
+
+def _model_family(model: DictConfig) -> str | None:
+    if "vocab_size" in model:
+        return "gpt"
+    if "channels" in model and "num_classes" in model:
+        return "cnn"
+    return None
+
+
+def check_model_data(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
+    """The model must consume what the data produces: token sequences for the GPT, images for the CNN.
+    Checked before anything resolves ``${data.*}`` interpolations in the model config."""
+    family = _model_family(cfg.model)
+    images = "image_size" in cfg.data
+    model_name, data_name = cfg.model.get("name"), cfg.data.get("name")
+    if family == "gpt" and images:
+        f.error(
+            f"model={model_name} with data={data_name}: the model reads token sequences, the data are images; "
+            "use data=text (or model=cnn_bn for images)"
+        )
+    elif family == "cnn" and not images:
+        f.error(
+            f"model={model_name} with data={data_name}: the CNN classifies images, the data are token sequences; "
+            "use data=images (or model=gpt_small for text)"
+        )
+
+
+def check_model_shape(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
+    """Sizes the model constructors would reject."""
+    m = cfg.model
+    family = _model_family(m)
+    if family == "gpt" and not m.get("planner_only", False):
+        for key in ("vocab_size", "n_layers", "d_model", "n_heads"):
+            if key in m:
+                _require(f, f"model.{key}", m[key], int(m[key]) >= 1, "must be a positive integer (>= 1)")
+        if "d_ff" in m:
+            _require(f, "model.d_ff", m.d_ff, int(m.d_ff) >= 0, "must be >= 0 (0 means 4 * model.d_model)")
+        if "dropout" in m:
+            dropout = _number(m.dropout)
+            _require(f, "model.dropout", m.dropout, dropout is not None and 0 <= dropout < 1, "must be in [0, 1)")
+        widths = list(m.get("layer_d_ff") or [])
+        n = int(m.get("n_layers", 0))
+        if widths and len(widths) != n:
+            f.error(
+                f"model.layer_d_ff={widths}: {len(widths)} width(s) for model.n_layers={n}; give one width per "
+                f"block ({n} entries), or [] to use model.d_ff everywhere"
+            )
+        if any(int(w) < 1 for w in widths):
+            f.error(f"model.layer_d_ff={widths}: every feed-forward width must be >= 1")
+    elif family == "cnn":
+        channels = list(m.channels)
+        if not channels or any(int(c) < 1 for c in channels):
+            f.error(f"model.channels={channels}: give one or more positive channel counts, e.g. [16,32,64]")
+            return
+        size = cfg.data.get("image_size")
+        if size is not None and int(size) < 2 ** len(channels):
+            f.error(
+                f"data.image_size={size} with model.channels={channels}: each of the {len(channels)} blocks halves "
+                f"the image (2x2 max-pool); use data.image_size >= {2 ** len(channels)} or fewer channels"
+            )
+        for key in ("channels", "num_classes"):
+            if key in cfg.data and int(cfg.data[key]) < 1:
+                f.error(f"data.{key}={cfg.data[key]}: must be a positive integer (>= 1)")
+        if "image_size" in cfg.data and int(cfg.data.image_size) < 1:
+            f.error(f"data.image_size={cfg.data.image_size}: must be a positive integer (>= 1)")
+        noise = _number(cfg.data.get("noise", 0.0))
+        _require(f, "data.noise", cfg.data.get("noise"), noise is not None and noise >= 0, "must be >= 0")
+
+
+def check_trainer(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
+    t = cfg.trainer
+    clip = _number(t.grad_clip)
+    _require(
+        f,
+        "trainer.grad_clip",
+        t.grad_clip,
+        clip is not None and not math.isnan(clip),
+        "must be a number: the max global gradient norm (<= 0 or inf disables clipping)",
+    )
+    _require(
+        f,
+        "trainer.objective",
+        t.objective,
+        str(t.objective) in OBJECTIVES,
+        f"not a summary.json number; use one of {', '.join(OBJECTIVES)}",
+    )
+    _require(f, "trainer.keep_checkpoints", t.keep_checkpoints, int(t.keep_checkpoints) >= 1, "must be >= 1")
+    _require(f, "trainer.stop_grace_s", t.stop_grace_s, float(t.stop_grace_s) >= 0, "must be >= 0 seconds")
+    resume = str(t.resume)
+    if resume not in ("auto", "never") and not resume.strip():
+        f.error("trainer.resume='': use auto, never, or a checkpoint folder")
+    bucket = _number(cfg.dp.bucket_cap_mb)
+    _require(
+        f,
+        "dp.bucket_cap_mb",
+        cfg.dp.bucket_cap_mb,
+        bucket is not None and math.isfinite(bucket) and bucket > 0,
+        "must be a number of MiB > 0 (DDP's gradient bucket size, e.g. 25)",
+    )
+    w = cfg.logger.wandb
+    _require(f, "logger.wandb.init_timeout", w.init_timeout, float(w.init_timeout) > 0, "must be > 0 seconds")
+    _require(
+        f, "logger.wandb.console", w.console, str(w.console) in ("off", "wrap", "redirect"), "use off, wrap or redirect"
+    )
+    if "max_bytes" in cfg.data:
+        _require(f, "data.max_bytes", cfg.data.max_bytes, int(cfg.data.max_bytes) >= 1, "must be >= 1")
+
+
+def check_debug(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
+    """``+debug.<key>`` adds keys past the typed group: anything not in DebugConfig is a typo."""
+    known = [fl.name for fl in fields(DebugConfig)]
+    debug = cfg.get("debug") or {}
+    for key in debug:
+        if key not in known:
+            f.error(f"debug.{key}={debug[key]}: unknown debug key; known: {', '.join(known)}")
+            continue
+        value = debug[key]
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < (0 if key.endswith("_rank") else 1):
+            f.error(f"debug.{key}={value}: must be an integer >= {0 if key.endswith('_rank') else 1}")
+        elif key.endswith("_rank") and value >= layout.world_size:
+            f.error(f"debug.{key}={value}: no such rank; the job has ranks 0..{layout.world_size - 1}")
+
+
+def _port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def check_topology(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
+    """Contradictions a multi-node rendezvous would otherwise turn into a hang or a C++ trace."""
+    topo = cfg.topology
+    _require(f, "topology.max_restarts", topo.max_restarts, int(topo.max_restarts) >= 0, "must be >= 0")
+    port = int(topo.master_port)
+    _require(f, "topology.master_port", port, 0 <= port <= 65535, "must be a TCP port in 0..65535 (0 picks a free one)")
+    timeout = topo.get("rendezvous_timeout_s")
+    if timeout is not None:
+        _require(f, "topology.rendezvous_timeout_s", timeout, float(timeout) > 0, "must be > 0 seconds")
+    if f.external is not None:
+        return  # torchrun / Slurm chose ranks and addresses
+    nnodes, node_rank = int(topo.nnodes), int(topo.node_rank)
+    if not 0 <= node_rank < max(1, nnodes):
+        f.error(
+            f"topology.node_rank={node_rank} with topology.nnodes={nnodes}: node ranks run 0..{max(1, nnodes) - 1}; "
+            f"start each node with its own topology.node_rank in that range"
+        )
+        return
+    if nnodes <= 1:
+        return
+    addr = str(topo.master_addr)
+    try:
+        socket.getaddrinfo(addr, None)
+    except (socket.gaierror, UnicodeError):
+        f.error(
+            f"topology.master_addr={addr}: this host name does not resolve here; give node 0's host name or IP "
+            "address as every node sees it"
+        )
+        return
+    if port == 0:
+        f.error("topology.master_port=0 with topology.nnodes>1: every node must know the port; set one, e.g. 29500")
+    elif node_rank == 0 and _port_in_use("", port):
+        f.error(
+            f"topology.master_port={port}: the port is in use on this host (node 0 serves the rendezvous there); "
+            "choose a free port and give the same one to every node"
+        )
+
+
 CHECKS: list[Check] = [
     check_positive,
     check_strategy,
@@ -539,6 +794,12 @@ CHECKS: list[Check] = [
     check_tensor_parallel,
     check_dp_composition,
     check_precision,
+    check_optim,
+    check_model_data,
+    check_model_shape,
+    check_trainer,
+    check_debug,
+    check_topology,
 ]
 
 
@@ -551,7 +812,7 @@ def validate(cfg: DictConfig, *, environ: dict[str, str] | None = None) -> Valid
         raise
     except (TypeError, ValueError) as exc:
         raise ConfigError([f"cannot read the parallel layout: {exc}"]) from None
-    findings = Findings()
+    findings = Findings(external=external)
     for check in CHECKS:
         check(cfg, layout, findings)
         if check is check_positive and findings.problems:

@@ -4,8 +4,8 @@ DTensor turns redistributions into functional collectives (``_c10d_functional.al
 then ``wait_tensor``). A ``TorchDispatchMode`` sees them, forward and backward: it lets DTensor
 desugar its ops first (returning ``NotImplemented`` for DTensor arguments, as ``CommDebugMode``
 does), then times each collective on the watched group from issue to the matching ``wait_tensor``.
-The sum is the time this rank spent issuing and waiting for that group's communication; on 2 CPU
-cores nothing overlaps it, so it reads directly as a share of the step.
+The union of those [issue, wait] intervals (collectives in flight together count once) is the time
+this rank spent issuing and waiting for that group's communication, a share of the step.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 import torch
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from parallel.core.intervals import union_seconds
 
 _funcol = torch.ops._c10d_functional
 COLLECTIVES = {
@@ -39,7 +41,7 @@ class CollectiveTimer(TorchDispatchMode):
         super().__init__()
         self.group_name = group_name
         self._pending: dict[int, float] = {}  # id(output) -> time the collective was issued
-        self.seconds = 0.0
+        self.intervals: list[tuple[float, float]] = []
         self.count = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -59,14 +61,14 @@ class CollectiveTimer(TorchDispatchMode):
         if packet is WAIT and id(args[0]) in self._pending:
             start = self._pending.pop(id(args[0]))
             out = func(*args, **kwargs)
-            self.seconds += time.perf_counter() - start
+            self.intervals.append((start, time.perf_counter()))
             return out
         return func(*args, **kwargs)
 
     def take(self) -> tuple[float, int]:
-        """(seconds, collectives) since the last call."""
-        seconds, count = self.seconds, self.count
-        self.seconds, self.count = 0.0, 0
+        """(seconds covered by the union of the collectives' intervals, collectives) since the last call."""
+        seconds, count = union_seconds(self.intervals), self.count
+        self.intervals, self.count = [], 0
         self._pending.clear()
         return seconds, count
 

@@ -37,10 +37,16 @@ class CommTimer:
 
         return fut.then(done)
 
-    def take(self) -> tuple[float, int]:
-        """(busy seconds, bucket count) since the last call."""
+    count_key = "comm_buckets"
+
+    def take_intervals(self) -> list[tuple[float, float]]:
         with self._lock:
             intervals, self._intervals = self._intervals, []
+        return intervals
+
+    def take(self) -> tuple[float, int]:
+        """(busy seconds, bucket count) since the last call."""
+        intervals = self.take_intervals()
         return union_seconds(intervals), len(intervals)
 
 

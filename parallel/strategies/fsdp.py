@@ -7,10 +7,18 @@ the mean over replicas, so the update equals one process on the global batch. Ap
 parallel, ``fully_shard`` sees DTensor parameters and shards them over (dp, tp) in 2-D.
 Gradient accumulation skips the reduce-scatter on all but the last micro-batch
 (``set_requires_gradient_sync(False)``).
+
+Communication is measured per step: ``FSDPCommTimer`` replaces FSDP2's all-gather and reduce-scatter
+with the same calls timed (``set_custom_all_gather`` / ``set_custom_reduce_scatter``), from issue to the
+``wait`` FSDP2 does on the work; the union of those intervals over a step is ``comm_time_s``. That is
+host time: on gloo the whole collective; on CUDA, where FSDP2 runs them on side streams, the launch
+and any wait the host does, not the kernels' device time.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,8 +27,88 @@ from typing import Any
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
 from parallel.core.base import Engine, Strategy, WorkerContext
+from parallel.core.intervals import union_seconds
+
+
+class FSDPCommTimer:
+    """[issue, completion] of every all-gather and reduce-scatter FSDP2 runs on this rank."""
+
+    count_key = "comm_collectives"
+
+    def __init__(self) -> None:
+        self._intervals: list[tuple[float, float]] = []
+        self._lock = threading.Lock()
+
+    def add(self, start: float, end: float) -> None:
+        with self._lock:
+            self._intervals.append((start, end))
+
+    def take_intervals(self) -> list[tuple[float, float]]:
+        with self._lock:
+            intervals, self._intervals = self._intervals, []
+        return intervals
+
+    def take(self) -> tuple[float, int]:
+        """(busy seconds: union of the intervals, collectives) since the last call."""
+        intervals = self.take_intervals()
+        return union_seconds(intervals), len(intervals)
+
+    def attach(self, model: nn.Module) -> FSDPCommTimer:
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_custom_all_gather(_TimedAllGather(self))
+                module.set_custom_reduce_scatter(_TimedReduceScatter(self))
+        return self
+
+
+class _TimedWork:
+    """An async collective's work: its ``wait`` ends the interval."""
+
+    def __init__(self, work, start: float, timer: FSDPCommTimer):
+        self._work, self._start, self._timer = work, start, timer
+
+    def wait(self, *args, **kwargs):
+        out = self._work.wait(*args, **kwargs)
+        if self._timer is not None:
+            self._timer.add(self._start, time.perf_counter())
+            self._timer = None
+        return out
+
+    def __getattr__(self, name: str):
+        return getattr(self._work, name)
+
+
+def _timed(timer: FSDPCommTimer, call):
+    start = time.perf_counter()
+    work = call()
+    if work is None:
+        timer.add(start, time.perf_counter())
+        return None
+    return _TimedWork(work, start, timer)
+
+
+class _TimedAllGather(DefaultAllGather):
+    def __init__(self, timer: FSDPCommTimer):
+        self.timer = timer
+
+    def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
+        return _timed(
+            self.timer, lambda: super(_TimedAllGather, self).__call__(output_tensor, input_tensor, group, async_op)
+        )
+
+
+class _TimedReduceScatter(DefaultReduceScatter):
+    def __init__(self, timer: FSDPCommTimer):
+        self.timer = timer
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False):
+        return _timed(
+            self.timer,
+            lambda: super(_TimedReduceScatter, self).__call__(output_tensor, input_tensor, group, op, async_op),
+        )
 
 
 def apply_fsdp(
@@ -66,8 +154,13 @@ class FSDPStrategy(Strategy):
         model = ctx.prepare(ctx.build_model(materialize=False), fsdp=True)
         apply_fsdp(model, dp_mesh=ctx.mesh["dp"], mp_policy=ctx.fsdp_mp_policy())
         model = ctx.place(model)  # a meta-built model gets storage for its shards only, then its init
+        timer = FSDPCommTimer().attach(model)
         ctx.log.info("parallel=fsdp: fully_shard per block and root over dp=%d", ctx.layout.dp)
         rank_map = announce_rank_map(ctx, stage_modules=[model])
         return MeshModuleEngine(
-            model, accumulation=ctx.accumulation_steps(), no_sync=fsdp_no_sync(model), rank_map=rank_map
+            model,
+            accumulation=ctx.accumulation_steps(),
+            no_sync=fsdp_no_sync(model),
+            rank_map=rank_map,
+            ddp_timer=timer,
         )

@@ -20,6 +20,7 @@ stage and shard.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -29,16 +30,17 @@ from torch import nn
 
 from parallel.core.base import Engine, Strategy, WorkerContext
 from parallel.core.comm_timer import SampledCommMeter
+from parallel.core.intervals import union_seconds
 from parallel.core.layout import why_dp_needs_fsdp
 from parallel.core.rank_map import announce_rank_map
 from parallel.strategies.ddp import CommTimer, wrap_ddp
-from parallel.strategies.fsdp import apply_fsdp, fsdp_no_sync
+from parallel.strategies.fsdp import FSDPCommTimer, apply_fsdp, fsdp_no_sync
 from parallel.strategies.tp import MeshModuleEngine, parallelize_for_tp, tp_meter
 
 
 def shard_replica(
     module: nn.Module, *, ctx: WorkerContext
-) -> tuple[nn.Module, Callable[[], AbstractContextManager] | None, CommTimer | None]:
+) -> tuple[nn.Module, Callable[[], AbstractContextManager] | None, CommTimer | FSDPCommTimer | None]:
     """Tensor parallel, then data parallel, on one module (a whole model or a pipeline stage), placed on
     this rank's device (a meta-built module materialised after sharding, before DDP).
 
@@ -53,7 +55,8 @@ def shard_replica(
         return ctx.place(module), None, None
     if fsdp:
         apply_fsdp(module, dp_mesh=ctx.mesh["dp"], mp_policy=ctx.fsdp_mp_policy())
-        return ctx.place(module), fsdp_no_sync(module), None
+        module = ctx.place(module)
+        return module, fsdp_no_sync(module), FSDPCommTimer().attach(module)
     ddp, timer = wrap_ddp(ctx.place(module), ctx=ctx)
     return ddp, ddp.no_sync, timer
 
@@ -78,7 +81,7 @@ class HybridPipelineEngine(Engine):
         *,
         pp_group,
         tp_meter: SampledCommMeter,
-        ddp_timers: list[CommTimer],
+        ddp_timers: list[CommTimer | FSDPCommTimer],
         rank_map: dict[str, Any],
     ):
         self.pipeline = pipeline
@@ -87,15 +90,24 @@ class HybridPipelineEngine(Engine):
         self.tp_meter = tp_meter
         self.ddp_timers = ddp_timers
         self.rank_map = rank_map
+        self._step = (0.0, 0.0)
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
-        with self.tp_meter.step():
-            return self.pipeline.train_step(inputs, targets)
+        start = time.perf_counter()
+        try:
+            with self.tp_meter.step():
+                return self.pipeline.train_step(inputs, targets)
+        finally:
+            self._step = (start, time.perf_counter())
 
     def step_metrics(self) -> dict[str, float]:
         out = {**self.pipeline.step_metrics(), **self.tp_meter.metrics()}
-        if self.ddp_timers:
-            out["dp_comm_time_s"] = sum(t.take()[0] for t in self.ddp_timers)
+        if self.ddp_timers:  # the dp dimension's collectives (FSDP2's, of every stage on this rank), as a union
+            intervals = [i for t in self.ddp_timers for i in t.take_intervals()]
+            busy = union_seconds(intervals)
+            elapsed = max(self._step[1] - self._step[0], 1e-9)
+            out.update(dp_comm_time_s=busy, comm_time_s=busy, comm_fraction=min(1.0, busy / elapsed))
+            out["comm_collectives"] = len(intervals)
         return out
 
     def summary(self) -> dict[str, Any]:
@@ -119,7 +131,7 @@ class HybridPipelineEngine(Engine):
 def build_hybrid_pipeline(ctx: WorkerContext) -> Engine:
     from parallel.pipeline.engine import build_pipeline_engine
 
-    ddp_timers: list[CommTimer] = []
+    ddp_timers: list[CommTimer | FSDPCommTimer] = []
     held: list[tuple[int, nn.Module]] = []
 
     def wrap_stage(module: nn.Module, spec) -> nn.Module:

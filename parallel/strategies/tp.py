@@ -90,9 +90,10 @@ class MeshModuleEngine(ModuleEngine):
 
     def step_metrics(self) -> dict[str, float]:
         out = self.tp_meter.metrics()
-        if self.ddp_timer is not None:  # DDP on the dp dimension (tp = 1): its measured bucket all-reduces
-            busy, buckets = self.ddp_timer.take()
-            out.update(comm_time_s=busy, comm_fraction=min(1.0, busy / max(self._step_s, 1e-9)), comm_buckets=buckets)
+        if self.ddp_timer is not None:  # the dp dimension's measured collectives (DDP buckets or FSDP2's)
+            busy, count = self.ddp_timer.take()
+            out.update(comm_time_s=busy, comm_fraction=min(1.0, busy / max(self._step_s, 1e-9)))
+            out[getattr(self.ddp_timer, "count_key", "comm_buckets")] = count
         return out
 
     def summary(self) -> dict[str, Any]:

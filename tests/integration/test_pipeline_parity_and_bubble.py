@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from parallel.pipeline.schedules import SCHEDULES, available_schedules
-from tests.helpers import FAST, assert_losses_close, run_train
+from tests.helpers import FAST, assert_parity, run_train
 
 pytestmark = pytest.mark.slow
 
@@ -16,9 +16,8 @@ STEPS = ("trainer.max_steps=10",)
 
 
 @pytest.fixture(scope="module")
-def single_losses(tmp_path_factory):
-    run = run_train("parallel=single", *FAST, *STEPS, run_dir=tmp_path_factory.mktemp("single") / "run")
-    return run.losses()
+def single(tmp_path_factory):
+    return run_train("parallel=single", *FAST, *STEPS, run_dir=tmp_path_factory.mktemp("single") / "run")
 
 
 @pytest.fixture(scope="module")
@@ -47,18 +46,18 @@ PARITY = {
 }
 
 
-def test_gpipe_matches_single(gpipe_run, single_losses):
-    assert_losses_close(gpipe_run.losses(), single_losses, rel=1e-4)
+def test_gpipe_matches_single(gpipe_run, single):
+    assert_parity(gpipe_run, single)
 
 
 @pytest.mark.parametrize("case", list(PARITY))
-def test_pipeline_matches_single(case, single_losses, tmp_path):
+def test_pipeline_matches_single(case, single, tmp_path):
     overrides = PARITY[case]
     schedule = case.split("_4_")[0]
     if schedule in SCHEDULES and schedule not in available_schedules():
         pytest.skip(f"the installed torch has no {schedule} schedule")
     run = run_train(*overrides, *FAST, *STEPS, "pp.trace_step=0", run_dir=tmp_path / "run")
-    assert_losses_close(run.losses(), single_losses, rel=1e-4)
+    assert_parity(run, single)
     pipe = run.summary()["pipeline"]
     num_stages = len(pipe["stages"])
     assert num_stages == pipe["num_stages"] and all(r["busy_s"] > 0 for r in pipe["stages"])

@@ -113,3 +113,63 @@ def test_unknown_model_option_is_named(tmp_path):
     run = run_train("model=gpt_nonexistent", run_dir=tmp_path / "run", expect_ok=False, timeout=60)
     assert run.proc.returncode != 0
     assert "gpt_nonexistent" in run.output and "gpt_small" in run.output
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("optim.lr=-1", "optim.lr=-1.0: must be a number > 0"),
+        ("optim.lr=nan", "optim.lr=nan: must be a number > 0"),
+        ("optim.weight_decay=-0.1", "optim.weight_decay=-0.1: must be >= 0"),
+        ("optim.betas=[1.0,0.9]", "optim.betas=[1.0, 0.9]: must be two numbers in [0, 1)"),
+        ("optim.betas=[0.9]", "optim.betas=[0.9]: must be two numbers in [0, 1)"),
+        ("optim.decay=linearr", "optim.decay=linearr: unknown decay; use one of cosine, constant"),
+        ("optim.min_lr_ratio=1.5", "optim.min_lr_ratio=1.5: must be in [0, 1]"),
+        ("model=cnn_bn", "model=cnn_bn with data=text: the CNN classifies images"),
+        ("data=images", "model=gpt_small with data=images: the model reads token sequences"),
+        ("trainer.grad_clip=nan", "trainer.grad_clip=nan: must be a number"),
+        ("dp.bucket_cap_mb=0", "dp.bucket_cap_mb=0.0: must be a number of MiB > 0"),
+        ("model.layer_d_ff=[64,64]", "model.layer_d_ff=[64, 64]: 2 width(s) for model.n_layers=4"),
+        ("trainer.objective=loss", "trainer.objective=loss: not a summary.json number; use one of tokens_per_s"),
+        ("+debug.fial_at_step=3", "debug.fial_at_step=3: unknown debug key; known: fail_at_step"),
+        ("debug.fail_rank=5", "debug.fail_rank=5: no such rank; the job has ranks 0..1"),
+        ("topology.node_rank=5", "topology.node_rank=5 with topology.nnodes=1: node ranks run 0..0"),
+    ],
+)
+def test_what_a_worker_would_reject_is_refused(compose_cfg, override, expected):
+    assert expected in _problems(compose_cfg(override))
+
+
+def test_grad_clip_off_values_are_accepted(compose_cfg):
+    for value in ("0", "-1", "inf"):
+        validate(compose_cfg(f"trainer.grad_clip={value}"), environ={})
+
+
+def test_typed_debug_keys_still_take_plus(compose_cfg):
+    cfg = compose_cfg("+debug.fail_at_step=3", "debug.fail_rank=1")
+    assert cfg.debug.fail_at_step == 3 and cfg.debug.fail_rank == 1
+    validate(cfg, environ={})
+
+
+def test_multi_node_contradictions(compose_cfg):
+    import socket
+
+    msg = _problems(compose_cfg("topology=multi_node", "topology.node_rank=2"))
+    assert "topology.node_rank=2 with topology.nnodes=2: node ranks run 0..1" in msg
+    msg = _problems(compose_cfg("topology=multi_node", "topology.master_addr=no-such-host.invalid"))
+    assert "topology.master_addr=no-such-host.invalid: this host name does not resolve" in msg
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        msg = _problems(compose_cfg("topology=multi_node", f"topology.master_port={port}"))
+        assert f"topology.master_port={port}: the port is in use on this host" in msg
+        # a node other than 0 only connects to the port: that is not a contradiction
+        validate(compose_cfg("topology=multi_node", f"topology.master_port={port}", "topology.node_rank=1"), environ={})
+
+
+def test_override_that_does_not_compose_exits_2(tmp_path):
+    run = run_train("debug.fial_at_step=3", "optim.lr=fast", run_dir=tmp_path / "run", expect_ok=False, timeout=60)
+    assert run.proc.returncode == 2, run.output
+    assert "fial_at_step" in run.output and "no worker" not in run.output
+    assert not (run.run_dir / "logs").exists()

@@ -10,6 +10,7 @@ of (seed, step).
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 import shutil
@@ -23,6 +24,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from omegaconf import OmegaConf
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from trainer.checkpoint.files import (
@@ -75,6 +77,46 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _agree_on(value):
+    """Rank 0's ``value`` on every rank."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+#: what a failed write raises: OSError & co, and DCP's CheckpointException (a BaseException) wrapping them
+SAVE_ERRORS = (Exception, CheckpointException)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, CheckpointException) and exc.failures:  # the first failing rank's own error
+        rank, wrapped = next(iter(sorted(exc.failures.items())))
+        inner = getattr(wrapped, "exception", wrapped)
+        return f"rank {rank}: {_describe(inner)}"
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200]}" if text else type(exc).__name__
+
+
+def _attempt(call) -> str | None:
+    """Run ``call``; None when it worked, else one line describing the error."""
+    try:
+        call()
+    except SAVE_ERRORS as exc:  # reported as one line; the save fails on every rank
+        return _describe(exc)
+    return None
+
+
+def _first_error(local: str | None) -> str | None:
+    """Collective: the first rank's error, if any rank had one."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return local
+    errors: list = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, local)
+    return next((f"rank {r}: {e}" for r, e in enumerate(errors) if e), None)
+
+
 def _barrier() -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
@@ -88,6 +130,10 @@ class Checkpointer:
         self.view = state_view(engine.model_parts)
         self.root = checkpoints_root(ctx.run_dir)
         self.keep = int(ctx.cfg.trainer.keep_checkpoints)
+        self.async_save = bool(ctx.cfg.trainer.get("async_checkpoint", False))
+        self.failed_steps: list[int] = []
+        self._pending = None
+        self._group = None
 
     #: optimizer state and param-group settings keyed per parameter FQN ("param_groups.<fqn>.lr"), not
     #: by group index: ranks holding different stages then never overwrite each other's groups, and a
@@ -98,39 +144,117 @@ class Checkpointer:
         model_sd, optim_sd = get_state_dict(self.view, self.optimizer, options=self.OPTIONS)
         return {"model": model_sd, "optim": optim_sd}
 
-    def save(self, step: int) -> Path:
-        """Collective: every rank writes its shard; rank 0 adds the marker and renames into place."""
+    def save(self, step: int) -> Path | None:
+        """Collective: every rank writes its shard into ``.tmp-step_N``; rank 0 checks that every rank's
+        files are there, adds the marker and renames the folder into place. "saved" is logged only for
+        such a complete folder. A write that fails on any rank (full disk, unwritable folder) fails this
+        save on every rank: the partial folder is removed, the previous checkpoint stays as it was, one
+        line says so, and training goes on (None is returned). With ``trainer.async_checkpoint`` the
+        shards are written in the background (``dcp.async_save``) and the marker follows in ``wait``."""
+        self.wait()
         ctx = self.ctx
         final = self.root / step_dir_name(step)
         tmp = self.root / f".tmp-{final.name}"
         t0 = time.perf_counter()
+        sched = copy.deepcopy(self.scheduler.state_dict())  # as of this step (the marker may come later)
+        error = None
+        if ctx.rank == 0:
+            error = _attempt(lambda: (shutil.rmtree(tmp, ignore_errors=True), tmp.mkdir(parents=True)))
+        error = _agree_on(error)
+        if error is None:
+            error = _first_error(_attempt(lambda: torch.save(_rng_state(), tmp / f"rng_rank{ctx.rank}.pt")))
+        if error is not None:
+            return self._failed(step, tmp, error)
+        if self.async_save:
+            try:
+                future = dcp.async_save(self._state(), checkpoint_id=str(tmp), process_group=self._async_group())
+            except SAVE_ERRORS as exc:  # DCP raises the same error on every rank
+                return self._failed(step, tmp, _describe(exc))
+            self._pending = (future, step, tmp, final, t0, sched)
+            ctx.log.info("checkpoint step %d: writing in the background to %s", step, tmp)
+            return None
+        try:
+            dcp.save(self._state(), checkpoint_id=str(tmp))
+        except SAVE_ERRORS as exc:  # DCP gathers every rank's write error and raises it on all
+            return self._failed(step, tmp, _describe(exc))
+        return self._complete(step, tmp, final, t0, sched)
+
+    def wait(self) -> Path | None:
+        """Finish a background save (collective): wait for every rank's shards, then marker and rename."""
+        if self._pending is None:
+            return None
+        future, step, tmp, final, t0, sched = self._pending
+        self._pending = None
+        error = _first_error(_attempt(future.result))
+        if error is not None:
+            return self._failed(step, tmp, error)
+        return self._complete(step, tmp, final, t0, sched)
+
+    def _async_group(self):
+        """A separate gloo group for the background writer's collectives (the training loop keeps the
+        default group busy; DCP's async save needs a CPU backend)."""
+        if self._group is None and dist.is_initialized() and dist.get_world_size() > 1:
+            self._group = dist.new_group(backend="gloo")
+        return self._group
+
+    def _failed(self, step: int, tmp: Path, error: str) -> None:
+        ctx = self.ctx
+        _barrier()
         if ctx.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
+        found = complete_checkpoints(self.root) if ctx.rank == 0 else []
+        previous = f"{found[-1][1]} is intact" if found else "there is no earlier checkpoint"
+        self.failed_steps.append(step)
+        ctx.log.warning("checkpoint step %d NOT saved (%s); %s; training goes on", step, error, previous)
+        return None
+
+    def _complete(self, step: int, tmp: Path, final: Path, t0: float, sched: dict) -> Path:
+        ctx = self.ctx
         _barrier()
-        dcp.save(self._state(), checkpoint_id=str(tmp))
-        torch.save(_rng_state(), tmp / f"rng_rank{ctx.rank}.pt")
-        _barrier()
+        missing = _agree_on(self._missing_shards(tmp) if ctx.rank == 0 else None)
+        if missing:
+            if ctx.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(
+                f"checkpoint step {step} is incomplete, not saved: {missing} missing from {tmp} (ranks on other "
+                "nodes wrote theirs elsewhere: nodes must share the run folder, hydra.run.dir=<shared path>)"
+            )
+        error = None
         if ctx.rank == 0:
-            files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
-            marker = {
-                "step": step,
-                "time": time.time(),
-                "world_size": ctx.world_size,
-                "layout": ctx.layout.to_dict(),
-                "model": OmegaConf.to_container(ctx.cfg.model, resolve=True),
-                "seed": int(ctx.cfg.trainer.seed),
-                "scheduler": self.scheduler.state_dict(),
-                "files": files,
-            }
-            (tmp / MARKER).write_text(json.dumps(marker, indent=2, default=str))
-            if final.exists():
-                shutil.rmtree(final)
-            tmp.rename(final)
-            self._prune()
-        _barrier()
+            error = _attempt(lambda: self._seal(step, tmp, final, sched))
+        error = _agree_on(error)
+        if error is not None:
+            return self._failed(step, tmp, error)
         ctx.log.info("checkpoint step %d saved to %s (%.2fs)", step, final, time.perf_counter() - t0)
         return final
+
+    def _seal(self, step: int, tmp: Path, final: Path, sched: dict) -> None:
+        """Rank 0: the marker (written last, with every file's size), then the atomic rename."""
+        ctx = self.ctx
+        files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+        marker = {
+            "step": step,
+            "time": time.time(),
+            "world_size": ctx.world_size,
+            "layout": ctx.layout.to_dict(),
+            "model": OmegaConf.to_container(ctx.cfg.model, resolve=True),
+            "seed": int(ctx.cfg.trainer.seed),
+            "scheduler": sched,
+            "files": files,
+        }
+        (tmp / MARKER).write_text(json.dumps(marker, indent=2, default=str))
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+        self._prune()
+
+    def _missing_shards(self, tmp: Path) -> str:
+        """What is not in ``tmp`` that every rank should have written there ('' when complete)."""
+        names = {p.name for p in tmp.iterdir()} if tmp.is_dir() else set()
+        missing = [f"rng_rank{r}.pt" for r in range(self.ctx.world_size) if f"rng_rank{r}.pt" not in names]
+        if ".metadata" not in names:
+            missing.append(".metadata")
+        return ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
 
     def _prune(self) -> None:
         if self.keep <= 0:

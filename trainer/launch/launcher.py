@@ -9,7 +9,10 @@ job of a multirun gets its own worker group, port and store. Worker failures com
 from __future__ import annotations
 
 import logging
+import math
 import signal
+import socket
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,10 @@ log = logging.getLogger("meshtrain.launch")
 
 class Preempted(RuntimeError):
     """The job was asked to stop (SIGTERM/SIGUSR1) and saved a checkpoint first."""
+
+
+class RendezvousFailure(RuntimeError):
+    """The nodes of a multi-node job did not all meet at the rendezvous in time; one line, no trace."""
 
 
 class WorkerFailure(RuntimeError):
@@ -71,10 +78,30 @@ def _preempted_message(run_dir: Path) -> str:
     )
 
 
+def _wait_for_master(addr: str, port: int, wait_s: float, *, node: int, nnodes: int) -> None:
+    """Until node 0 listens on ``addr:port`` (plain TCP connects, so a node started first waits quietly
+    instead of torch's store client logging a C++ trace per retry); then the rendezvous proper starts."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            with socket.create_connection((addr, port), timeout=2.0):
+                return
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise RendezvousFailure(
+                    f"node {node} of {nnodes}: node 0 did not open the rendezvous at {addr}:{port} within "
+                    f"topology.rendezvous_timeout_s={wait_s}s. Start node 0 (topology.node_rank=0) with the same "
+                    "topology.master_port, check topology.master_addr, or raise topology.rendezvous_timeout_s"
+                ) from None
+            time.sleep(0.5)
+
+
 def _elastic(cfg: DictConfig, cfg_dict: dict, *, layout: ParallelLayout, run_dir: Path, run_meta: dict) -> dict | None:
+    from torch.distributed import DistNetworkError, DistStoreError
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import RendezvousError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from trainer.launch import worker
@@ -83,6 +110,18 @@ def _elastic(cfg: DictConfig, cfg_dict: dict, *, layout: ParallelLayout, run_dir
     nproc = layout.nproc_per_node
     multi_node = layout.nnodes > 1
     port = int(topo.master_port)
+    wait_s = int(math.ceil(float(topo.rendezvous_timeout_s)))
+    if multi_node:
+        node, others = int(topo.node_rank), [k for k in range(layout.nnodes) if k != int(topo.node_rank)]
+        role = f"serving the rendezvous on port {port}" if node == 0 else f"joining node 0 at {topo.master_addr}:{port}"
+        log.warning(
+            "node %d of %d: %s; waiting for node(s) %s (up to topology.rendezvous_timeout_s=%ss)",
+            node,
+            layout.nnodes,
+            role,
+            ", ".join(map(str, others)),
+            wait_s,
+        )
     endpoint = f"{topo.master_addr}:{port}" if (multi_node or port) else "localhost:0"
     # all nodes of one job must agree on the run id; a single node gets a fresh one per job
     run_id = f"meshtrain-{topo.master_addr}-{port}" if multi_node else f"meshtrain-{uuid.uuid4().hex[:8]}"
@@ -95,18 +134,31 @@ def _elastic(cfg: DictConfig, cfg_dict: dict, *, layout: ParallelLayout, run_dir
         run_id=run_id,
         rdzv_backend="c10d",
         rdzv_endpoint=endpoint,
-        rdzv_configs={"is_host": int(topo.node_rank) == 0} if multi_node else {},
+        rdzv_configs=(
+            {"is_host": int(topo.node_rank) == 0, "join_timeout": wait_s, "read_timeout": wait_s} if multi_node else {}
+        ),
         max_restarts=int(topo.max_restarts),
         monitor_interval=0.1,
         start_method="spawn",
         logs_specs=DefaultLogsSpecs(log_dir=str(run_dir / "logs" / "elastic"), redirects=redirects),
     )
+    if multi_node and int(topo.node_rank) != 0:
+        _wait_for_master(str(topo.master_addr), port, wait_s, node=int(topo.node_rank), nnodes=layout.nnodes)
     # the agent logs each failed worker's whole error file; ours is one line plus the rank's log
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     # Slurm's warning signal: the agent does not handle SIGUSR1, so pass it to the workers
     previous = signal.signal(signal.SIGUSR1, lambda signum, frame: forward_to_children(signum))
     try:
         results = elastic_launch(config, worker.main)(cfg_dict, str(run_dir), layout, run_meta)
+    except (RendezvousError, DistNetworkError, DistStoreError) as exc:
+        if not multi_node:
+            raise
+        raise RendezvousFailure(
+            f"node {topo.node_rank} of {layout.nnodes}: the other node(s) did not join the rendezvous at "
+            f"{topo.master_addr}:{port} within topology.rendezvous_timeout_s={wait_s}s ({type(exc).__name__}). "
+            "Start every node with the same topology.nnodes, master_addr and master_port and its own "
+            "topology.node_rank, or raise topology.rendezvous_timeout_s"
+        ) from None
     except SignalException as exc:
         # SIGTERM/SIGINT to this process: the agent passed it on to the workers, which checkpoint and stop
         raise Preempted(_preempted_message(run_dir) + f" (signal {signal.Signals(exc.sigval).name})") from None
@@ -125,4 +177,5 @@ def _elastic(cfg: DictConfig, cfg_dict: dict, *, layout: ParallelLayout, run_dir
         ) from None
     finally:
         signal.signal(signal.SIGUSR1, previous)
-    return results.get(0) if results else None
+    # rank 0's summary: this node's only non-None result (the agent keys results by its own join order)
+    return next((v for v in (results or {}).values() if v is not None), None)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -58,6 +59,14 @@ class DistEnv:
             env.setdefault("MASTER_PORT", str(rendezvous_port(env.get("SUBMITIT_LOCAL_JOB_ID", "0"))))
         return cls(rank=int(env["RANK"]), local_rank=int(env.get("LOCAL_RANK", "0")), world_size=int(env["WORLD_SIZE"]))
 
+    def by_node_rank(self, *, node_rank: int, nproc_per_node: int) -> DistEnv:
+        """Global ranks ordered by ``topology.node_rank``: the c10d rendezvous numbers nodes in the order
+        they join, so without this global rank 0 (console, metrics, summary, W&B) may land on any node."""
+        rank = node_rank * nproc_per_node + self.local_rank
+        os.environ["RANK"] = str(rank)
+        os.environ["GROUP_RANK"] = str(node_rank)
+        return DistEnv(rank=rank, local_rank=self.local_rank, world_size=self.world_size)
+
 
 def _store(env: DistEnv, timeout: timedelta) -> dist.Store:
     """The process group's store, with a prefix per elastic attempt.
@@ -80,6 +89,49 @@ def _store(env: DistEnv, timeout: timedelta) -> dist.Store:
     return dist.PrefixStore(f"meshtrain/attempt{restart_count()}", store)
 
 
+class SharedFolderError(RuntimeError):
+    """Nodes do not share the run folder, and the run asks for checkpoints (which need one folder)."""
+
+
+PROBE = ".meshtrain-shared-probe"
+
+
+def nodes_without_run_dir(run_dir: Path, *, rank: int, world_size: int, nproc_per_node: int) -> list[int]:
+    """Collective: rank 0 writes a probe file with a fresh token into its run folder; every rank looks for
+    it in its own. Returns the nodes that do not see it (their run folder is not node 0's)."""
+    token = [f"{os.getpid()}-{time.time_ns()}" if rank == 0 else None]
+    dist.broadcast_object_list(token, src=0)
+    probe = run_dir / PROBE
+    if rank == 0:
+        probe.write_text(token[0])
+    dist.barrier()
+    try:
+        sees = probe.read_text() == token[0]
+    except OSError:
+        sees = False
+    seen: list = [None] * world_size
+    dist.all_gather_object(seen, sees)
+    if rank == 0:
+        probe.unlink(missing_ok=True)
+    return sorted({r // nproc_per_node for r, ok in enumerate(seen) if not ok})
+
+
+def check_shared_run_dir(cfg, run_dir: Path, layout: ParallelLayout, env: DistEnv, log: logging.Logger) -> None:
+    blind = nodes_without_run_dir(
+        run_dir, rank=env.rank, world_size=env.world_size, nproc_per_node=layout.nproc_per_node
+    )
+    if not blind:
+        return
+    where = f"node(s) {', '.join(map(str, blind))} do not see node 0's run folder ({run_dir} on node 0)"
+    if int(cfg.trainer.checkpoint_every) > 0:
+        raise SharedFolderError(
+            f"{where}: a checkpoint needs every node's shards in one folder. Give every node the same "
+            "shared folder (hydra.run.dir=<a path all nodes mount>), or set trainer.checkpoint_every=0"
+        )
+    if env.rank == 0:
+        log.warning("%s: node 0 keeps the metrics, summary and W&B run; the other nodes write only their logs", where)
+
+
 def pick_device(cfg, local_rank: int) -> torch.device:
     want = cfg.topology.device
     if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
@@ -99,7 +151,10 @@ def pick_backend(cfg, device: torch.device) -> str:
 @record
 def main(cfg_dict: dict, run_dir: str, layout: ParallelLayout, run_meta: dict[str, Any]) -> dict | None:
     """Elastic agent entry point; ``@record`` sends this worker's traceback to the launcher."""
-    return run(cfg_dict, Path(run_dir), layout, run_meta, DistEnv.from_environ())
+    env = DistEnv.from_environ()
+    if layout.nnodes > 1:
+        env = env.by_node_rank(node_rank=int(cfg_dict["topology"]["node_rank"]), nproc_per_node=layout.nproc_per_node)
+    return run(cfg_dict, Path(run_dir), layout, run_meta, env)
 
 
 def run(cfg_dict: dict, run_dir: Path, layout: ParallelLayout, run_meta: dict[str, Any], env: DistEnv) -> dict | None:
@@ -124,6 +179,8 @@ def run(cfg_dict: dict, run_dir: Path, layout: ParallelLayout, run_meta: dict[st
             device_id=device if device.type == "cuda" else None,
         )
 
+        if layout.nnodes > 1:
+            check_shared_run_dir(cfg, run_dir, layout, env, log)
         mesh = init_device_mesh(device.type, layout.mesh_shape, mesh_dim_names=MESH_DIMS)
         ctx = WorkerContext(
             cfg=cfg,

@@ -37,7 +37,7 @@ class FaultInjector:
     def due(self, kind: str, step: int) -> bool:
         """True when ``+debug.<kind>_at_step=step`` targets this rank (and, but for ``fail``, this is the
         first attempt)."""
-        if self.debug.get(f"{kind}_at_step") != step or self.rank != int(self.debug.get(f"{kind}_rank", 0)):
+        if self.debug.get(f"{kind}_at_step") != step or self.rank != int(self.debug.get(f"{kind}_rank") or 0):
             return False
         return kind == "fail" or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0
 

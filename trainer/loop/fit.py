@@ -41,6 +41,19 @@ class CollectiveTimeout(RuntimeError):
     """A rank stopped answering; names it."""
 
 
+#: what torch raises when a collective times out or loses a peer (NCCL, the TCP store, the network)
+DIST_FAILURES = (dist.DistBackendError, dist.DistNetworkError, dist.DistStoreError)
+
+
+def is_collective_timeout(exc: BaseException, *, waited_s: float, timeout_s: float) -> bool:
+    """Recognised by type, not by message: torch's distributed error types; gloo on torch 2.13 raises a
+    plain RuntimeError for a timed-out collective, which is told apart from other errors by when it came:
+    a timeout cannot end a step before ``topology.timeout_s`` has passed in it."""
+    if isinstance(exc, DIST_FAILURES):
+        return True
+    return type(exc) is RuntimeError and waited_s >= 0.95 * timeout_s
+
+
 def _micro_batch_per_forward(ctx: WorkerContext) -> int:
     per_replica = ctx.per_replica_batch()
     if ctx.layout.schedule is not None:
@@ -106,6 +119,8 @@ class Trainer:
         self.skipped_steps: list[int] = []
         self.resumed_from: str | None = None
         self.started_at: float | None = None
+        self.step_started: float | None = None
+        """perf_counter() when the current step began (a collective timeout cannot come sooner than timeout_s)."""
         """perf_counter() when ``fit`` began."""
         self.first_step_s: float | None = None
         """Seconds from ``fit`` to the end of its first step (shape inference, first collectives)."""
@@ -138,6 +153,8 @@ class Trainer:
             raise timeout from None
         finally:
             progress.close()
+        if self._checkpointer is not None:  # a background save still running: its marker comes now
+            self._checkpointer.wait()
         summary = self._summary(wall=time.perf_counter() - self.started_at)
         summary.update(
             status=status,
@@ -145,12 +162,13 @@ class Trainer:
             start_step=start_step,
             resumed_from=self.resumed_from,
             skipped_steps=self.skipped_steps,
+            checkpoints_not_saved=self._checkpointer.failed_steps if self._checkpointer is not None else [],
         )
         return summary
 
     def step(self, step: int, *, preemption: PreemptionFlag | None = None) -> StepOutcome:
         """One optimizer step: forward/backward and clip, agree across ranks, update (or skip), measure."""
-        t0 = time.perf_counter()
+        t0 = self.step_started = time.perf_counter()
         loss, grad_norm = self._forward_backward(step)
         bad = not bool(torch.isfinite(grad_norm)) or (loss is not None and not bool(torch.isfinite(loss)))
         preempt, bad_ranks = self._agree(preempt=bool(preemption and preemption.requested), bad=bad)
@@ -230,6 +248,8 @@ class Trainer:
             preemption.honoured()
         if self._checkpoint_due(step) or outcome.preempt:
             self.checkpointer.save(step)
+            if outcome.preempt:  # the process exits next: the (possibly background) save must be complete
+                self.checkpointer.wait()
         if not outcome.preempt:
             return False
         self.ctx.log.warning(
@@ -266,8 +286,10 @@ class Trainer:
 
     def _as_collective_timeout(self, exc: RuntimeError, step: int) -> CollectiveTimeout | None:
         """A collective that timed out, as an error naming the ranks that stopped answering; None otherwise."""
-        text = str(exc).lower()
-        if isinstance(exc, NonFiniteError) or ("timed out" not in text and "timeout" not in text):
+        waited = time.perf_counter() - (self.step_started or time.perf_counter())
+        if isinstance(exc, NonFiniteError) or not is_collective_timeout(
+            exc, waited_s=waited, timeout_s=float(self.cfg.topology.timeout_s)
+        ):
             return None
         silent = [r for r in self._unresponsive_ranks(step) if r != self.ctx.rank]
         who = f"rank(s) {silent} stopped answering" if silent else "a rank stopped answering"

@@ -37,6 +37,7 @@ class RankZeroSinks:
             system_stats=bool(w.system_stats),
             console=str(w.console),
             log=ctx.log,
+            crash_at_step=(ctx.cfg.get("debug") or {}).get("wandb_crash_at_step"),
         )
 
     def log_step(self, record: dict[str, Any]) -> None:

@@ -5,6 +5,9 @@ thread started by the first logged step (after the first training step); steps l
 W&B adds nothing to the time to the first step. An online run that cannot reach its server within
 ``logger.wandb.init_timeout`` falls back to offline with a warning instead of retrying for minutes.
 ``finish`` is always called, with a non-zero exit code when the run failed.
+
+W&B never stops training: every call into ``wandb`` is guarded; the first failure (its service gone,
+a full disk, a bug) is logged once and the sink turns itself off, while metrics.jsonl keeps every step.
 """
 
 from __future__ import annotations
@@ -33,8 +36,11 @@ class WandbSink:
         init_timeout: float = 15.0,
         system_stats: bool = False,
         console: str = "off",
+        crash_at_step: int | None = None,
     ):
         self.run = None
+        self.failed = False
+        self.crash_at_step = crash_at_step  # fault injection (debug.wandb_crash_at_step)
         self.log = log
         self.error: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -70,7 +76,8 @@ class WandbSink:
             except Exception as exc:  # noqa: BLE001 - any failure to reach the server
                 if mode != "online":
                     raise
-                self.log.warning("W&B online init failed (%s); logging offline instead (`wandb sync` later)", exc)
+                first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+                self.log.warning("W&B online init failed (%s); logging offline instead (`wandb sync` later)", first)
                 self.run = wandb.init(mode="offline", settings=wandb.Settings(**settings), **kwargs)
         except BaseException as exc:  # noqa: BLE001 - reported by ready(); training goes on
             self.error = exc
@@ -94,7 +101,26 @@ class WandbSink:
     def directory(self) -> str | None:
         return str(Path(self.run.dir).parent) if self.ready() else None
 
+    def _guard(self, what: str, call, *args, **kwargs) -> None:
+        """Run one call into wandb; on the first failure warn once and stop using W&B."""
+        if self.run is None:
+            return
+        try:
+            call(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - W&B must never stop training
+            self.run, self.failed = None, True
+            self.log.warning(
+                "W&B failed while %s (%s: %s); training goes on without W&B, metrics.jsonl has every step",
+                what,
+                type(exc).__name__,
+                str(exc).splitlines()[0][:200] if str(exc) else "",
+            )
+
     def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
+        if self.crash_at_step is not None and step == self.crash_at_step and self.ready():
+            import wandb
+
+            wandb.teardown()  # W&B's service goes away under the run, as when it crashes
         self._start()
         if self._thread is not None and self._thread.is_alive():
             self._pending.append((metrics, step))
@@ -109,30 +135,40 @@ class WandbSink:
         return pending
 
     def _log(self, metrics: dict[str, Any], step: int) -> None:
-        self.run.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
+        if self.run is not None:
+            numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+            self._guard(f"logging step {step}", lambda: self.run.log(numbers, step=step))
 
     def log_summary(self, summary: dict[str, Any]) -> None:
         if not self.ready():
             return
         for m, s in self._drain():
             self._log(m, s)
-        for key, value in summary.items():
-            if isinstance(value, (int, float, str)):
-                self.run.summary[key] = value
+
+        def write() -> None:
+            for key, value in summary.items():
+                if isinstance(value, (int, float, str)):
+                    self.run.summary[key] = value
+
+        self._guard("writing the summary", write)
 
     def log_files(self, *, images: dict[str, Path] | None = None, files: list[Path] | None = None) -> None:
         if not self.ready():
             return
-        import wandb
 
-        for key, path in (images or {}).items():
-            self.run.log({key: wandb.Image(str(path))})
-        for path in files or []:
-            self.run.save(str(path), base_path=str(path.parent), policy="now")
+        def upload() -> None:
+            import wandb
+
+            for key, path in (images or {}).items():
+                self.run.log({key: wandb.Image(str(path))})
+            for path in files or []:
+                self.run.save(str(path), base_path=str(path.parent), policy="now")
+
+        self._guard("saving files", upload)
 
     def finish(self, exit_code: int = 0) -> None:
         if self.ready():
             for m, s in self._drain():
                 self._log(m, s)
-            self.run.finish(exit_code=exit_code)
+            self._guard("finishing the run", lambda: self.run.finish(exit_code=exit_code))
             self.run = None
