@@ -120,6 +120,9 @@ def train(cfg: DictConfig, *, run_dir: Path, run_meta: dict[str, Any]) -> dict |
     data.prepare()
     if "vocab_size" in cfg.model:
         data.check_vocab(int(cfg.model.vocab_size))
+    note = data.check_validation(eval_every=int(cfg.trainer.eval_every), eval_batches=int(cfg.trainer.eval_batches))
+    if note:
+        log.warning("warning: %s", note)
     run_dir.mkdir(parents=True, exist_ok=True)
     return launch(
         cfg, cfg_dict, layout=validated.layout, external=validated.external, run_dir=run_dir, run_meta=run_meta

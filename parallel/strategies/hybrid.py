@@ -88,6 +88,9 @@ class HybridPipelineEngine(Engine):
         with self.tp_meter.step():
             return self.pipeline.train_step(inputs, targets)
 
+    def eval_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        return self.pipeline.eval_step(inputs, targets)
+
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         return clip_grad_norm_(self.parameters(), max_norm, pp_group=self.pp_group)
 

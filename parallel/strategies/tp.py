@@ -85,6 +85,14 @@ class MeshModuleEngine(ModuleEngine):
         self._step_s = time.perf_counter() - start
         return loss
 
+    def eval_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        with ExitStack() as stack:
+            if self.loss_parallel:
+                from torch.distributed.tensor.parallel import loss_parallel
+
+                stack.enter_context(loss_parallel())
+            return super().eval_step(inputs, targets)
+
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         return clip_grad_norm_(self.parameters(), max_norm)
 

@@ -8,6 +8,7 @@ the summary at the end. Rank 0 owns the sinks: console, metrics.jsonl, summary.j
 from __future__ import annotations
 
 import functools
+import math
 import os
 import signal
 import time
@@ -20,6 +21,7 @@ from hydra.utils import instantiate
 from torch import nn
 
 from parallel.core.base import Engine, WorkerContext
+from trainer.data.prefetch import Prefetcher
 from trainer.launch.preemption import PreemptionFlag
 from trainer.loop.optim import build_optimizer, build_scheduler
 from trainer.observe.console import ProgressDisplay
@@ -73,6 +75,10 @@ class Trainer:
         self.stats = StepStats()
         self.first_loss: float | None = None
         self.last_loss: float | None = None
+        self.val_history: list[tuple[int, float]] = []
+        self._val_batches: list | None = None
+        self.data_wait_s = 0.0
+        self.step_time_total_s = 0.0
 
     # ---- collectives -------------------------------------------------------------------------
 
@@ -137,7 +143,39 @@ class Trainer:
 
     def _should_log(self, step: int) -> bool:
         every = int(self.cfg.trainer.log_every)
-        return step == 1 or step % every == 0 or step == int(self.cfg.trainer.max_steps)
+        return step == 1 or step % every == 0 or step == int(self.cfg.trainer.max_steps) or self._eval_due(step)
+
+    # ---- evaluation ----------------------------------------------------------------------------
+
+    def _eval_due(self, step: int) -> bool:
+        every = int(self.cfg.trainer.get("eval_every", 0))
+        return every > 0 and (step % every == 0 or step == int(self.cfg.trainer.max_steps))
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Validation loss over ``trainer.eval_batches`` held-out batches (the same ones every time), every
+        rank through its engine's forward-only path; one all-reduce gives the mean over the ranks that
+        computed a loss, as for the training loss."""
+        ctx, engine = self.ctx, self.engine
+        t0 = time.perf_counter()
+        if self._val_batches is None:
+            self._val_batches = [self.data.val_batch(i) for i in range(int(self.cfg.trainer.eval_batches))]
+        buf = torch.zeros(2, dtype=torch.float64, device=ctx.device)
+        engine.train(False)
+        try:
+            for inputs, targets in self._val_batches:
+                x, y = engine.local_batch(ctx, inputs, targets)
+                loss = engine.eval_step(x, y)
+                if loss is not None:
+                    buf[0] += loss.detach().double()
+                    buf[1] += 1.0
+        finally:
+            engine.train(True)
+        if ctx.world_size > 1:
+            dist.all_reduce(buf)
+        value = (buf[0] / buf[1]).item() if buf[1] > 0 else float("nan")
+        self.val_history.append((step, value))
+        ppl = math.exp(value) if value < 700 else float("inf")
+        return {"val_loss": value, "val_ppl": ppl, "eval_time_s": time.perf_counter() - t0}
 
     # ---- checkpoints ---------------------------------------------------------------------------
 
@@ -188,10 +226,16 @@ class Trainer:
         first_step_s = None
         status, step = "completed", start_step
         self.skipped_steps: list[int] = []
+        prefetch = Prefetcher(
+            self.data.global_batch,
+            first_step=start_step + 1,
+            last_step=max_steps,
+            depth=int(cfg.trainer.get("prefetch", 2)),
+        )
         try:
             for step in range(start_step + 1, max_steps + 1):
                 t0 = time.perf_counter()
-                inputs, targets = self.data.global_batch(step)
+                (inputs, targets), data_s = prefetch.get(step)
                 x, y = engine.local_batch(ctx, inputs, targets)
                 self.optimizer.zero_grad(set_to_none=True)
                 self._inject_faults(step)
@@ -218,6 +262,10 @@ class Trainer:
                 dt = time.perf_counter() - t0
                 extras = engine.step_metrics()
                 self.stats.add(dt, self.tokens_per_step)
+                self.data_wait_s += data_s
+                self.step_time_total_s += dt
+                if self._eval_due(step) and not preempt:
+                    extras.update(self.evaluate(step))
                 if first_step_s is None:
                     first_step_s = time.perf_counter() - t_start
                     self.first_step_end_unix = time.time()
@@ -232,6 +280,7 @@ class Trainer:
                         "step_time_s": dt,
                         "tokens_per_s": self.tokens_per_step / dt,
                         "grad_norm": float(grad_norm),
+                        "data_time_s": data_s,
                         **extras,
                     }
                     if sinks is not None:
@@ -265,6 +314,7 @@ class Trainer:
                 f"{cfg.topology.timeout_s}s ({str(exc).splitlines()[0][:200]})"
             ) from None
         finally:
+            prefetch.close()
             progress.close()
         summary = self._summary(wall=time.perf_counter() - t_start, first_step_s=first_step_s)
         summary.update(
@@ -275,6 +325,20 @@ class Trainer:
             skipped_steps=self.skipped_steps,
         )
         return summary
+
+    def _val_summary(self) -> dict[str, Any]:
+        if not self.val_history:
+            return {}
+        best_step, best = min(self.val_history, key=lambda sv: sv[1])
+        last_step, last = self.val_history[-1]
+        return {
+            "val_loss": last,
+            "val_ppl": math.exp(last) if last < 700 else float("inf"),
+            "val_step": last_step,
+            "best_val_loss": best,
+            "best_val_step": best_step,
+            "val_history": [{"step": s, "val_loss": v} for s, v in self.val_history],
+        }
 
     def _summary(self, *, wall: float, first_step_s: float | None) -> dict[str, Any]:
         ctx = self.ctx
@@ -293,6 +357,9 @@ class Trainer:
             "tokens_per_s": self.stats.median_tokens_per_s(),
             "median_step_time_s": self.stats.median_step_time(),
             "time_to_first_step_s": first_step_s,
+            "data_time_s_total": self.data_wait_s,
+            "data_wait_fraction": self.data_wait_s / self.step_time_total_s if self.step_time_total_s else None,
+            **self._val_summary(),
             "first_step_end_unix": getattr(self, "first_step_end_unix", None),
             "wall_time_s": wall,
             "peak_memory_bytes_per_rank": peaks,
