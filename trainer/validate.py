@@ -132,6 +132,8 @@ def check_positive(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None
     for key, value in keys.items():
         if value is None or int(value) < 1:
             f.error(f"{key}={value}: must be a positive integer (>= 1)")
+    if cfg.trainer.prefetch < 0:
+        f.error(f"trainer.prefetch={cfg.trainer.prefetch}: must be >= 0 (batches built ahead; 0 builds in the loop)")
     if cfg.trainer.eval_every < 0:
         f.error(f"trainer.eval_every={cfg.trainer.eval_every}: must be >= 0 (0 disables evaluation)")
     if cfg.trainer.eval_every > 0 and cfg.trainer.eval_batches < 1:
