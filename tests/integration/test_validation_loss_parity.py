@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from tests.conftest import run_train
-from tests.test_data import write_corpus
+from tests.helpers import run_train, write_corpus
 from trainer.data.prepare import prepare
+from trainer.observe.wandb_records import find_run_file, read_offline_run
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ def bpe_dataset(tmp_path_factory):
     return root / "ds"
 
 
-def _common(dataset, steps: int, every: int) -> tuple[str, ...]:
+def _common(dataset, steps: int, every: int, logger: str = "none") -> tuple[str, ...]:
     return (
         "data=tokens",
         f"data.path={dataset}",
@@ -36,7 +36,7 @@ def _common(dataset, steps: int, every: int) -> tuple[str, ...]:
         "trainer.eval_batches=2",
         "trainer.checkpoint_every=0",
         "trainer.log_every=5",
-        "logger=none",
+        f"logger={logger}",
     )
 
 
@@ -46,7 +46,7 @@ def _val(run) -> dict[int, float]:
 
 def test_single_and_pipeline_agree_on_the_validation_loss(bpe_dataset, tmp_path):
     """The issue's done-when: 20 steps, trainer.eval_every=10, single and pp, equal validation losses."""
-    single = run_train("parallel=single", *_common(bpe_dataset, 20, 10), run_dir=tmp_path / "single")
+    single = run_train("parallel=single", *_common(bpe_dataset, 20, 10, "wandb"), run_dir=tmp_path / "single")
     pp = run_train(
         "parallel=pp", "pp.micro_batches=4", "pp.schedule=1f1b", *_common(bpe_dataset, 20, 10), run_dir=tmp_path / "pp"
     )
@@ -63,6 +63,10 @@ def test_single_and_pipeline_agree_on_the_validation_loss(bpe_dataset, tmp_path)
     records = single.metrics()
     assert all(r["data_time_s"] >= 0 for r in records)
     assert "val loss" in single.output  # the console line of an evaluated step
+    # W&B (offline): the validation curve on the training-step axis, best and final in the run's summary
+    wb = read_offline_run(find_run_file(single.run_dir))
+    assert {r["_step"]: r["val_loss"] for r in wb.history if "val_loss" in r} == pytest.approx(vs)
+    assert wb.summary["best_val_loss"] == pytest.approx(summary["best_val_loss"])
 
 
 @pytest.fixture(scope="module")
