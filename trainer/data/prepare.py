@@ -23,6 +23,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -32,7 +33,11 @@ from typing import Any
 
 import numpy as np
 
-from trainer.data.shards import (
+# HF datasets and hub read these when they are imported: local files only, never the network
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+from trainer.data.shards import (  # noqa: E402
     FORMAT,
     METADATA,
     VERSION,
@@ -92,34 +97,40 @@ def fingerprint(files: list[Path], settings: dict[str, Any], tokenizer_file: Pat
     return h.hexdigest()
 
 
-def load_documents(files: list[Path], *, text_field: str, sample_by: str, cache_dir: Path) -> list[str]:
-    """All documents of all files, in file order, read with HF ``datasets`` from local files."""
-    os.environ["HF_DATASETS_OFFLINE"] = "1"
-    os.environ["HF_HUB_OFFLINE"] = "1"
+def load_documents(files: list[Path], *, text_field: str, sample_by: str, cache_dir: Path):
+    """Every non-empty document of every file, in file order: one HF ``Dataset`` with a ``text`` column,
+    read from the local files into Arrow files under ``cache_dir`` (memory-mapped, not held in memory)."""
     import datasets
 
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
-    docs: list[str] = []
+    parts = []
     for f in files:
         kind = _kind(f)
         kwargs: dict[str, Any] = {"sample_by": sample_by} if kind == "text" else {}
         try:
-            ds = datasets.load_dataset(
-                kind, data_files=[str(f)], split="train", cache_dir=str(cache_dir), keep_in_memory=True, **kwargs
-            )
+            ds = datasets.load_dataset(kind, data_files=[str(f)], split="train", cache_dir=str(cache_dir), **kwargs)
         except Exception as exc:  # noqa: BLE001 - any reader error names the file
             raise PrepareError(f"{f}: cannot be read as {kind} ({type(exc).__name__}: {exc})") from None
-        if kind == "text":
-            column = "text"
-        elif text_field in ds.column_names:
-            column = text_field
-        else:
+        column = "text" if kind == "text" else text_field
+        if column not in ds.column_names:
             raise PrepareError(f"{f}: no '{text_field}' column (it has {ds.column_names}); set --text-field")
-        docs += [t for t in ds[column] if isinstance(t, str) and t.strip()]
-    if not docs:
+        ds = ds.select_columns([column])
+        if column != "text":
+            ds = ds.rename_column(column, "text")
+        parts.append(ds.cast(datasets.Features({"text": datasets.Value("string")})))
+    docs = datasets.concatenate_datasets(parts)
+    docs = docs.filter(lambda batch: [isinstance(t, str) and bool(t.strip()) for t in batch["text"]], batched=True)
+    if len(docs) == 0:
         raise PrepareError("the input files hold no non-empty documents")
     return docs
+
+
+def iter_texts(docs, *, keep: np.ndarray | None = None, batch: int = 1000) -> Iterator[list[str]]:
+    """The documents' texts in batches; with ``keep``, only those whose mask entry is True."""
+    for lo in range(0, len(docs), batch):
+        texts = docs[lo : lo + batch]["text"]
+        yield texts if keep is None else [t for t, k in zip(texts, keep[lo : lo + batch]) if k]
 
 
 def split_documents(n: int, *, val_fraction: float, seed: int) -> np.ndarray:
@@ -279,8 +290,47 @@ def prepare(
     (out / METADATA).unlink(missing_ok=True)
     for stale in list(out.glob("*.bin")) + list(out.glob("*.tmp")):
         stale.unlink()
+    for stale in out.glob(".hf-cache-*"):  # left by a killed run
+        shutil.rmtree(stale, ignore_errors=True)
     with tempfile.TemporaryDirectory(dir=out, prefix=".hf-cache-") as cache:
         docs = load_documents(files, text_field=text_field, sample_by=sample_by, cache_dir=Path(cache))
+        return _tokenize_and_write(
+            docs,
+            files=files,
+            out=out,
+            fp=fp,
+            settings=settings,
+            tok_file=tok_file,
+            vocab_size=vocab_size,
+            eos_token=eos_token,
+            val_fraction=val_fraction,
+            seed=seed,
+            shard_tokens=shard_tokens,
+            batch_docs=batch_docs,
+            show=show,
+            log=log,
+            t0=t0,
+        )
+
+
+def _tokenize_and_write(
+    docs,
+    *,
+    files: list[Path],
+    out: Path,
+    fp: str,
+    settings: dict[str, Any],
+    tok_file: Path | None,
+    vocab_size: int,
+    eos_token: str | None,
+    val_fraction: float,
+    seed: int,
+    shard_tokens: int,
+    batch_docs: int,
+    show: bool,
+    log,
+    t0: float,
+) -> dict[str, Any]:
     is_val = split_documents(len(docs), val_fraction=val_fraction, seed=seed)
     n_val = int(is_val.sum())
     log(f"{len(files)} files, {len(docs)} documents: {len(docs) - n_val} train, {n_val} validation")
@@ -292,7 +342,7 @@ def prepare(
         source = str(tok_file)
     else:
         log(f"training a byte-level BPE of {vocab_size} tokens on the train documents")
-        train_docs = (d for d, v in zip(docs, is_val) if not v)
+        train_docs = (t for texts in iter_texts(docs, keep=~is_val, batch=batch_docs) for t in texts)
         tok = train_bpe(
             train_docs, vocab_size=vocab_size, count=len(docs) - n_val, eos=eos_token or DEFAULT_EOS, show_progress=show
         )
@@ -309,8 +359,7 @@ def prepare(
     eos_arr = np.array([eos_id], dtype=np.int64)
     with _progress(show) as bar:
         task = bar.add_task("tokenizing", total=len(docs))
-        for lo in range(0, len(docs), batch_docs):
-            chunk = docs[lo : lo + batch_docs]
+        for lo, chunk in zip(range(0, len(docs), batch_docs), iter_texts(docs, batch=batch_docs)):
             for j, enc in enumerate(encode(chunk, add_special_tokens=False)):
                 ids = np.concatenate([np.asarray(enc.ids, dtype=np.int64), eos_arr])
                 writers["validation" if is_val[lo + j] else "train"].add(ids)
@@ -387,6 +436,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sys.exit(main())
