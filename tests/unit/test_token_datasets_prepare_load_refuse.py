@@ -253,3 +253,14 @@ def test_val_loss_search_config_minimises(compose_cfg):
     cfg = compose_cfg("hparams_search=val_loss", return_hydra_config=True)
     assert cfg.trainer.objective == "val_loss" and cfg.trainer.eval_every > 0
     assert cfg.hydra.sweeper.direction == "minimize"
+
+
+def test_a_resumed_run_counts_the_evaluations_before_its_checkpoint(tmp_path):
+    from trainer.loop.fit import earlier_evaluations
+
+    path = tmp_path / "metrics.jsonl"
+    rows = [{"step": 1, "loss": 5.0}, {"step": 2, "loss": 4.0, "val_loss": 4.5}, {"step": 4, "val_loss": 4.1}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert earlier_evaluations(path, through_step=3) == [(2, 4.5)]
+    assert earlier_evaluations(path, through_step=4) == [(2, 4.5), (4, 4.1)]
+    assert earlier_evaluations(tmp_path / "missing.jsonl", through_step=4) == []

@@ -26,7 +26,7 @@ from trainer.launch.preemption import PreemptionFlag
 from trainer.loop.optim import build_optimizer, build_scheduler
 from trainer.observe.console import ProgressDisplay
 from trainer.observe.memory import peak_memory_bytes
-from trainer.observe.metrics import MetricsFile, StepStats, write_json
+from trainer.observe.metrics import MetricsFile, StepStats, read_metrics, write_json
 
 
 class NonFiniteError(RuntimeError):
@@ -226,6 +226,8 @@ class Trainer:
         first_step_s = None
         status, step = "completed", start_step
         self.skipped_steps: list[int] = []
+        if start_step > 0 and ctx.is_rank0:  # a resumed run's best validation loss counts the earlier evaluations
+            self.val_history = earlier_evaluations(ctx.run_dir / "metrics.jsonl", through_step=start_step)
         prefetch = Prefetcher(
             self.data.global_batch,
             first_step=start_step + 1,
@@ -367,6 +369,15 @@ class Trainer:
             "layout": ctx.layout.to_dict(),
             **extras,
         }
+
+
+def earlier_evaluations(path: Path, *, through_step: int) -> list[tuple[int, float]]:
+    """(step, val_loss) of the evaluations metrics.jsonl already holds up to ``through_step``."""
+    try:
+        records = read_metrics(path)
+    except (OSError, ValueError):
+        return []
+    return [(int(r["step"]), float(r["val_loss"])) for r in records if "val_loss" in r and r["step"] <= through_step]
 
 
 class RankZeroSinks:
