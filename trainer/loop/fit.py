@@ -266,11 +266,11 @@ class Trainer:
                 self.stats.add(dt, self.tokens_per_step)
                 self.data_wait_s += data_s
                 self.step_time_total_s += dt
-                if self._eval_due(step) and not preempt:
-                    extras.update(self.evaluate(step))
                 if first_step_s is None:
                     first_step_s = time.perf_counter() - t_start
                     self.first_step_end_unix = time.time()
+                if self._eval_due(step) and not preempt:
+                    extras.update(self.evaluate(step))
                 if self._should_log(step) and not bad_ranks:
                     value = self._reduce_loss(loss)
                     self.first_loss = value if self.first_loss is None else self.first_loss
