@@ -50,7 +50,14 @@ class TrainerConfig:
     """Max global gradient norm; 0 (or any value <= 0, or inf) disables clipping: the norm is still
     computed and logged as grad_norm."""
     objective: str = "tokens_per_s"
-    """summary.json key the task returns to Hydra sweepers (one of ``trainer.validate.OBJECTIVES``)."""
+    """summary.json key the task returns to Hydra sweepers (val_loss: the final validation loss; needs
+    trainer.eval_every > 0 and a sweeper that minimises)."""
+    eval_every: int = 0
+    """Validation loss (and perplexity) on the held-out split every N steps and at the last step; 0: never."""
+    eval_batches: int = 4
+    """Validation batches (of data.global_batch_size windows) per evaluation; the same batches each time."""
+    prefetch: int = 2
+    """Global batches built ahead in a background thread; 0 builds each in the loop (its time is data_time_s)."""
     stop_grace_s: float = 15.0
     """After SIGTERM/SIGUSR1, how long a rank may take to reach a step boundary before it just exits."""
     async_checkpoint: bool = False
@@ -111,10 +118,23 @@ class TextDataConfig:
     cache_dir: str = "${oc.env:MESHTRAIN_CACHE,${oc.env:HOME}/.cache/meshtrain}"
     max_bytes: int = 4_000_000
     """How much of the stdlib corpus to read (first run only; cached as a token file)."""
+    val_fraction: float = 0.05
+    """The last share of the tokens, held out as the validation split (never trained on)."""
     global_batch_size: int = 16
     """Samples the optimizer sees per step, whatever the layout."""
     micro_batch_size: Optional[int] = None
     """Samples per forward pass on one rank; null = no gradient accumulation (pp: from micro_batches)."""
+    seq_len: int = 128
+
+
+@dataclass
+class TokensDataConfig:
+    _target_: str = "trainer.data.datasets.TokenShards"
+    name: str = "tokens"
+    path: Optional[str] = None
+    """A folder written by ``python -m trainer.data.prepare`` (metadata.json, tokenizer.json, shards)."""
+    global_batch_size: int = 16
+    micro_batch_size: Optional[int] = None
     seq_len: int = 128
 
 
@@ -207,6 +227,7 @@ def register_configs() -> None:
     for name, node in MODEL_SCHEMAS.items():
         cs.store(group="model", name=name, node=node)
     cs.store(group="data", name="text_schema", node=TextDataConfig)
+    cs.store(group="data", name="tokens_schema", node=TokensDataConfig)
     cs.store(group="data", name="images_schema", node=ImageDataConfig)
     cs.store(group="optim", name="adamw_schema", node=OptimConfig)
     cs.store(group="optim", name="sgd_schema", node=SGDConfig)

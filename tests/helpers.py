@@ -103,3 +103,31 @@ def assert_parity(
             worst, where = d, k
     assert worst <= params_atol, f"final parameters differ by {worst:.3e} at {where} (> {params_atol:.0e})"
     return worst
+
+
+WORDS = "alpha beta gamma delta tensor pipeline stage loss gradient shard the a of and to".split()
+
+
+def write_corpus(folder: Path, *, n_text: int = 6, words: int = 300) -> list[str]:
+    """Text files, a jsonl and a parquet file of pseudo-prose; returns every document in input order."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+
+    def doc(n: int) -> str:
+        return " ".join(rng.choice(WORDS, size=n)) + ".\n"
+
+    folder.mkdir(parents=True, exist_ok=True)
+    by_file: dict[str, list[str]] = {}
+    for i in range(n_text):
+        by_file[f"notes_{i}.txt"] = [doc(words)]
+        (folder / f"notes_{i}.txt").write_text(by_file[f"notes_{i}.txt"][0])
+    rows = [doc(words // 3) for _ in range(3)]
+    (folder / "more.jsonl").write_text("".join(json.dumps({"text": t, "id": k}) + "\n" for k, t in enumerate(rows)))
+    by_file["more.jsonl"] = rows
+    table = [doc(words // 3) for _ in range(2)]
+    pq.write_table(pa.table({"text": table}), folder / "table.parquet")
+    by_file["table.parquet"] = table
+    return [d for name in sorted(by_file) for d in by_file[name]]

@@ -160,6 +160,9 @@ def preflight(cfg: DictConfig, *, run_dir: Path) -> tuple[ValidatedRun, dict]:
     data.prepare()
     if "vocab_size" in cfg.model:
         data.check_vocab(int(cfg.model.vocab_size))
+    note = data.check_validation(eval_every=int(cfg.trainer.eval_every), eval_batches=int(cfg.trainer.eval_batches))
+    if note:
+        log.warning("warning: %s", note)
     return validated, cfg_dict
 
 

@@ -129,6 +129,12 @@ def check_positive(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None
     for key, value in keys.items():
         if value is None or int(value) < 1:
             f.error(f"{key}={value}: must be a positive integer (>= 1)")
+    if cfg.trainer.prefetch < 0:
+        f.error(f"trainer.prefetch={cfg.trainer.prefetch}: must be >= 0 (batches built ahead; 0 builds in the loop)")
+    if cfg.trainer.eval_every < 0:
+        f.error(f"trainer.eval_every={cfg.trainer.eval_every}: must be >= 0 (0 disables evaluation)")
+    if cfg.trainer.eval_every > 0 and cfg.trainer.eval_batches < 1:
+        f.error(f"trainer.eval_batches={cfg.trainer.eval_batches}: must be >= 1 when trainer.eval_every > 0")
     if cfg.trainer.checkpoint_every < 0:
         f.error(f"trainer.checkpoint_every={cfg.trainer.checkpoint_every}: must be >= 0 (0 disables)")
     if cfg.topology.timeout_s <= 0:
@@ -210,10 +216,27 @@ def check_batch(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
         )
 
 
+VAL_OBJECTIVES = ("val_loss", "best_val_loss", "val_ppl")
+
+
 def check_data(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
     path = cfg.data.get("path")
-    if path and not os.path.exists(os.path.expanduser(str(path))):
-        f.error(f"data.path={path}: no such file; point it at a UTF-8 text file or a .npy/.bin token file")
+    prepared = cfg.data.get("name") == "tokens"
+    if prepared and not path:
+        f.error(
+            "data=tokens needs data.path=<folder written by `python -m trainer.data.prepare --input FILES "
+            "--output FOLDER`>; or use data=text (byte-level, no preparation)"
+        )
+    elif path and not os.path.exists(os.path.expanduser(str(path))):
+        what = "a prepared dataset folder" if prepared else "a UTF-8 text file or a .npy/.bin token file"
+        f.error(f"data.path={path}: no such file or folder; point it at {what}")
+    if str(cfg.trainer.objective) in VAL_OBJECTIVES and int(cfg.trainer.eval_every) <= 0:
+        f.error(
+            f"trainer.objective={cfg.trainer.objective} needs an evaluation: set trainer.eval_every to a "
+            "positive number of steps"
+        )
+    if "val_fraction" in cfg.data and not 0 <= float(cfg.data.val_fraction) < 1:
+        f.error(f"data.val_fraction={cfg.data.val_fraction}: must be in [0, 1)")
     model = cfg.model
     spec = model_spec(cfg)
     longest = spec.max_seq_len(model) if spec is not None and spec.max_seq_len is not None else None

@@ -187,6 +187,12 @@ class Engine(ABC):
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
         """Forward and backward over this rank's batch; return its mean loss (detached) or None."""
 
+    def eval_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        """Forward only (no gradients) over this rank's batch; return its mean loss or None (ranks that
+        compute no loss). The loop calls it between training steps, with the modules in eval mode, on
+        every rank at the same time (it may hold collectives)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement eval_step; set trainer.eval_every=0")
+
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Clip by the global gradient norm (over every shard and, with ``pp_group``, every stage);
         returns the norm before clipping. One path for every engine: ``parallel/core/grad_clip.py``."""
@@ -239,6 +245,14 @@ class ModuleEngine(Engine):
                 loss = self.loss_fn(self.module(x), y) / n
                 loss.backward()
             total += loss.detach()
+        return total
+
+    @torch.no_grad()
+    def eval_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        n = self.accumulation  # the training chunks: no more activation memory than a training step
+        total = torch.zeros((), device=inputs.device)
+        for x, y in zip(inputs.chunk(n), targets.chunk(n)):
+            total += self.loss_fn(self.module(x), y) / n
         return total
 
     def close(self) -> None:

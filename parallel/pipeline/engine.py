@@ -145,6 +145,63 @@ class PipelineEngine(Engine):
             return None
         return torch.stack([loss.detach() for loss in losses]).sum()  # each is already divided by m
 
+    def eval_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        """The schedule's own forward-only path (``schedule.eval``: same micro-batches, no backward).
+
+        torch re-initialises the stages when a schedule switches between eval and train, so this costs
+        one extra shape exchange per switch. It must follow a training step (torch#162822: evaluating
+        before the first ``step`` breaks the pipeline); the loop only evaluates after one. Its actions
+        are recorded apart, so they never count in the training step's bubble or busy time.
+        """
+        if self.steps == 0:
+            raise RuntimeError("pipeline eval_step before the first training step (torch#162822)")
+        losses: list[torch.Tensor] | None = [] if self.has_last else None
+        args = (inputs,) if self.has_first else ()
+        runtime = hasattr(self.schedule, "pipeline_order_with_comms")
+        saved = self.schedule.pipeline_order_with_comms if runtime else None
+        if runtime:
+            self._use_forward_only_order()
+        self.recorder.begin_step()
+        try:
+            with torch.no_grad():
+                self.schedule.eval(*args, target=targets if self.has_last else None, losses=losses)
+        finally:
+            self.recorder.end_step()
+            if runtime:
+                self.schedule.pipeline_order_with_comms = saved
+        if not losses:
+            return None
+        return torch.stack([loss.detach() for loss in losses]).sum()  # each is already divided by m
+
+    def _use_forward_only_order(self) -> None:
+        """Multi-stage schedules run an action list (torch's ``_PipelineScheduleRuntime``). In eval mode
+        torch skips its backward actions, except where two stages share a rank (V placements: zbv,
+        dualpipev), where it still hands gradients between them and fails. So evaluation runs the same
+        schedule's forward actions only, in their order, lowered with their sends and receives once."""
+        if getattr(self, "_eval_order", None) is None:
+            from torch.distributed.pipelining.schedules import _ComputationType
+
+            forward = _ComputationType.FORWARD
+            order: dict[int, list[Any]] = {}
+            for rank, actions in self.schedule.pipeline_order.items():
+                flat = []
+                for a in actions:
+                    if a is None:
+                        continue
+                    flat += list(a.sub_actions) if getattr(a, "sub_actions", None) else [a]
+                order[rank] = [a for a in flat if a.computation_type == forward]
+            # torch's own lowering (``_prepare_schedule_with_comms`` without its check that every stage
+            # has its backward actions, which a forward-only order cannot pass)
+            from torch.distributed.pipelining.schedules import _add_send_recv, _add_unshard_reshard
+
+            to_rank = dict(self.schedule.stage_index_to_group_rank)
+            self._eval_order = _add_send_recv(
+                {rank: _add_unshard_reshard(actions) for rank, actions in order.items()},
+                stage_to_rank=lambda s: to_rank[s],
+                num_stages=self.schedule._num_stages,
+            )
+        self.schedule.pipeline_order_with_comms = self._eval_order
+
     # ---- measurement -----------------------------------------------------------------------------
 
     def step_metrics(self) -> dict[str, float]:

@@ -100,6 +100,9 @@ class HybridPipelineEngine(Engine):
         finally:
             self._step = (start, time.perf_counter())
 
+    def eval_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        return self.pipeline.eval_step(inputs, targets)
+
     def step_metrics(self) -> dict[str, float]:
         out = {**self.pipeline.step_metrics(), **self.tp_meter.metrics()}
         if self.ddp_timers:  # the dp dimension's collectives (FSDP2's, of every stage on this rank), as a union

@@ -88,6 +88,14 @@ class MeshModuleEngine(ModuleEngine):
         self._step_s = time.perf_counter() - start
         return loss
 
+    def eval_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        with ExitStack() as stack:
+            if self.loss_parallel:
+                from torch.distributed.tensor.parallel import loss_parallel
+
+                stack.enter_context(loss_parallel())
+            return super().eval_step(inputs, targets)
+
     def step_metrics(self) -> dict[str, float]:
         out = self.tp_meter.metrics()
         if self.ddp_timer is not None:  # the dp dimension's measured collectives (DDP buckets or FSDP2's)

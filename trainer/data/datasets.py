@@ -2,7 +2,11 @@
 
 That makes every layout see the same samples at the same step, so losses are comparable across
 strategies, and resuming needs no loader state beyond the step number. Each rank draws the global
-batch's indices (cheap) and keeps its own shard; the token file is memory-mapped, so ranks share pages.
+batch's indices (cheap) and keeps its own shard; token files are memory-mapped, so ranks share pages.
+
+Text sources (``TextCorpus``: bytes; ``TokenShards``: a dataset prepared by ``trainer.data.prepare``)
+hold out a validation split: ``val_batch(i)`` is the i-th batch of consecutive, non-overlapping windows
+of the held-out tokens, the same on every rank and every evaluation.
 """
 
 from __future__ import annotations
@@ -10,14 +14,13 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from trainer.data.shards import DataError, TokenStream, atomic_write_bytes, check_shards, open_split, read_metadata
 
-class DataError(ValueError):
-    """A data file is missing, unreadable or inconsistent with the model; the message names it."""
+__all__ = ["DataError", "SyntheticImages", "TextCorpus", "TokenShards"]
 
 
 def _stdlib_sources(max_bytes: int) -> bytes:
@@ -37,16 +40,84 @@ def _stdlib_sources(max_bytes: int) -> bytes:
     return b"".join(chunks)[:max_bytes]
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+class WindowBatches:
+    """Random training windows of ``seq_len + 1`` tokens drawn from (seed, step); validation windows in order.
+
+    Subclasses provide ``train_stream``, ``val_stream`` (``TokenStream``) and ``describe`` (for errors).
+    """
+
+    global_batch_size: int
+    seq_len: int
+    seed: int
+    describe: str
+
+    @property
+    def tokens_per_sample(self) -> int:
+        return self.seq_len
+
+    @property
+    def train_stream(self) -> TokenStream:
+        raise NotImplementedError
+
+    @property
+    def val_stream(self) -> TokenStream:
+        raise NotImplementedError
+
+    def _check_length(self, stream: TokenStream, what: str) -> None:
+        if len(stream) < self.seq_len + 2:
+            raise DataError(
+                f"{self.describe}: the {what} split holds {len(stream)} tokens, fewer than data.seq_len+2="
+                f"{self.seq_len + 2}; use more data or a smaller data.seq_len"
+            )
+
+    def global_batch(self, step: int):
+        """(inputs, targets) of shape (global_batch_size, seq_len) for ``step``, identical on every rank."""
+        import torch
+
+        stream = self.train_stream
+        rng = np.random.default_rng([self.seed, step])
+        starts = rng.integers(0, len(stream) - self.seq_len - 1, size=self.global_batch_size)
+        t = torch.from_numpy(stream.windows(starts, self.seq_len + 1))
+        return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+
+    def val_windows(self) -> int:
+        """Non-overlapping validation windows (0 when there is no validation split)."""
+        n = len(self.val_stream)
+        return max(0, (n - 1) // self.seq_len) if n >= self.seq_len + 1 else 0
+
+    def val_batch(self, index: int):
+        """The ``index``-th validation batch: consecutive windows, wrapping around a short split."""
+        import torch
+
+        n = self.val_windows()
+        if n == 0:
+            raise DataError(f"{self.describe}: no validation split to evaluate on")
+        ids = (index * self.global_batch_size + np.arange(self.global_batch_size)) % n
+        t = torch.from_numpy(self.val_stream.windows(ids * self.seq_len, self.seq_len + 1))
+        return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+
+    def check_validation(self, *, eval_every: int, eval_batches: int) -> str | None:
+        """Refuse evaluation without a validation split; returns a warning when batches repeat windows."""
+        if eval_every <= 0:
+            return None
+        n = self.val_windows()
+        if n == 0:
+            raise DataError(
+                f"{self.describe}: the validation split is empty ({len(self.val_stream)} tokens, a window needs "
+                f"data.seq_len+1={self.seq_len + 1}) but trainer.eval_every={eval_every}; hold out more data "
+                "(prepare with a larger --val-fraction, or data.val_fraction for text) or set trainer.eval_every=0"
+            )
+        wanted = eval_batches * self.global_batch_size
+        if wanted > n:
+            return (
+                f"trainer.eval_batches={eval_batches} x data.global_batch_size={self.global_batch_size} = {wanted} "
+                f"validation windows, but the split holds {n}: windows repeat (the loss is still exact over them)"
+            )
+        return None
 
 
-class TextCorpus:
-    """Byte-level (or pre-tokenised) text; samples are random windows of ``seq_len + 1`` tokens."""
+class TextCorpus(WindowBatches):
+    """Byte-level (or pre-tokenised) text; the last ``val_fraction`` of the tokens is the validation split."""
 
     def __init__(
         self,
@@ -56,6 +127,7 @@ class TextCorpus:
         path: str | None = None,
         cache_dir: str = "~/.cache/meshtrain",
         max_bytes: int = 4_000_000,
+        val_fraction: float = 0.05,
         micro_batch_size: int | None = None,
         seed: int = 0,
         name: str = "text",
@@ -66,11 +138,8 @@ class TextCorpus:
         self.path = Path(os.path.expanduser(path)) if path else None
         self.cache_dir = Path(os.path.expanduser(cache_dir))
         self.max_bytes = max_bytes
+        self.val_fraction = val_fraction
         self._tokens: np.ndarray | None = None
-
-    @property
-    def tokens_per_sample(self) -> int:
-        return self.seq_len
 
     @property
     def source(self) -> Path:
@@ -79,10 +148,14 @@ class TextCorpus:
         ver = f"{sys.version_info.major}.{sys.version_info.minor}"
         return self.cache_dir / f"stdlib-py{ver}-{self.max_bytes}.u8"
 
+    @property
+    def describe(self) -> str:
+        return f"data file {self.source}"
+
     def prepare(self) -> None:
         """Build the stdlib token cache once (launcher process, before workers start)."""
         if self.path is None and not self.source.exists():
-            _atomic_write(self.source, _stdlib_sources(self.max_bytes))
+            atomic_write_bytes(self.source, _stdlib_sources(self.max_bytes))
 
     @property
     def tokens(self) -> np.ndarray:
@@ -94,6 +167,18 @@ class TextCorpus:
                     f"data.seq_len+2={self.seq_len + 2}; use a larger file or a smaller data.seq_len"
                 )
         return self._tokens
+
+    @property
+    def _val_start(self) -> int:
+        return len(self.tokens) - int(len(self.tokens) * self.val_fraction)
+
+    @property
+    def train_stream(self) -> TokenStream:
+        return TokenStream([self.tokens[: self._val_start]])
+
+    @property
+    def val_stream(self) -> TokenStream:
+        return TokenStream([self.tokens[self._val_start :]])
 
     @staticmethod
     def _load(path: Path) -> np.ndarray:
@@ -122,17 +207,79 @@ class TextCorpus:
                 f"data file {self.source} holds token id {top} but model.vocab_size={vocab_size}; "
                 f"set model.vocab_size={top + 1} or larger"
             )
+        self._check_length(self.train_stream, "train")
 
-    def global_batch(self, step: int):
-        """(inputs, targets) of shape (global_batch_size, seq_len) for ``step``, identical on every rank."""
-        import torch
 
-        tokens = self.tokens
-        rng = np.random.default_rng([self.seed, step])
-        starts = rng.integers(0, len(tokens) - self.seq_len - 1, size=self.global_batch_size)
-        window = np.asarray(tokens[starts[:, None] + np.arange(self.seq_len + 1)], dtype=np.int64)
-        t = torch.from_numpy(window)
-        return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+class TokenShards(WindowBatches):
+    """A dataset folder written by ``python -m trainer.data.prepare`` (``data=tokens data.path=DIR``)."""
+
+    def __init__(
+        self,
+        *,
+        path: str | None,
+        global_batch_size: int,
+        seq_len: int,
+        micro_batch_size: int | None = None,
+        seed: int = 0,
+        name: str = "tokens",
+    ):
+        if not path:
+            raise DataError(
+                "data=tokens needs data.path=<folder written by `python -m trainer.data.prepare`>; "
+                "or use data=text (byte-level, no preparation)"
+            )
+        self.folder = Path(os.path.expanduser(str(path))).resolve()
+        self.global_batch_size = global_batch_size
+        self.seq_len = seq_len
+        self.seed = seed
+        self._meta: dict | None = None
+        self._streams: dict[str, TokenStream] = {}
+
+    @property
+    def describe(self) -> str:
+        return f"dataset {self.folder}"
+
+    @property
+    def metadata(self) -> dict:
+        if self._meta is None:
+            self._meta = read_metadata(self.folder)
+        return self._meta
+
+    def prepare(self) -> None:
+        """Check the folder before any worker starts: metadata readable, every shard whole, train long enough."""
+        meta = read_metadata(self.folder)
+        check_shards(self.folder, meta)
+        self._meta = meta
+        self._check_length(self.train_stream, "train")
+
+    def _stream(self, split: str) -> TokenStream:
+        if split not in self._streams:
+            self._streams[split] = open_split(self.folder, self.metadata, split)
+        return self._streams[split]
+
+    @property
+    def train_stream(self) -> TokenStream:
+        return self._stream("train")
+
+    @property
+    def val_stream(self) -> TokenStream:
+        return self._stream("validation")
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.metadata["tokenizer"]["vocab_size"])
+
+    @property
+    def eos_id(self) -> int:
+        return int(self.metadata["tokenizer"]["eos_id"])
+
+    def check_vocab(self, vocab_size: int) -> None:
+        tok = self.metadata["tokenizer"]
+        if self.vocab_size > vocab_size:
+            raise DataError(
+                f"{self.describe}: its tokenizer ({tok['file']}, {tok.get('source')}) has {self.vocab_size} tokens "
+                f"but model.vocab_size={vocab_size}; set model.vocab_size={self.vocab_size} (or larger)"
+            )
 
 
 class SyntheticImages:
@@ -167,10 +314,19 @@ class SyntheticImages:
     def check_vocab(self, vocab_size: int) -> None:
         pass
 
+    def check_validation(self, *, eval_every: int, eval_batches: int) -> str | None:
+        return None
+
+    def val_batch(self, index: int):
+        """Held-out batches: drawn from seeds no training step uses (three numbers, not two)."""
+        return self._batch(np.random.default_rng([self.seed, 1, index]))
+
     def global_batch(self, step: int):
+        return self._batch(np.random.default_rng([self.seed, step]))
+
+    def _batch(self, rng: np.random.Generator):
         import torch
 
-        rng = np.random.default_rng([self.seed, step])
         labels = rng.integers(0, self.num_classes, size=self.global_batch_size)
         noise = rng.standard_normal((self.global_batch_size, *self.prototypes.shape[1:])).astype(np.float32)
         images = self.prototypes[labels] + self.noise * noise

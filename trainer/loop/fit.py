@@ -12,8 +12,10 @@ the summary at the end. Rank 0 owns the sinks: console, metrics.jsonl, summary.j
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,12 +25,13 @@ from torch import nn
 
 from parallel.core.base import Engine, WorkerContext
 from parallel.core.state_bytes import model_state_bytes
+from trainer.data.prefetch import Prefetcher
 from trainer.launch.preemption import PreemptionFlag
 from trainer.loop.faults import FaultInjector
 from trainer.loop.optim import build_optimizer, build_scheduler
 from trainer.observe.console import ProgressDisplay
 from trainer.observe.memory import peak_memory_bytes
-from trainer.observe.metrics import StepStats
+from trainer.observe.metrics import StepStats, read_metrics
 from trainer.observe.perf import StepInstruments
 from trainer.observe.sinks import RankZeroSinks
 
@@ -94,6 +97,8 @@ class StepOutcome:
     preempt: bool
     """Some rank got a stop signal: checkpoint and stop at this boundary."""
     extras: dict[str, float]
+    data_seconds: float = 0.0
+    """How long the step waited for its global batch (the prefetcher's queue, or building it)."""
 
 
 class Trainer:
@@ -119,13 +124,18 @@ class Trainer:
         self.skipped_steps: list[int] = []
         self.resumed_from: str | None = None
         self.started_at: float | None = None
+        """perf_counter() when ``fit`` began."""
         self.step_started: float | None = None
         """perf_counter() when the current step began (a collective timeout cannot come sooner than timeout_s)."""
-        """perf_counter() when ``fit`` began."""
         self.first_step_s: float | None = None
         """Seconds from ``fit`` to the end of its first step (shape inference, first collectives)."""
         self.first_step_end_unix: float | None = None
         self._checkpointer: Any = None
+        self.val_history: list[tuple[int, float]] = []
+        self._val_batches: list | None = None
+        self._prefetch: Prefetcher | None = None
+        self.data_wait_s = 0.0
+        self.step_time_total_s = 0.0
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -139,6 +149,14 @@ class Trainer:
         )
         self.started_at = time.perf_counter()
         status, step = "completed", start_step
+        if start_step > 0 and self.ctx.is_rank0:  # a resumed run's best validation loss counts earlier evaluations
+            self.val_history = earlier_evaluations(self.ctx.run_dir / "metrics.jsonl", through_step=start_step)
+        self._prefetch = Prefetcher(
+            self.data.global_batch,
+            first_step=start_step + 1,
+            last_step=self.max_steps,
+            depth=int(self.cfg.trainer.get("prefetch", 2)),
+        )
         try:
             for step in range(start_step + 1, self.max_steps + 1):
                 outcome = self.step(step, preemption=preemption)
@@ -152,6 +170,7 @@ class Trainer:
                 raise
             raise timeout from None
         finally:
+            self._prefetch.close()
             progress.close()
         if self._checkpointer is not None:  # a background save still running: its marker comes now
             self._checkpointer.wait()
@@ -169,7 +188,7 @@ class Trainer:
     def step(self, step: int, *, preemption: PreemptionFlag | None = None) -> StepOutcome:
         """One optimizer step: forward/backward and clip, agree across ranks, update (or skip), measure."""
         t0 = self.step_started = time.perf_counter()
-        loss, grad_norm = self._forward_backward(step)
+        loss, grad_norm, data_s = self._forward_backward(step)
         bad = not bool(torch.isfinite(grad_norm)) or (loss is not None and not bool(torch.isfinite(loss)))
         preempt, bad_ranks = self._agree(preempt=bool(preemption and preemption.requested), bad=bad)
         lr = self.optimizer.param_groups[0]["lr"]
@@ -179,9 +198,13 @@ class Trainer:
         dt = time.perf_counter() - t0
         extras = self.engine.step_metrics()
         self.stats.add(dt, self.tokens_per_step)
+        self.data_wait_s += data_s
+        self.step_time_total_s += dt
         if self.first_step_s is None:
             self.first_step_s = time.perf_counter() - self.started_at
             self.first_step_end_unix = time.time()
+        if self._eval_due(step) and not preempt:  # every rank: the evaluation is collective
+            extras.update(self.evaluate(step))
         return StepOutcome(
             loss=loss,
             grad_norm=grad_norm,
@@ -190,11 +213,15 @@ class Trainer:
             skipped=bool(bad_ranks),
             preempt=preempt,
             extras=extras,
+            data_seconds=data_s,
         )
 
-    def _forward_backward(self, step: int) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """This rank's share of the global batch through the engine; the gradient norm before clipping."""
-        inputs, targets = self.data.global_batch(step)
+    def _forward_backward(self, step: int) -> tuple[torch.Tensor | None, torch.Tensor, float]:
+        """This rank's share of the global batch through the engine: the loss, the gradient norm before
+        clipping, and the seconds spent waiting for the batch."""
+        if self._prefetch is None:  # step() called outside fit(): build batches in the loop
+            self._prefetch = Prefetcher(self.data.global_batch, first_step=step, last_step=self.max_steps, depth=0)
+        (inputs, targets), data_s = self._prefetch.get(step)
         x, y = self.engine.local_batch(self.ctx, inputs, targets)
         self.optimizer.zero_grad(set_to_none=True)
         if self.faults is not None:
@@ -203,7 +230,7 @@ class Trainer:
             loss = self.engine.train_step(x, y)
         if self.faults is not None:
             loss = self.faults.after_backward(step, loss, self.engine.parameters())
-        return loss, self.engine.clip_grad_norm_(self.max_grad_norm)
+        return loss, self.engine.clip_grad_norm_(self.max_grad_norm), data_s
 
     def _update(self, step: int, bad_ranks: list[int]) -> None:
         """``optimizer.step()``, unless a rank went non-finite: then stop, or skip the update."""
@@ -234,6 +261,7 @@ class Trainer:
                 "step_time_s": outcome.seconds,
                 "tokens_per_s": self.tokens_per_step / outcome.seconds,
                 "grad_norm": float(outcome.grad_norm),
+                "data_time_s": outcome.data_seconds,
                 **self.instruments.logged(step, outcome.seconds),  # mfu, memory, saved activations (collective)
                 **outcome.extras,
             }
@@ -261,7 +289,53 @@ class Trainer:
 
     def _should_log(self, step: int) -> bool:
         every = int(self.cfg.trainer.log_every)
-        return step == 1 or step % every == 0 or step == self.max_steps
+        return step == 1 or step % every == 0 or step == self.max_steps or self._eval_due(step)
+
+    # ---- evaluation ----------------------------------------------------------------------------
+
+    def _eval_due(self, step: int) -> bool:
+        every = int(self.cfg.trainer.get("eval_every", 0))
+        return every > 0 and (step % every == 0 or step == self.max_steps)
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Validation loss over ``trainer.eval_batches`` held-out batches (the same ones every time), every
+        rank through its engine's forward-only path; one all-reduce gives the mean over the ranks that
+        computed a loss, as for the training loss."""
+        ctx, engine = self.ctx, self.engine
+        t0 = time.perf_counter()
+        if self._val_batches is None:
+            self._val_batches = [self.data.val_batch(i) for i in range(int(self.cfg.trainer.eval_batches))]
+        buf = torch.zeros(2, dtype=torch.float64, device=ctx.device)
+        engine.train(False)
+        try:
+            for inputs, targets in self._val_batches:
+                x, y = engine.local_batch(ctx, inputs, targets)
+                loss = engine.eval_step(x, y)
+                if loss is not None:
+                    buf[0] += loss.detach().double()
+                    buf[1] += 1.0
+        finally:
+            engine.train(True)
+        if ctx.world_size > 1:
+            dist.all_reduce(buf)
+        value = (buf[0] / buf[1]).item() if buf[1] > 0 else float("nan")
+        self.val_history.append((step, value))
+        ppl = math.exp(value) if value < 700 else float("inf")
+        return {"val_loss": value, "val_ppl": ppl, "eval_time_s": time.perf_counter() - t0}
+
+    def _val_summary(self) -> dict[str, Any]:
+        if not self.val_history:
+            return {}
+        best_step, best = min(self.val_history, key=lambda sv: sv[1])
+        last_step, last = self.val_history[-1]
+        return {
+            "val_loss": last,
+            "val_ppl": math.exp(last) if last < 700 else float("inf"),
+            "val_step": last_step,
+            "best_val_loss": best,
+            "best_val_step": best_step,
+            "val_history": [{"step": s, "val_loss": v} for s, v in self.val_history],
+        }
 
     # ---- collectives -------------------------------------------------------------------------
 
@@ -374,6 +448,9 @@ class Trainer:
             "tokens_per_s": self.stats.median_tokens_per_s(),
             "median_step_time_s": self.stats.median_step_time(),
             "time_to_first_step_s": self.first_step_s,
+            "data_time_s_total": self.data_wait_s,
+            "data_wait_fraction": self.data_wait_s / self.step_time_total_s if self.step_time_total_s else None,
+            **self._val_summary(),
             "first_step_end_unix": self.first_step_end_unix,
             "wall_time_s": wall,
             "peak_memory_bytes_per_rank": peaks,
@@ -391,3 +468,12 @@ class Trainer:
             **perf,
             **extras,
         }
+
+
+def earlier_evaluations(path: Path, *, through_step: int) -> list[tuple[int, float]]:
+    """(step, val_loss) of the evaluations metrics.jsonl already holds up to ``through_step``."""
+    try:
+        records = read_metrics(path)
+    except (OSError, ValueError):
+        return []
+    return [(int(r["step"]), float(r["val_loss"])) for r in records if "val_loss" in r and r["step"] <= through_step]

@@ -41,6 +41,8 @@ class ProgressDisplay:
             extras += f" tp comm {record['tp_comm_fraction']:.0%}"
         if "bubble_fraction" in record:
             extras += f" bubble {record['bubble_fraction']:.0%}"
+        if "val_loss" in record:
+            extras += f" | val loss {record['val_loss']:.4f} (ppl {record['val_ppl']:.2f})"
         if self.progress is not None:
             self.progress.update(self.task, loss=f"{record['loss']:.4f}", tps=f"{record['tokens_per_s']:,.0f}")
         line = (

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.report.plots import draw_all
-from trainer.report.rows import MIB, ReportRow, build_rows
+from trainer.report.rows import MIB, RANK_KEYS, ReportRow, build_rows
 from trainer.sweeps.jobs import SweepJob, count_statuses, counts_line, read_sweep, sweep_name, write_counts
 
 log = logging.getLogger("meshtrain.report")
@@ -48,9 +48,17 @@ def _bubble_parts(row: ReportRow) -> str:
     return "-" if None in parts else " + ".join(f"{p:.0%}" for p in parts)
 
 
-def row_cells(row: ReportRow) -> list[str]:
+def columns(rows: list[ReportRow]) -> list[str]:
+    """COLUMNS, plus the validation losses when any job evaluated."""
+    if any(r.val_loss is not None for r in rows):
+        return COLUMNS[:-1] + ["val loss", "best val loss", COLUMNS[-1]]
+    return COLUMNS
+
+
+def row_cells(row: ReportRow, *, with_val: bool = False) -> list[str]:
     marks = ("★ " if row.best else "") + ("◆ " if row.pareto else "")
     status = row.status if row.status == "completed" else f"{row.status}: {row.reason.splitlines()[-1].strip(' -')}"
+    val = [_fmt(row.val_loss, ".4f"), _fmt(row.best_val_loss, ".4f")] if with_val else []
     return [
         f"{marks}{row.job}",
         row.layout,
@@ -65,6 +73,7 @@ def row_cells(row: ReportRow) -> list[str]:
         " / ".join(f"{b / MIB:.0f}" for b in row.peak_memory_per_stage) or "-",
         _fmt(row.predicted_step_time_s, ".1f", 1000.0),
         _fmt(row.prediction_error, "+.0%"),
+        *val,
         status,
     ]
 
@@ -73,17 +82,32 @@ def _escape(cell: str) -> str:
     return cell.replace("|", "\\|").replace("\n", " ")
 
 
-def markdown(*, sweep_dir: Path, jobs: list[SweepJob], rows: list[ReportRow], plots: dict[str, Path]) -> str:
+def markdown(
+    *,
+    sweep_dir: Path,
+    jobs: list[SweepJob],
+    rows: list[ReportRow],
+    plots: dict[str, Path],
+    rank_by: str | None = None,
+) -> str:
     lines = [f"# Sweep report: {sweep_dir}", "", counts_line(count_statuses(jobs)), ""]
     best = next((r for r in rows if r.best), None)
     if best is not None:
         job = next(j for j in jobs if j.num == best.job)
-        lines += [f"**Best** (★): job {best.job}, {best.tokens_per_s:,.0f} tokens/s — `{' '.join(job.overrides)}`", ""]
+        value = (
+            f"validation loss {best.val_loss:.4f}" if rank_by == "val_loss" else f"{best.tokens_per_s:,.0f} tokens/s"
+        )
+        lines += [f"**Best** (★): job {best.job}, {value} — `{' '.join(job.overrides)}`", ""]
+    if rank_by is not None:
+        label, higher = RANK_KEYS[rank_by]
+        lines += [f"Ranked by {label} ({'highest' if higher else 'lowest'} first).", ""]
+    cols = columns(rows)
+    with_val = len(cols) > len(COLUMNS)
     front = [str(r.job) for r in rows if r.pareto]
     if front:
         lines += [f"**Pareto front** (◆, throughput vs peak memory): jobs {', '.join(front)}", ""]
-    lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(_escape(c) for c in row_cells(r)) + " |" for r in rows]
+    lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_escape(c) for c in row_cells(r, with_val=with_val)) + " |" for r in rows]
     not_run = [(j, r) for j, r in zip(jobs, rows) if j.status != "completed"]
     if not_run:
         lines += ["", "## Jobs that did not complete", ""]
@@ -154,24 +178,30 @@ def log_to_wandb(
         return None
     import wandb
 
-    sink.run.log({"sweep/table": wandb.Table(columns=COLUMNS, data=[row_cells(r) for r in rows])})
+    cols = columns(rows)
+    with_val = len(cols) > len(COLUMNS)
+    sink.run.log({"sweep/table": wandb.Table(columns=cols, data=[row_cells(r, with_val=with_val) for r in rows])})
     best = next((r for r in rows if r.best), None)
-    sink.log_summary({"best_job": best.job, "best_tokens_per_s": best.tokens_per_s} if best else {})
+    best_summary = {"best_job": best.job, "best_tokens_per_s": best.tokens_per_s} if best else {}
+    if best is not None and best.val_loss is not None:
+        best_summary["best_val_loss"] = best.val_loss
+    sink.log_summary(best_summary)
     sink.log_files(images={f"sweep/{name}": path for name, path in plots.items()}, files=[report_path])
     directory = sink.directory
     sink.finish()
     return directory
 
 
-def write_report(sweep_dir: Path, *, wandb_mode: str = "auto") -> dict[str, Any]:
-    """Write ``report.md`` and the plots into ``sweep_dir``; returns what was written."""
+def write_report(sweep_dir: Path, *, wandb_mode: str = "auto", rank_by: str | None = None) -> dict[str, Any]:
+    """Write ``report.md`` and the plots into ``sweep_dir``; returns what was written. ``rank_by``
+    (tokens_per_s or val_loss) orders the table best first and picks the best job by that number."""
     sweep_dir = Path(sweep_dir)
     jobs = read_sweep(sweep_dir)
     write_counts(sweep_dir, jobs)
-    rows = build_rows(jobs)
-    plots = draw_all(rows, sweep_dir)
+    rows = build_rows(jobs, rank_by=rank_by)
+    plots = draw_all(sorted(rows, key=lambda r: r.job), sweep_dir)
     report_path = sweep_dir / "report.md"
-    report_path.write_text(markdown(sweep_dir=sweep_dir, jobs=jobs, rows=rows, plots=plots))
+    report_path.write_text(markdown(sweep_dir=sweep_dir, jobs=jobs, rows=rows, plots=plots, rank_by=rank_by))
     wandb_dir = log_to_wandb(
         sweep_dir=sweep_dir, jobs=jobs, rows=rows, plots=plots, report_path=report_path, mode=wandb_mode
     )
@@ -187,10 +217,17 @@ def main(argv: list[str] | None = None) -> int:
         choices=["auto", "offline", "online", "disabled"],
         help="auto: log to W&B when the jobs did, in their mode (default)",
     )
+    parser.add_argument(
+        "--rank-by",
+        choices=list(RANK_KEYS),
+        default=None,
+        help="order the table best first by this number and pick the best job by it "
+        "(val_loss: the jobs' final validation loss, trainer.eval_every > 0); default: job order, best by tokens/s",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        out = write_report(args.sweep_dir, wandb_mode=args.wandb)
+        out = write_report(args.sweep_dir, wandb_mode=args.wandb, rank_by=args.rank_by)
     except FileNotFoundError as exc:
         print(f"meshtrain report: {exc}", file=sys.stderr)
         return 2

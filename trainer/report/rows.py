@@ -37,6 +37,8 @@ class ReportRow:
     peak_memory_per_stage: list[int] = field(default_factory=list)  # bytes, max over the stage's ranks
     predicted_step_time_s: float | None = None
     """The planner's prediction for this job's layout (parallel/plan), from the job's own config."""
+    val_loss: float | None = None  # the last evaluation's (trainer.eval_every > 0)
+    best_val_loss: float | None = None
     reason: str = ""
     best: bool = False
     pareto: bool = False
@@ -109,6 +111,8 @@ def _from_summary(job: SweepJob) -> ReportRow:
         bubble_overhead=_float(pipe.get("bubble_overhead")),
         peak_memory_per_stage=peak_memory_per_stage(s),
         predicted_step_time_s=planner_prediction(job.config),
+        val_loss=_float(s.get("val_loss")),
+        best_val_loss=_float(s.get("best_val_loss")),
         reason=job.reason,
     )
 
@@ -155,19 +159,37 @@ def _from_config(job: SweepJob) -> ReportRow:
     )
 
 
-def build_rows(jobs: list[SweepJob]) -> list[ReportRow]:
+#: what the report can rank by: summary key -> (label, True when higher is better)
+RANK_KEYS = {"tokens_per_s": ("tokens/s", True), "val_loss": ("validation loss", False)}
+
+
+def build_rows(jobs: list[SweepJob], *, rank_by: str | None = None) -> list[ReportRow]:
+    """One row per job, in job order; with ``rank_by``, best first (jobs without that number last)."""
     rows = [_from_summary(j) if j.summary is not None else _from_config(j) for j in jobs]
-    mark_best_and_pareto(rows)
+    mark_best_and_pareto(rows, rank_by=rank_by or "tokens_per_s")
+    if rank_by is not None:
+        higher = RANK_KEYS[rank_by][1]
+
+        def key(r: ReportRow) -> tuple[int, float, int]:
+            v = getattr(r, rank_by) if r.status == "completed" else None
+            return (1, 0.0, r.job) if v is None else (0, -v if higher else v, r.job)
+
+        rows.sort(key=key)
     return rows
 
 
-def mark_best_and_pareto(rows: list[ReportRow]) -> None:
-    """Best: the highest tokens/s. Pareto front: no other job is at least as fast with at most as much
-    peak memory (and strictly better in one)."""
+def mark_best_and_pareto(rows: list[ReportRow], *, rank_by: str = "tokens_per_s") -> None:
+    """Best: the highest tokens/s (or the lowest validation loss with ``rank_by="val_loss"``). Pareto
+    front: no other job is at least as fast with at most as much peak memory (and strictly better in one)."""
+    if rank_by not in RANK_KEYS:
+        raise ValueError(f"rank_by={rank_by!r}: use one of {', '.join(RANK_KEYS)}")
+    ranked = [r for r in rows if r.status == "completed" and getattr(r, rank_by) is not None]
+    if ranked:
+        pick = max if RANK_KEYS[rank_by][1] else min
+        pick(ranked, key=lambda r: getattr(r, rank_by)).best = True
     measured = [r for r in rows if r.status == "completed" and r.tokens_per_s is not None]
     if not measured:
         return
-    max(measured, key=lambda r: r.tokens_per_s).best = True
     for r in measured:
         if r.peak_memory is None:
             continue
