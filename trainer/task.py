@@ -31,7 +31,10 @@ def hydra_run_meta() -> tuple[Path, dict[str, Any]]:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
+    from trainer.observe.wandb_run import provenance
+
     meta: dict[str, Any] = {"multirun": multirun, "overrides": list(hc.overrides.task)}
+    meta["provenance"] = provenance(overrides=meta["overrides"])
     if multirun:
         sweep = Path(hc.sweep.dir)
         meta["sweep_dir"] = str(sweep)

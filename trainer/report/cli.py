@@ -98,12 +98,12 @@ def _wandb_settings(jobs: list[SweepJob], mode: str, sweep_dir: Path) -> tuple[s
 
 
 def _group_from_runs(jobs: list[SweepJob]) -> str | None:
-    from trainer.observe.wandb_records import find_run_file, read_offline_run
+    from trainer.observe.wandb_read import WandbReadError, read_run
 
     for job in jobs:
         try:
-            group = read_offline_run(find_run_file(job.path)).group
-        except (FileNotFoundError, ValueError):
+            group = read_run(job.path).group
+        except (FileNotFoundError, WandbReadError):
             continue
         if group:
             return group
