@@ -74,9 +74,7 @@ def wandb_key(name: str) -> str:
 
 def wandb_metrics(record: dict[str, Any]) -> dict[str, float | int]:
     """One metrics.jsonl record as W&B history keys (numbers only; ``step`` becomes ``train/step``)."""
-    return {
-        wandb_key(k): v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-    }
+    return {wandb_key(k): v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def define_metrics(run: Any) -> None:
@@ -136,9 +134,12 @@ class RunIdentity:
     def _write(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(
+        tmp.write_text(
+            json.dumps(
                 {"id": self.id, "last_step": self.last_step, "segments": self.segments, "best_loss": self.best_loss}
-            ) + "\n")
+            )
+            + "\n"
+        )
         os.replace(tmp, self.path)
 
 

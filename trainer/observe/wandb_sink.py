@@ -68,7 +68,9 @@ class WandbSink:
         settings = dict(console=console, x_disable_stats=not system_stats, x_disable_machine_info=not system_stats)
         # the commit is recorded even with machine info off (it also sits in the config under run.git)
         if git and git.get("commit"):
-            settings.update(git_commit=git["commit"], **({"git_remote_url": git["remote"]} if git.get("remote") else {}))
+            settings.update(
+                git_commit=git["commit"], **({"git_remote_url": git["remote"]} if git.get("remote") else {})
+            )
         # started by the first logged step, i.e. after the first training step: W&B's import and service
         # start compete for the cores, and the time to the first step should not pay for them
         self._thread = threading.Thread(
