@@ -31,6 +31,15 @@ def launch_stamp(fmt: str) -> str:
     return time.strftime(fmt, time.localtime(_launch_time()))
 
 
+def help_text(part: str) -> str:
+    """``${mt_help:groups}`` / ``${mt_help:keys}`` in conf/hydra/help/meshtrain.yaml (see conf/help.py)."""
+    from conf.help import help_groups, help_keys
+
+    return help_groups() if part == "groups" else help_keys()
+
+
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("mt_stamp"):
         OmegaConf.register_new_resolver("mt_stamp", launch_stamp)
+    if not OmegaConf.has_resolver("mt_help"):
+        OmegaConf.register_new_resolver("mt_help", help_text)

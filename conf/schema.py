@@ -5,11 +5,12 @@ Each layer types the keys it reads: the parallel layer's (parallel, dp, tp, pp, 
 groups (trainer, logger, data, optim) and the root, and registers them all. It lives beside the YAML it
 types, below every package that composes a config (train.py, the planner CLI, the trainer).
 
-Every key a user can set lives here with its type, so a misspelled key or a wrong type fails at
-compose time, before anything starts. Groups whose options differ in shape (model, data, optim)
-register one schema per shape in their group (``gpt_schema``, ``text_schema`` ...) and each YAML
-option extends its schema through its defaults list, the pattern Hydra documents for extending
-structured configs. This module imports no torch: validation must stay fast.
+Every key a user can set lives here with its type, so a misspelled key, a wrong type or an unknown
+choice (enum-typed keys) fails at compose time, before anything starts. Groups whose options differ in
+shape (model, data, optim) register one schema per shape under ``schema/<group>/`` (``schema/model/gpt``,
+``schema/data/text`` ...), outside the groups users choose from, and each YAML option extends its schema
+through its defaults list (``- /schema/model/gpt@_here_``), the pattern Hydra documents for extending a
+config from another group. This module imports no torch: validation must stay fast.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
+
+from conf.choices import choices
 
 from models.registry import MODEL_SCHEMAS
 from parallel.config import (
@@ -32,6 +35,12 @@ from parallel.config import (
 )
 
 STRATEGIES = ("single", "dp", "ddp", "fsdp", "mp", "tp", "pp", "hybrid", "auto")
+
+#: enum-typed choices of the trainer's keys: a typo fails at compose time (conf/choices.py)
+OnNonFinite = choices("OnNonFinite", ("stop", "skip"), module=__name__)
+WandbMode = choices("WandbMode", ("offline", "online", "disabled"), module=__name__)
+WandbConsole = choices("WandbConsole", ("off", "wrap", "redirect", "auto"), module=__name__)
+Decay = choices("Decay", ("cosine", "linear", "constant"), module=__name__)
 
 
 @dataclass
@@ -50,13 +59,13 @@ class TrainerConfig:
     """summary.json key the task returns to Hydra sweepers."""
     stop_grace_s: float = 15.0
     """After SIGTERM/SIGUSR1, how long a rank may take to reach a step boundary before it just exits."""
-    on_nonfinite: str = "stop"
+    on_nonfinite: OnNonFinite = OnNonFinite["stop"]
     """stop or skip when the loss or gradient norm is not finite."""
 
 
 @dataclass
 class WandbConfig:
-    mode: str = "offline"
+    mode: WandbMode = WandbMode["offline"]
     """offline (default here), online (needs an account), or disabled."""
     project: str = "meshtrain"
     entity: Optional[str] = None
@@ -68,7 +77,7 @@ class WandbConfig:
     system_stats: bool = False
     """W&B's system monitor (CPU/GPU/memory sampling). Its process competes with training on few
     cores (measured here: -49% tokens/s on 2 cores); turn it on for GPU nodes."""
-    console: str = "off"
+    console: WandbConsole = WandbConsole["off"]
     """W&B console capture (off, wrap, redirect); logs/rank0.log already keeps the console."""
 
 
@@ -120,8 +129,8 @@ class OptimConfig:
     betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
     warmup_steps: int = 10
-    decay: str = "cosine"
-    """cosine or constant after warm-up."""
+    decay: Decay = Decay["cosine"]
+    """After warm-up: cosine (CosineAnnealingLR), linear (LinearLR) or constant, down to lr * min_lr_ratio."""
     min_lr_ratio: float = 0.1
 
 
@@ -133,7 +142,7 @@ class SGDConfig:
     momentum: float = 0.9
     weight_decay: float = 0.0
     warmup_steps: int = 0
-    decay: str = "constant"
+    decay: Decay = Decay["constant"]
     min_lr_ratio: float = 1.0
 
 
@@ -161,12 +170,17 @@ class MeshtrainConfig:
     """Fault injection and diagnostics (``+debug.fail_at_step=3`` ...)."""
 
 
+#: schemas live under their own path, ``schema/<group>/<shape>``, not among a group's options: ``--help``
+#: and shell completion list only the YAML options. An option extends one with ``/schema/model/gpt@_here_``.
+SCHEMA_ROOT = "schema"
+
+
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="meshtrain_schema", node=MeshtrainConfig)
     for name, node in MODEL_SCHEMAS.items():
-        cs.store(group="model", name=name, node=node)
-    cs.store(group="data", name="text_schema", node=TextDataConfig)
-    cs.store(group="data", name="images_schema", node=ImageDataConfig)
-    cs.store(group="optim", name="adamw_schema", node=OptimConfig)
-    cs.store(group="optim", name="sgd_schema", node=SGDConfig)
+        cs.store(group=f"{SCHEMA_ROOT}/model", name=name.removesuffix("_schema"), node=node)
+    cs.store(group=f"{SCHEMA_ROOT}/data", name="text", node=TextDataConfig)
+    cs.store(group=f"{SCHEMA_ROOT}/data", name="images", node=ImageDataConfig)
+    cs.store(group=f"{SCHEMA_ROOT}/optim", name="adamw", node=OptimConfig)
+    cs.store(group=f"{SCHEMA_ROOT}/optim", name="sgd", node=SGDConfig)

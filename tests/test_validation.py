@@ -83,7 +83,7 @@ def test_sync_batchnorm_on_cpu(compose_cfg):
 
 def test_all_problems_reported_at_once(compose_cfg):
     err = pytest.raises(
-        ConfigError, validate, compose_cfg("data.global_batch_size=15", "topology.backend=mpi"), environ={}
+        ConfigError, validate, compose_cfg("data.global_batch_size=15", "topology.backend=nccl"), environ={}
     )
     assert len(err.value.problems) == 2
 

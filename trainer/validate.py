@@ -423,5 +423,5 @@ def validate(cfg: DictConfig, *, environ: dict[str, str] | None = None) -> Valid
 
 
 def resolved_container(cfg: DictConfig) -> dict:
-    """Plain, fully resolved containers travel to spawned workers (DictConfig does not pickle well)."""
-    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
+    """Plain, fully resolved containers travel to spawned workers (DictConfig does not pickle well); enum choices become their strings."""
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True, enum_to_str=True)  # type: ignore[return-value]
