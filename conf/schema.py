@@ -22,7 +22,6 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from conf.choices import choices
-
 from models.registry import MODEL_SCHEMAS
 from parallel.config import (
     DPConfig,
