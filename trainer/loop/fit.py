@@ -312,6 +312,7 @@ class RankZeroSinks:
         from trainer.observe.wandb_sink import WandbSink
 
         self.run_dir = ctx.run_dir
+        self.layout = ctx.layout
         self.metrics = MetricsFile(ctx.run_dir / "metrics.jsonl", keep_through_step=start_step)
         w = ctx.cfg.logger.wandb
         layout = ctx.layout
@@ -352,6 +353,17 @@ class RankZeroSinks:
         hydra_dir = self.run_dir / ".hydra"
         return [path] + [hydra_dir / n for n in ("config.yaml", "overrides.yaml", "hydra.yaml")]
 
+    def _memory_per_pp_rank(self, summary: dict[str, Any]) -> dict[str, int]:
+        """``memory/peak_bytes_pp{p}``: peak memory of pipeline rank p (max over its dp/tp ranks), for W&B."""
+        peaks = summary.get("peak_memory_bytes_per_rank") or []
+        out: dict[str, int] = {}
+        for entry in self.layout.to_dict().get("rank_map") or []:
+            rank, pp = int(entry["rank"]), int(entry.get("pp", 0))
+            if rank < len(peaks) and peaks[rank] is not None:
+                key = f"memory/peak_bytes_pp{pp}"
+                out[key] = max(out.get(key, 0), int(peaks[rank]))
+        return out
+
     def log_step(self, record: dict[str, Any]) -> None:
         self.metrics.write(record)
         self.wandb.log_metrics(record, step=int(record["step"]))
@@ -365,7 +377,7 @@ class RankZeroSinks:
             if summary is not None:
                 summary["wandb_dir"] = self.wandb.directory
                 write_json(self.run_dir / "summary.json", summary)
-                self.wandb.log_summary(summary)
+                self.wandb.log_summary({**summary, **self._memory_per_pp_rank(summary)})
                 self.wandb.log_config(self.config_files)
                 # engines list files they wrote (traces, plots): {"images": {key: path}, "files": [path]}
                 artifacts = summary.get("artifacts") or {}

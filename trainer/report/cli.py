@@ -4,7 +4,9 @@ Reads every job folder of a multirun, writes ``report.md`` (one row per job: lay
 split, tokens/s, step time, measured vs theoretical bubble, peak memory per stage, status and the
 reason a job was skipped or failed) and the PNG plots next to it, marks the best configuration and the
 Pareto front (throughput vs peak memory). When the jobs logged to W&B (or with ``--wandb MODE``), the
-table and plots go to one summary run in the sweep's W&B group.
+table and plots go to one summary run in the sweep's W&B group, the plots also as interactive W&B charts
+(``wandb.plot`` line series and scatter over a Table). ``--wandb-workspace`` builds a saved W&B workspace
+for the group (``trainer/report/workspace.py``).
 """
 
 from __future__ import annotations
@@ -144,6 +146,7 @@ def log_to_wandb(
     import wandb
 
     sink.run.log({"sweep/table": wandb.Table(columns=COLUMNS, data=[row_cells(r) for r in rows])})
+    sink.run.log(interactive_charts(rows))
     best = next((r for r in rows if r.best), None)
     sink.log_summary({"best_job": best.job, "best_tokens_per_s": best.tokens_per_s} if best else {})
     sink.log_files(images={f"sweep/{name}": path for name, path in plots.items()}, files=[report_path])
@@ -152,7 +155,62 @@ def log_to_wandb(
     return directory
 
 
-def write_report(sweep_dir: Path, *, wandb_mode: str = "auto") -> dict[str, Any]:
+def interactive_charts(rows: list[ReportRow]) -> dict[str, Any]:
+    """The report's plots as W&B charts (``wandb.plot``) over one Table of the completed jobs."""
+    import wandb
+
+    done = [r for r in rows if r.tokens_per_s is not None]
+    columns = ["job", "split", "schedule", "micro_batches", "tokens_per_s", "bubble_measured", "bubble_theoretical"]
+    columns += ["peak_memory_mib", "best", "pareto"]
+    data = [
+        [
+            r.job,
+            r.split,
+            r.schedule or "-",
+            r.micro_batches,
+            r.tokens_per_s,
+            r.bubble_measured,
+            r.bubble_theoretical,
+            (r.peak_memory or 0) / MIB,
+            r.best,
+            r.pareto,
+        ]
+        for r in done
+    ]
+    table = wandb.Table(columns=columns, data=data)
+    charts: dict[str, Any] = {"sweep/jobs": table}
+    piped = [r for r in done if r.micro_batches is not None]
+    series = sorted({(r.split, r.schedule or "-") for r in piped})
+    if piped:
+        ms = sorted({r.micro_batches for r in piped})
+
+        def line(value: str) -> tuple[list[list[float]], list[str]]:
+            ys, keys = [], []
+            for split, schedule in series:
+                by_m = {
+                    r.micro_batches: getattr(r, value)
+                    for r in piped
+                    if (r.split, r.schedule or "-") == (split, schedule)
+                }
+                ys.append([by_m.get(m) if by_m.get(m) is not None else float("nan") for m in ms])
+                keys.append(f"split {split} {schedule}")
+            return ys, keys
+
+        ys, keys = line("tokens_per_s")
+        charts["sweep/tokens_per_s_vs_m"] = wandb.plot.line_series(
+            xs=ms, ys=ys, keys=keys, title="tokens/s vs micro-batches, per split", xname="micro-batches"
+        )
+        ys, keys = line("bubble_measured")
+        charts["sweep/bubble_vs_m"] = wandb.plot.line_series(
+            xs=ms, ys=ys, keys=keys, title="measured bubble vs micro-batches, per split", xname="micro-batches"
+        )
+    charts["sweep/pareto"] = wandb.plot.scatter(
+        table, "peak_memory_mib", "tokens_per_s", title="tokens/s vs peak memory (MiB)"
+    )
+    return charts
+
+
+def write_report(sweep_dir: Path, *, wandb_mode: str = "auto", workspace: bool = False) -> dict[str, Any]:
     """Write ``report.md`` and the plots into ``sweep_dir``; returns what was written."""
     sweep_dir = Path(sweep_dir)
     jobs = read_sweep(sweep_dir)
@@ -164,7 +222,19 @@ def write_report(sweep_dir: Path, *, wandb_mode: str = "auto") -> dict[str, Any]
     wandb_dir = log_to_wandb(
         sweep_dir=sweep_dir, jobs=jobs, rows=rows, plots=plots, report_path=report_path, mode=wandb_mode
     )
-    return {"report": report_path, "plots": plots, "rows": rows, "wandb_dir": wandb_dir, "counts": count_statuses(jobs)}
+    out = {"report": report_path, "plots": plots, "rows": rows, "wandb_dir": wandb_dir, "counts": count_statuses(jobs)}
+    if workspace:
+        from trainer.report.workspace import write_workspace
+
+        _, cfg, group = _wandb_settings(jobs, "offline", sweep_dir)
+        out["workspace"] = write_workspace(
+            sweep_dir=sweep_dir,
+            jobs=jobs,
+            group=group,
+            entity=cfg.get("entity"),
+            project=str(cfg.get("project", "meshtrain")),
+        )
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,10 +246,16 @@ def main(argv: list[str] | None = None) -> int:
         choices=["auto", "offline", "online", "disabled"],
         help="auto: log to W&B when the jobs did, in their mode (default)",
     )
+    parser.add_argument(
+        "--wandb-workspace",
+        action="store_true",
+        help="also build a W&B workspace for the sweep's group (wandb-workspaces): written as "
+        "wandb_workspace.json, saved to W&B when an account is configured",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        out = write_report(args.sweep_dir, wandb_mode=args.wandb)
+        out = write_report(args.sweep_dir, wandb_mode=args.wandb, workspace=args.wandb_workspace)
     except FileNotFoundError as exc:
         print(f"meshtrain report: {exc}", file=sys.stderr)
         return 2
@@ -188,4 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"plot:   {path}")
     if out["wandb_dir"]:
         print(f"W&B summary run: {out['wandb_dir']}")
+    if out.get("workspace"):
+        ws = out["workspace"]
+        print(f"W&B workspace: {ws['url'] or ws['path']}")
     return 0
