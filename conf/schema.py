@@ -122,6 +122,8 @@ class ImageDataConfig:
 @dataclass
 class OptimConfig:
     _target_: str = "torch.optim.AdamW"
+    """Any optimizer class: built as a partial, then called with the parameters (trainer/loop/optim.py)."""
+    _partial_: bool = True
     name: str = "adamw"
     lr: float = 3e-3
     weight_decay: float = 0.0
@@ -131,11 +133,15 @@ class OptimConfig:
     decay: Decay = Decay["cosine"]
     """After warm-up: cosine (CosineAnnealingLR), linear (LinearLR) or constant, down to lr * min_lr_ratio."""
     min_lr_ratio: float = 0.1
+    scheduler: Optional[Any] = None
+    """A torch LR scheduler as a partial ({_target_: torch.optim.lr_scheduler.StepLR, _partial_: true, ...});
+    null: warmup_steps + decay."""
 
 
 @dataclass
 class SGDConfig:
     _target_: str = "torch.optim.SGD"
+    _partial_: bool = True
     name: str = "sgd"
     lr: float = 0.1
     momentum: float = 0.9
@@ -143,10 +149,11 @@ class SGDConfig:
     warmup_steps: int = 0
     decay: Decay = Decay["constant"]
     min_lr_ratio: float = 1.0
+    scheduler: Optional[Any] = None
 
 
 #: keys of an optim node that configure the schedule, not the optimizer constructor
-SCHEDULE_KEYS = ("name", "warmup_steps", "decay", "min_lr_ratio")
+SCHEDULE_KEYS = ("name", "warmup_steps", "decay", "min_lr_ratio", "scheduler")
 
 
 @dataclass
