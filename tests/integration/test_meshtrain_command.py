@@ -1,8 +1,9 @@
-"""``pip install .`` (not editable) gives a ``meshtrain`` command with the configs packaged, usable from any
+"""The command line as users meet it. ``pip install .`` (not editable) gives a ``meshtrain`` command with the configs packaged, usable from any
 folder, and ``--config-dir`` adds a user's own model and experiment without forking.
 
 The fresh virtual environment sees the shared site-packages (torch, hydra, wandb ...) through a ``.pth``
 path line, so nothing is downloaded: only meshtrain itself is built and installed (``--no-deps``).
+And ``hydra.verbose`` / ``hydra/job_logging`` reach the workers.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers import FAST, ROOT, run_train
 
 pytestmark = pytest.mark.slow
 
@@ -120,3 +121,21 @@ def test_meshtrain_trains_a_user_model_and_experiment(installed):
     assert len(lines) == 3
     resolved = (run_dir / ".hydra" / "config.yaml").read_text()
     assert "name: my_gpt" in resolved and "n_layers: 2" in resolved
+
+
+def test_hydra_verbose_and_job_logging_reach_the_workers(tmp_path):
+    run = run_train(
+        "parallel=ddp",
+        *FAST,
+        "trainer.max_steps=2",
+        "hydra.verbose=meshtrain",
+        "hydra/job_logging=default",
+        run_dir=tmp_path / "run",
+    )
+    logs = tmp_path / "run" / "logs"
+    for rank in (0, 1):  # hydra.verbose: each rank logs its debug lines
+        assert f"[rank{rank}] DEBUG rank {rank}: layout" in (logs / f"rank{rank}.log").read_text()
+    # hydra/job_logging=default on rank 0: Hydra's format on the console and <run dir>/<job name>.log
+    job_log = (tmp_path / "run" / "meshtrain.log").read_text()
+    assert "[meshtrain][INFO] - done: loss" in job_log and "[meshtrain][DEBUG] - rank 0: layout" in job_log
+    assert "[meshtrain][INFO] - done: loss" in run.proc.stdout

@@ -8,7 +8,7 @@ import time
 import pytest
 import yaml
 
-from tests.conftest import FAST, run_train
+from tests.helpers import FAST, run_train
 from trainer.observe.wandb_read import read_run
 from trainer.report.cli import write_report
 from trainer.sweeps.jobs import read_sweep, sweep_name

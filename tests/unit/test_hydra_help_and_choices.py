@@ -1,6 +1,6 @@
 """Hydra as Hydra users expect it: meshtrain's own --help on one screen, schemas out of the option lists,
 enum-typed choices refused at compose time, parallel options that set parallel keys only, searches that
-are multiruns by themselves, hydra.verbose and hydra/job_logging honoured by the workers."""
+are multiruns by themselves."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 import pytest
 import yaml
 
-from tests.conftest import CONF, FAST, ROOT, run_train
+from tests.helpers import CONF, ROOT, run_train
 
 
 @pytest.fixture(scope="module")
@@ -96,22 +96,3 @@ def test_parallel_options_set_parallel_keys_only():
 def test_hparams_search_is_a_multirun_by_itself(compose_cfg):
     cfg = compose_cfg("hparams_search=pp_throughput", return_hydra_config=True)
     assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
-
-
-@pytest.mark.slow
-def test_hydra_verbose_and_job_logging_reach_the_workers(tmp_path):
-    run = run_train(
-        "parallel=ddp",
-        *FAST,
-        "trainer.max_steps=2",
-        "hydra.verbose=meshtrain",
-        "hydra/job_logging=default",
-        run_dir=tmp_path / "run",
-    )
-    logs = tmp_path / "run" / "logs"
-    for rank in (0, 1):  # hydra.verbose: each rank logs its debug lines
-        assert f"[rank{rank}] DEBUG rank {rank}: layout" in (logs / f"rank{rank}.log").read_text()
-    # hydra/job_logging=default on rank 0: Hydra's format on the console and <run dir>/<job name>.log
-    job_log = (tmp_path / "run" / "meshtrain.log").read_text()
-    assert "[meshtrain][INFO] - done: loss" in job_log and "[meshtrain][DEBUG] - rank 0: layout" in job_log
-    assert "[meshtrain][INFO] - done: loss" in run.proc.stdout

@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from tests.conftest import run_train
+from tests.helpers import run_train
 from trainer.observe.wandb_read import read_run
 
 pytestmark = pytest.mark.slow
