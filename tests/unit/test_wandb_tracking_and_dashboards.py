@@ -85,6 +85,9 @@ def _fake_sweep(root):
         (folder / "summary.json").write_text(json.dumps(summary))
         record = {"step": 1, "loss": 5.0, "tokens_per_s": tokens, "bubble_fraction": 0.5 / m, "bubble_theoretical": 0.2}
         (folder / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+        segment = folder / "wandb" / f"offline-run-20260101_00000{num}-job{num}"
+        segment.mkdir(parents=True)
+        (segment / f"run-job{num}.wandb").write_bytes(b"")
         jobs.append((m, split, tokens))
     return jobs
 
@@ -122,6 +125,13 @@ def test_sweep_workspace_spec(tmp_path):
         "summary:tokens_per_s",
         "summary:peak_memory_bytes_max",
     ]
+    # wandb leet <sweep>/wandb browses every job's run: relative links, not the sweep folder's own runs
+    from trainer.observe.wandb_read import segment_dirs
+
+    links = sorted((tmp_path / "wandb").iterdir())
+    assert [p.name for p in links] == [f"offline-run-20260101_00000{n}-job{n}" for n in range(4)]
+    assert all(p.is_symlink() and (p / f"run-job{n}.wandb").exists() for n, p in enumerate(links))
+    assert str(links[0].readlink()) == "../0/wandb/offline-run-20260101_000000-job0" and segment_dirs(tmp_path) == []
     runset = spec["spec"]["section"]["runSets"][0]
     assert runset["filters"]["filters"][0]["key"]["name"] == "group"
     assert runset["filters"]["filters"][0]["value"] == "sweep-test"

@@ -41,8 +41,10 @@ def inspect_records(run_path: Path) -> list[dict[str, Any]]:
 
 
 def segment_dirs(run_dir: Path) -> list[Path]:
-    """The W&B run folders under ``<run dir>/wandb``, oldest first (names start with their start time)."""
-    return sorted(p for p in Path(run_dir).glob("wandb/*run-*") if p.is_dir() and list(p.glob("run-*.wandb")))
+    """The W&B run folders under ``<run dir>/wandb``, oldest first (names start with their start time);
+    links (a sweep folder links its jobs' runs for ``wandb leet``) are not this folder's own runs."""
+    found = Path(run_dir).glob("wandb/*run-*")
+    return sorted(p for p in found if p.is_dir() and not p.is_symlink() and list(p.glob("run-*.wandb")))
 
 
 @dataclass

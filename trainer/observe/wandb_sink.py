@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from trainer.observe.wandb_run import RunIdentity, define_metrics, wandb_metrics
+from trainer.observe.wandb_run import RunIdentity, define_metrics, wandb_key, wandb_metrics
 
 
 class WandbSink:
@@ -155,7 +155,8 @@ class WandbSink:
 
         step = {"step": self._logged_step} if self._logged_step is not None else {}
         for key, path in (images or {}).items():  # on the last logged step's row, not a row of its own
-            self.run.log({key: wandb.Image(str(path))}, **step)
+            name = wandb_key(key) if self.identity is not None else key
+            self.run.log({name: wandb.Image(str(path))}, **step)
         for path in files or []:
             self.run.save(str(path), base_path=str(path.parent), policy="now")
 

@@ -210,6 +210,23 @@ def interactive_charts(rows: list[ReportRow]) -> dict[str, Any]:
     return charts
 
 
+def link_runs(sweep_dir: Path, jobs: list[SweepJob]) -> list[Path]:
+    """Every job's W&B run folder linked into ``<sweep dir>/wandb/`` (relative links), so that
+    ``wandb leet <sweep dir>/wandb`` browses the whole sweep, its report run included."""
+    from trainer.observe.wandb_read import segment_dirs
+
+    links = []
+    for job in jobs:
+        for seg in segment_dirs(job.path):
+            link = sweep_dir / "wandb" / seg.name
+            if link.is_symlink() or link.exists():
+                continue
+            link.parent.mkdir(exist_ok=True)
+            link.symlink_to(Path("..") / seg.relative_to(sweep_dir))
+            links.append(link)
+    return links
+
+
 def write_report(sweep_dir: Path, *, wandb_mode: str = "auto", workspace: bool = False) -> dict[str, Any]:
     """Write ``report.md`` and the plots into ``sweep_dir``; returns what was written."""
     sweep_dir = Path(sweep_dir)
@@ -223,6 +240,7 @@ def write_report(sweep_dir: Path, *, wandb_mode: str = "auto", workspace: bool =
         sweep_dir=sweep_dir, jobs=jobs, rows=rows, plots=plots, report_path=report_path, mode=wandb_mode
     )
     out = {"report": report_path, "plots": plots, "rows": rows, "wandb_dir": wandb_dir, "counts": count_statuses(jobs)}
+    out["linked_runs"] = link_runs(sweep_dir, jobs)
     if workspace:
         from trainer.report.workspace import write_workspace
 
