@@ -96,3 +96,12 @@ def test_parallel_options_set_parallel_keys_only():
 def test_hparams_search_is_a_multirun_by_itself(compose_cfg):
     cfg = compose_cfg("hparams_search=pp_throughput", return_hydra_config=True)
     assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
+
+
+def test_shell_completion_offers_options_not_schemas():
+    env = {**__import__("os").environ, "COMP_LINE": "python train.py model="}
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "-sc", "query=bash"], capture_output=True, text=True, env=env, cwd=ROOT
+    )
+    options = out.stdout.split()
+    assert "model=gpt_small" in options and not [o for o in options if "schema" in o]
