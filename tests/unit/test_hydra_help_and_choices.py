@@ -4,6 +4,7 @@ are multiruns by themselves."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -99,7 +100,7 @@ def test_hparams_search_is_a_multirun_by_itself(compose_cfg):
 
 
 def test_shell_completion_offers_options_not_schemas():
-    env = {**__import__("os").environ, "COMP_LINE": "python train.py model="}
+    env = {**os.environ, "COMP_LINE": "python train.py model="}
     out = subprocess.run(
         [sys.executable, str(ROOT / "train.py"), "-sc", "query=bash"], capture_output=True, text=True, env=env, cwd=ROOT
     )
