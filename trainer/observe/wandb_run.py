@@ -19,6 +19,7 @@ import shlex
 import string
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -133,7 +134,8 @@ class RunIdentity:
 
     def _write(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".json.tmp")
+        # W&B's init thread and the training loop may both write: one temporary file each
+        tmp = self.path.with_suffix(f".json.{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(
             json.dumps(
                 {"id": self.id, "last_step": self.last_step, "segments": self.segments, "best_loss": self.best_loss}
