@@ -145,9 +145,11 @@ def test_report_charts_are_wandb_charts(tmp_path):
 
     jobs = _fake_sweep(tmp_path)
     charts = interactive_charts(build_rows(read_sweep(tmp_path)))
-    table = charts["sweep/jobs"]
+    table = charts["charts/jobs"]
     assert [row[4] for row in table.data] == [t for _, _, t in jobs]
-    line = charts["sweep/tokens_per_s_vs_m"]
+    line = charts["charts/tokens_per_s_vs_m"]
     rows = line.table.data  # (step, line key, value) per point
     assert sorted((r[1], r[0], r[2]) for r in rows) == sorted((f"split {s} 1f1b", m, t) for m, s, t in jobs)
-    assert charts["sweep/pareto"].table is table
+    assert charts["charts/pareto"].table is table
+    # the report run also logs the PNGs under sweep/<name>: the interactive charts must not take those keys
+    assert not [k for k in charts if k.startswith("sweep/")]

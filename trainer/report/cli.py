@@ -178,7 +178,7 @@ def interactive_charts(rows: list[ReportRow]) -> dict[str, Any]:
         for r in done
     ]
     table = wandb.Table(columns=columns, data=data)
-    charts: dict[str, Any] = {"sweep/jobs": table}
+    charts: dict[str, Any] = {"charts/jobs": table}
     piped = [r for r in done if r.micro_batches is not None]
     series = sorted({(r.split, r.schedule or "-") for r in piped})
     if piped:
@@ -197,14 +197,14 @@ def interactive_charts(rows: list[ReportRow]) -> dict[str, Any]:
             return ys, keys
 
         ys, keys = line("tokens_per_s")
-        charts["sweep/tokens_per_s_vs_m"] = wandb.plot.line_series(
+        charts["charts/tokens_per_s_vs_m"] = wandb.plot.line_series(
             xs=ms, ys=ys, keys=keys, title="tokens/s vs micro-batches, per split", xname="micro-batches"
         )
         ys, keys = line("bubble_measured")
-        charts["sweep/bubble_vs_m"] = wandb.plot.line_series(
+        charts["charts/bubble_vs_m"] = wandb.plot.line_series(
             xs=ms, ys=ys, keys=keys, title="measured bubble vs micro-batches, per split", xname="micro-batches"
         )
-    charts["sweep/pareto"] = wandb.plot.scatter(
+    charts["charts/pareto"] = wandb.plot.scatter(
         table, "peak_memory_mib", "tokens_per_s", title="tokens/s vs peak memory (MiB)"
     )
     return charts
