@@ -34,9 +34,18 @@ def launch_stamp(fmt: str) -> str:
     return time.strftime(fmt, time.localtime(_launch_time()))
 
 
+def help_text(part: str) -> str:
+    """``${mt_help:groups}`` / ``${mt_help:keys}`` in conf/hydra/help/meshtrain.yaml (see conf/help.py)."""
+    from conf.help import help_groups, help_keys
+
+    return help_groups() if part == "groups" else help_keys()
+
+
 def register_resolvers() -> None:
     from parallel.core.registry import register_resolver
 
     if not OmegaConf.has_resolver("mt_stamp"):
         OmegaConf.register_new_resolver("mt_stamp", launch_stamp)
     register_resolver()  # mt_strategy: the default parallel._target_ of parallel.name
+    if not OmegaConf.has_resolver("mt_help"):
+        OmegaConf.register_new_resolver("mt_help", help_text)

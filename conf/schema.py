@@ -5,11 +5,12 @@ Each layer types the keys it reads: the parallel layer's (parallel, dp, tp, pp, 
 groups (trainer, logger, data, optim) and the root, and registers them all. It lives beside the YAML it
 types, below every package that composes a config (train.py, the planner CLI, the trainer).
 
-Every key a user can set lives here with its type, so a misspelled key or a wrong type fails at
-compose time, before anything starts. Groups whose options differ in shape (model, data, optim)
-register one schema per shape in their group (``gpt_schema``, ``text_schema`` ...) and each YAML
-option extends its schema through its defaults list, the pattern Hydra documents for extending
-structured configs. This module imports no torch: validation must stay fast.
+Every key a user can set lives here with its type, so a misspelled key, a wrong type or an unknown
+choice (enum-typed keys) fails at compose time, before anything starts. Groups whose options differ in
+shape (model, data, optim) register one schema per shape under ``schema/<group>/`` (``schema/model/gpt``,
+``schema/data/text`` ...), outside the groups users choose from, and each YAML option extends its schema
+through its defaults list (``- /schema/model/gpt@_here_``), the pattern Hydra documents for extending a
+config from another group. This module imports no torch: validation must stay fast.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from conf.choices import choices
 from models.registry import MODEL_SCHEMAS
 from parallel.config import (
     DPConfig,
@@ -34,6 +36,12 @@ from parallel.config import (
 #: trainer.precision values (parallel/core/precision.py) and trainer.activation_checkpointing modes
 PRECISIONS = ("fp32", "bf16-mixed", "bf16")
 AC_MODES = ("none", "full", "selective")
+
+#: enum-typed choices of the trainer's keys: a typo fails at compose time (conf/choices.py)
+OnNonFinite = choices("OnNonFinite", ("stop", "skip"), module=__name__)
+WandbMode = choices("WandbMode", ("offline", "online", "disabled"), module=__name__)
+WandbConsole = choices("WandbConsole", ("off", "wrap", "redirect", "auto"), module=__name__)
+Decay = choices("Decay", ("cosine", "linear", "constant"), module=__name__)
 
 
 @dataclass
@@ -63,7 +71,7 @@ class TrainerConfig:
     async_checkpoint: bool = False
     """Write checkpoint shards in the background (torch.distributed.checkpoint.async_save); the marker
     that makes a checkpoint complete follows when every shard is written (at the next save or the end)."""
-    on_nonfinite: str = "stop"
+    on_nonfinite: OnNonFinite = OnNonFinite["stop"]
     """stop or skip when the loss or gradient norm is not finite."""
     precision: str = "fp32"
     """fp32; bf16-mixed (bf16 compute, fp32 master weights, optimizer state and gradient reduction); or bf16
@@ -85,7 +93,7 @@ class TrainerConfig:
 
 @dataclass
 class WandbConfig:
-    mode: str = "offline"
+    mode: WandbMode = WandbMode["offline"]
     """offline (default here), online (needs an account), or disabled."""
     project: str = "meshtrain"
     entity: Optional[str] = None
@@ -97,7 +105,7 @@ class WandbConfig:
     system_stats: bool = False
     """W&B's system monitor (CPU/GPU/memory sampling). Its process competes with training on few
     cores (measured here: -49% tokens/s on 2 cores); turn it on for GPU nodes."""
-    console: str = "off"
+    console: WandbConsole = WandbConsole["off"]
     """W&B console capture (off, wrap, redirect); logs/rank0.log already keeps the console."""
 
 
@@ -156,27 +164,34 @@ class ImageDataConfig:
 @dataclass
 class OptimConfig:
     _target_: str = "torch.optim.AdamW"
+    """Any optimizer class: built as a partial, then called with the parameters (trainer/loop/optim.py)."""
+    _partial_: bool = True
     name: str = "adamw"
     lr: float = 3e-3
     weight_decay: float = 0.0
     betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
     warmup_steps: int = 10
-    decay: str = "cosine"
-    """cosine or constant after warm-up."""
+    decay: Decay = Decay["cosine"]
+    """After warm-up: cosine (CosineAnnealingLR), linear (LinearLR) or constant, down to lr * min_lr_ratio."""
     min_lr_ratio: float = 0.1
+    scheduler: Optional[Any] = None
+    """A torch LR scheduler as a partial ({_target_: torch.optim.lr_scheduler.StepLR, _partial_: true, ...});
+    null: warmup_steps + decay."""
 
 
 @dataclass
 class SGDConfig:
     _target_: str = "torch.optim.SGD"
+    _partial_: bool = True
     name: str = "sgd"
     lr: float = 0.1
     momentum: float = 0.9
     weight_decay: float = 0.0
     warmup_steps: int = 0
-    decay: str = "constant"
+    decay: Decay = Decay["constant"]
     min_lr_ratio: float = 1.0
+    scheduler: Optional[Any] = None
 
 
 @dataclass
@@ -198,7 +213,7 @@ class DebugConfig:
 
 
 #: keys of an optim node that configure the schedule, not the optimizer constructor
-SCHEDULE_KEYS = ("name", "warmup_steps", "decay", "min_lr_ratio")
+SCHEDULE_KEYS = ("name", "warmup_steps", "decay", "min_lr_ratio", "scheduler")
 
 
 @dataclass
@@ -221,13 +236,18 @@ class MeshtrainConfig:
     """Fault injection for tests (``debug.fail_at_step=3`` ...)."""
 
 
+#: schemas live under their own path, ``schema/<group>/<shape>``, not among a group's options: ``--help``
+#: and shell completion list only the YAML options. An option extends one with ``/schema/model/gpt@_here_``.
+SCHEMA_ROOT = "schema"
+
+
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="meshtrain_schema", node=MeshtrainConfig)
     for name, node in MODEL_SCHEMAS.items():
-        cs.store(group="model", name=name, node=node)
-    cs.store(group="data", name="text_schema", node=TextDataConfig)
-    cs.store(group="data", name="tokens_schema", node=TokensDataConfig)
-    cs.store(group="data", name="images_schema", node=ImageDataConfig)
-    cs.store(group="optim", name="adamw_schema", node=OptimConfig)
-    cs.store(group="optim", name="sgd_schema", node=SGDConfig)
+        cs.store(group=f"{SCHEMA_ROOT}/model", name=name.removesuffix("_schema"), node=node)
+    cs.store(group=f"{SCHEMA_ROOT}/data", name="text", node=TextDataConfig)
+    cs.store(group=f"{SCHEMA_ROOT}/data", name="tokens", node=TokensDataConfig)
+    cs.store(group=f"{SCHEMA_ROOT}/data", name="images", node=ImageDataConfig)
+    cs.store(group=f"{SCHEMA_ROOT}/optim", name="adamw", node=OptimConfig)
+    cs.store(group=f"{SCHEMA_ROOT}/optim", name="sgd", node=SGDConfig)

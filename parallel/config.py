@@ -10,6 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from conf.choices import choices
+from parallel.pipeline.schedules import SCHEDULES
+from parallel.pipeline.split import POLICIES
+
+#: enum-typed choices: a typo fails at compose time with the valid values (conf/choices.py)
+Schedule = choices("Schedule", SCHEDULES, module=__name__)
+SplitPolicy = choices("SplitPolicy", POLICIES, module=__name__)
+Backend = choices("Backend", ("auto", "gloo", "nccl"), module=__name__)
+Device = choices("Device", ("auto", "cpu", "cuda"), module=__name__)
+
 
 @dataclass
 class ParallelConfig:
@@ -50,11 +60,11 @@ class PPConfig:
     size: int = 1
     """Pipeline-parallel degree (ranks along the pipeline)."""
     micro_batches: int = 1
-    schedule: str = "1f1b"
+    schedule: Schedule = Schedule["1f1b"]
     """gpipe, 1f1b, interleaved_1f1b, looped_bfs, zero_bubble, zbv, dualpipev."""
     split_points: Any = field(default_factory=list)
     """Block indices where a new stage starts; empty or 'auto' lets ``pp.split`` decide."""
-    split: str = "uniform"
+    split: SplitPolicy = SplitPolicy["uniform"]
     """Split policy when split_points are not given: uniform or balanced (measured)."""
     stages_per_rank: int = 1
     """Virtual stages per rank, for interleaved/looped/V schedules."""
@@ -75,9 +85,9 @@ class TopologyConfig:
     nproc_per_node: Optional[int] = None
     """Workers per node; null means dp.size*tp.size*pp.size / nnodes."""
     node_rank: int = 0
-    backend: str = "auto"
+    backend: Backend = Backend["auto"]
     """auto (nccl on CUDA, else gloo), gloo or nccl."""
-    device: str = "auto"
+    device: Device = Device["auto"]
     """auto, cpu or cuda."""
     master_addr: str = "localhost"
     master_port: int = 0

@@ -15,7 +15,7 @@ from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from trainer.observe.metrics import write_json
 from trainer.sweeps.jobs import sweep_name
@@ -32,7 +32,16 @@ def hydra_run_meta() -> tuple[Path, dict[str, Any]]:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
+    from trainer.observe.wandb_run import provenance
+
     meta: dict[str, Any] = {"multirun": multirun, "overrides": list(hc.overrides.task)}
+    meta["provenance"] = provenance(overrides=meta["overrides"])
+    # hydra.verbose and hydra/job_logging, for the workers (trainer/observe/rank_logs.py)
+    verbose = hc.verbose
+    meta["logging"] = {
+        "verbose": OmegaConf.to_container(verbose) if OmegaConf.is_config(verbose) else verbose,
+        "job_logging": OmegaConf.to_container(hc.job_logging, resolve=True) if hc.job_logging else None,
+    }
     if multirun:
         sweep = Path(hc.sweep.dir)
         meta["sweep_dir"] = str(sweep)

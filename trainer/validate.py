@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from conf.schema import AC_MODES, PRECISIONS, DebugConfig
+from conf.schema import AC_MODES, PRECISIONS, DebugConfig, Decay
 from parallel.core.layout import ParallelLayout, describe_factorization, factorizations, why_dp_needs_fsdp
 from parallel.core.registry import DIMS, STRATEGIES, strategy_spec
 from trainer.launch.environment import ExternalLaunch, detect_external_launch
@@ -566,7 +566,7 @@ OBJECTIVES = (
     "wall_time_s",
     "peak_memory_bytes_max",
 )
-DECAYS = ("cosine", "constant")
+DECAYS = tuple(Decay.values())
 
 
 def _number(value) -> float | None:
@@ -846,5 +846,5 @@ def validate(cfg: DictConfig, *, environ: dict[str, str] | None = None) -> Valid
 
 
 def resolved_container(cfg: DictConfig) -> dict:
-    """Plain, fully resolved containers travel to spawned workers (DictConfig does not pickle well)."""
-    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
+    """Plain, fully resolved containers travel to spawned workers (DictConfig does not pickle well); enum choices become their strings."""
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True, enum_to_str=True)  # type: ignore[return-value]

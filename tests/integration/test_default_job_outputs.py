@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from tests.helpers import run_train
-from trainer.observe.wandb_records import find_run_file, read_offline_run
+from trainer.observe.wandb_read import read_run
 
 pytestmark = pytest.mark.slow
 
@@ -40,10 +40,10 @@ def test_default_job_outputs(tmp_path):
     assert hydra_cfg["parallel"]["name"] == "ddp" and hydra_cfg["trainer"]["max_steps"] == 40
 
     # W&B offline run: history rows are the logged steps, config is the resolved Hydra config
-    wb = read_offline_run(find_run_file(d))
-    rows = [r for r in wb.history if "loss" in r]
-    assert [r["_step"] for r in rows] == [1, 10, 20, 30, 40]
-    assert [r["loss"] for r in rows] == pytest.approx([m["loss"] for m in metrics])
+    wb = read_run(d)
+    rows = [r for r in wb.history if "train/loss" in r]
+    assert [r["train/step"] for r in rows] == [r["_step"] for r in rows] == [1, 10, 20, 30, 40]
+    assert [r["train/loss"] for r in rows] == pytest.approx([m["loss"] for m in metrics])
     assert wb.config["parallel"]["name"] == "ddp"
     assert wb.config["model"]["max_seq_len"] == 128  # interpolation resolved
     assert wb.config["trainer"]["max_steps"] == 40

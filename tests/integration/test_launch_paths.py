@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.helpers import FAST, ROOT, assert_losses_close, run_train
-from trainer.observe.wandb_records import find_run_file, read_offline_run
+from trainer.observe.wandb_read import read_run
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +70,7 @@ def test_multirun_two_jobs_isolated(tmp_path):
     )
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit())
     assert [j.name for j in jobs] == ["0", "1"]
-    runs = [read_offline_run(find_run_file(j)) for j in jobs]
+    runs = [read_run(j) for j in jobs]
     assert runs[0].run_id != runs[1].run_id
     assert runs[0].group == runs[1].group and runs[0].group.startswith("sweep-")
     assert [r.config["trainer"]["seed"] for r in runs] == [1, 2]

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from tests.helpers import FAST, run_train
-from trainer.observe.wandb_records import find_run_file, read_offline_run
+from trainer.observe.wandb_read import read_run
 from trainer.report.cli import write_report
 from trainer.report.rows import planner_prediction
 from trainer.sweeps.jobs import read_sweep, sweep_name
@@ -31,7 +31,7 @@ def _finished_run(run_dir, timeout: float = 30.0):
     """The report's W&B run, read once W&B's service (still alive in this process) has flushed it to disk."""
     deadline = time.monotonic() + timeout
     while True:
-        run = read_offline_run(find_run_file(run_dir))
+        run = read_run(run_dir)
         if (run.group and "best_tokens_per_s" in run.summary) or time.monotonic() > deadline:
             return run
         time.sleep(0.5)
@@ -96,7 +96,7 @@ def test_grid_sweep_report_has_one_row_per_job_with_the_summaries_values(grid_sw
 @pytest.mark.slow
 def test_wandb_runs_of_a_sweep_share_one_group_with_the_report_run(grid_sweep):
     _, sweep_dir = grid_sweep
-    runs = [read_offline_run(find_run_file(sweep_dir / str(n))) for n in range(4)]
+    runs = [read_run(sweep_dir / str(n)) for n in range(4)]
     assert {r.group for r in runs} == {sweep_name(sweep_dir)}
     assert {r.job_type for r in runs} == {"pp"}
     assert all({"pp", "pp2", "1f1b"} <= set(r.tags) for r in runs)

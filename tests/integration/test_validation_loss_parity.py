@@ -8,7 +8,7 @@ import pytest
 
 from tests.helpers import run_train, write_corpus
 from trainer.data.prepare import prepare
-from trainer.observe.wandb_records import find_run_file, read_offline_run
+from trainer.observe.wandb_read import read_run
 
 pytestmark = pytest.mark.slow
 
@@ -64,8 +64,8 @@ def test_single_and_pipeline_agree_on_the_validation_loss(bpe_dataset, tmp_path)
     assert all(r["data_time_s"] >= 0 for r in records)
     assert "val loss" in single.output  # the console line of an evaluated step
     # W&B (offline): the validation curve on the training-step axis, best and final in the run's summary
-    wb = read_offline_run(find_run_file(single.run_dir))
-    assert {r["_step"]: r["val_loss"] for r in wb.history if "val_loss" in r} == pytest.approx(vs)
+    wb = read_run(single.run_dir)
+    assert {r["train/step"]: r["eval/val_loss"] for r in wb.history if "eval/val_loss" in r} == pytest.approx(vs)
     assert wb.summary["best_val_loss"] == pytest.approx(summary["best_val_loss"])
 
 

@@ -119,14 +119,28 @@ BAD = {
         ["parallel=pp", "pp.schedule=gpipe", "pp.stages_per_rank=2"],
         "gpipe runs one stage per rank",
     ),
+    "mp_with_micro_batches": (["parallel=mp", "pp.micro_batches=4"], "model parallel runs one micro-batch"),
+}
+
+#: enum-typed keys: refused while Hydra composes the config, with the valid values
+BAD_CHOICE = {
     "unknown_schedule": (
         ["parallel=pp", "pp.schedule=pipedream"],
-        "pp.schedule=pipedream: unknown schedule; use one of gpipe, 1f1b, interleaved_1f1b, looped_bfs, "
-        "zero_bubble, zbv, dualpipev",
+        "Invalid value 'pipedream', expected one of [gpipe, 1f1b, interleaved_1f1b, looped_bfs, zero_bubble, zbv, "
+        "dualpipev]",
     ),
-    "mp_with_micro_batches": (["parallel=mp", "pp.micro_batches=4"], "model parallel runs one micro-batch"),
-    "unknown_split_policy": (["parallel=pp", "pp.split=random"], "pp.split=random: unknown split policy"),
+    "unknown_split_policy": (["parallel=pp", "pp.split=random"], "Invalid value 'random', expected one of [uniform"),
 }
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CHOICE))
+def test_unknown_choice_fails_at_compose_time(case, compose_cfg):
+    from hydra.errors import ConfigCompositionException
+
+    overrides, message = BAD_CHOICE[case]
+    with pytest.raises(ConfigCompositionException) as err:
+        compose_cfg(*overrides, "logger=none")
+    assert message in str(err.value.__cause__) and overrides[-1].split("=")[0] in str(err.value.__cause__)
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
@@ -138,7 +152,7 @@ def test_bad_pipeline_config_is_refused_with_the_fix(case, compose_cfg):
     assert message in str(err.value)
 
 
-@pytest.mark.parametrize("case", ["1f1b_too_few_micro_batches", "split_out_of_range", "unknown_schedule"])
+@pytest.mark.parametrize("case", ["1f1b_too_few_micro_batches", "split_out_of_range"])
 def test_bad_pipeline_config_exits_2_before_any_worker(case, tmp_path):
     overrides, message = BAD[case]
     run = run_train(*overrides, "logger=none", run_dir=tmp_path / "run", expect_ok=False, timeout=120)

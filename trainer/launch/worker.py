@@ -160,7 +160,7 @@ def main(cfg_dict: dict, run_dir: str, layout: ParallelLayout, run_meta: dict[st
 def run(cfg_dict: dict, run_dir: Path, layout: ParallelLayout, run_meta: dict[str, Any], env: DistEnv) -> dict | None:
     cfg = OmegaConf.create(cfg_dict)
     torch.set_num_threads(int(cfg.topology.threads_per_rank))
-    log, handlers = setup_rank_logging(run_dir, env.rank)
+    log, handlers = setup_rank_logging(run_dir, env.rank, hydra_logging=run_meta.get("logging"))
     trainer = engine = sinks = summary = error = None
     exit_code = 1
     preemption = PreemptionFlag(grace_s=float(cfg.trainer.stop_grace_s)).install()
@@ -202,6 +202,8 @@ def run(cfg_dict: dict, run_dir: Path, layout: ParallelLayout, run_meta: dict[st
             MESH_DIMS,
             layout.coords(env.rank),
         )
+        log.debug("rank %d: layout %s", env.rank, layout.to_dict())
+        log.debug("rank %d: config %s", env.rank, cfg_dict)
         if env.rank == 0 and (report := previous_attempt_report(run_dir, env.world_size)):
             log.warning(report)
         strategy = instantiate(cfg.parallel)

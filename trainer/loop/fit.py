@@ -161,7 +161,7 @@ class Trainer:
             for step in range(start_step + 1, self.max_steps + 1):
                 outcome = self.step(step, preemption=preemption)
                 self._log(step, outcome, sinks=sinks, progress=progress)
-                if self._boundary(step, outcome, preemption=preemption):
+                if self._boundary(step, outcome, preemption=preemption, sinks=sinks):
                     status = "preempted"
                     break
         except RuntimeError as exc:
@@ -270,12 +270,16 @@ class Trainer:
                 progress.logged(record)
         progress.advance(step)
 
-    def _boundary(self, step: int, outcome: StepOutcome, *, preemption: PreemptionFlag | None) -> bool:
+    def _boundary(
+        self, step: int, outcome: StepOutcome, *, preemption: PreemptionFlag | None, sinks: RankZeroSinks | None
+    ) -> bool:
         """Checkpoint when due or asked to stop; True when the run stops here (preempted)."""
         if outcome.preempt and preemption is not None:
             preemption.honoured()
         if self._checkpoint_due(step) or outcome.preempt:
-            self.checkpointer.save(step)
+            saved = self.checkpointer.save(step)
+            if sinks is not None:
+                sinks.checkpoint_saved(saved, step=step, loss=self.last_loss)
             if outcome.preempt:  # the process exits next: the (possibly background) save must be complete
                 self.checkpointer.wait()
         if not outcome.preempt:

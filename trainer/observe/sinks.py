@@ -13,9 +13,11 @@ class RankZeroSinks:
     """metrics.jsonl, summary.json and the W&B run: written by global rank 0 only."""
 
     def __init__(self, *, ctx: WorkerContext, cfg_dict: dict, run_meta: dict[str, Any], start_step: int = 0):
+        from trainer.observe.wandb_run import RunIdentity
         from trainer.observe.wandb_sink import WandbSink
 
         self.run_dir = ctx.run_dir
+        self.layout = ctx.layout
         self.metrics = MetricsFile(ctx.run_dir / "metrics.jsonl", keep_through_step=start_step)
         w = ctx.cfg.logger.wandb
         layout = ctx.layout
@@ -23,6 +25,12 @@ class RankZeroSinks:
         tags = [layout.strategy, f"dp{layout.dp}", f"tp{layout.tp}", f"pp{layout.pp}", *list(w.tags)]
         if layout.schedule:
             tags += [layout.schedule, f"m{layout.micro_batches}"]
+        # one W&B run per run folder: resume, elastic restart and preemption continue it
+        self.identity = RunIdentity(ctx.run_dir) if str(w.mode) != "disabled" else None
+        # provenance beside the job's keys, whatever system_stats says (run.git.commit, run.command ...)
+        prov = run_meta.get("provenance") or {}
+        config = {**cfg_dict, "run": {**prov, "layout": layout.to_dict(), "name": run_meta.get("run_name")}}
+        self.config_files = self._write_resolved_config(cfg_dict)
         self.wandb = WandbSink(
             mode=str(w.mode),
             project=str(w.project),
@@ -31,25 +39,52 @@ class RankZeroSinks:
             job_type=layout.strategy,
             tags=tags,
             name=run_meta.get("run_name"),
-            config=cfg_dict,
+            config=config,
             run_dir=ctx.run_dir,
             init_timeout=float(w.init_timeout),
             system_stats=bool(w.system_stats),
             console=str(w.console),
             log=ctx.log,
             crash_at_step=(ctx.cfg.get("debug") or {}).get("wandb_crash_at_step"),
+            identity=self.identity,
+            git=prov.get("git"),
         )
+
+    def _write_resolved_config(self, cfg_dict: dict) -> list[Path]:
+        from omegaconf import OmegaConf
+
+        path = self.run_dir / "resolved_config.yaml"
+        OmegaConf.save(OmegaConf.create(cfg_dict), path)
+        hydra_dir = self.run_dir / ".hydra"
+        return [path] + [hydra_dir / n for n in ("config.yaml", "overrides.yaml", "hydra.yaml")]
+
+    def _memory_per_pp_rank(self, summary: dict[str, Any]) -> dict[str, int]:
+        """``memory/peak_bytes_pp{p}``: peak memory of pipeline rank p (max over its dp/tp ranks), for W&B."""
+        peaks = summary.get("peak_memory_bytes_per_rank") or []
+        out: dict[str, int] = {}
+        for entry in self.layout.to_dict().get("rank_map") or []:
+            rank, pp = int(entry["rank"]), int(entry.get("pp", 0))
+            if rank < len(peaks) and peaks[rank] is not None:
+                key = f"memory/peak_bytes_pp{pp}"
+                out[key] = max(out.get(key, 0), int(peaks[rank]))
+        return out
 
     def log_step(self, record: dict[str, Any]) -> None:
         self.metrics.write(record)
         self.wandb.log_metrics(record, step=int(record["step"]))
+
+    def checkpoint_saved(self, path: Path | None, *, step: int, loss: float | None) -> None:
+        """A checkpoint as a W&B artifact by reference (None: the save failed, or it completes in the background)."""
+        if self.identity is not None and path is not None:
+            self.wandb.log_checkpoint(path, step=step, loss=loss, best=self.identity.is_best(loss))
 
     def finish(self, summary: dict[str, Any] | None, *, exit_code: int) -> None:
         try:
             if summary is not None:
                 summary["wandb_dir"] = self.wandb.directory
                 write_json(self.run_dir / "summary.json", summary)
-                self.wandb.log_summary(summary)
+                self.wandb.log_summary({**summary, **self._memory_per_pp_rank(summary)})
+                self.wandb.log_config(self.config_files)
                 # engines list files they wrote (traces, plots): {"images": {key: path}, "files": [path]}
                 artifacts = summary.get("artifacts") or {}
                 self.wandb.log_files(

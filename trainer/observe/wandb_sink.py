@@ -6,6 +6,11 @@ W&B adds nothing to the time to the first step. An online run that cannot reach 
 ``logger.wandb.init_timeout`` falls back to offline with a warning instead of retrying for minutes.
 ``finish`` is always called, with a non-zero exit code when the run failed.
 
+With ``identity`` (a training run) the sink opens the run folder's own W&B run id with
+``resume="allow"`` (``trainer/observe/wandb_run.py``), names metrics by section (``train/loss``,
+``perf/tokens_per_s``, ``pipeline/bubble_fraction`` ...), defines the step metric and summaries, and logs
+checkpoints as artifacts by reference (``file://``, nothing uploaded) and the resolved config as an artifact.
+
 W&B never stops training: every call into ``wandb`` is guarded; the first failure (its service gone,
 a full disk, a bug) is logged once and the sink turns itself off, while metrics.jsonl keeps every step.
 """
@@ -17,6 +22,8 @@ import os
 import threading
 from pathlib import Path
 from typing import Any
+
+from trainer.observe.wandb_run import RunIdentity, define_metrics, wandb_key, wandb_metrics
 
 
 class WandbSink:
@@ -36,11 +43,15 @@ class WandbSink:
         init_timeout: float = 15.0,
         system_stats: bool = False,
         console: str = "off",
+        identity: RunIdentity | None = None,
+        git: dict[str, Any] | None = None,
         crash_at_step: int | None = None,
     ):
         self.run = None
         self.failed = False
         self.crash_at_step = crash_at_step  # fault injection (debug.wandb_crash_at_step)
+        self.identity = identity
+        self._logged_step: int | None = None  # last step this process sent
         self.log = log
         self.error: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -58,7 +69,14 @@ class WandbSink:
             config=config,
             dir=str(run_dir),
         )
+        if identity is not None:
+            kwargs.update(id=identity.id, resume="allow")
         settings = dict(console=console, x_disable_stats=not system_stats, x_disable_machine_info=not system_stats)
+        # the commit is recorded even with machine info off (it also sits in the config under run.git)
+        if git and git.get("commit"):
+            settings.update(
+                git_commit=git["commit"], **({"git_remote_url": git["remote"]} if git.get("remote") else {})
+            )
         # started by the first logged step, i.e. after the first training step: W&B's import and service
         # start compete for the cores, and the time to the first step should not pay for them
         self._thread = threading.Thread(
@@ -79,6 +97,9 @@ class WandbSink:
                 first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
                 self.log.warning("W&B online init failed (%s); logging offline instead (`wandb sync` later)", first)
                 self.run = wandb.init(mode="offline", settings=wandb.Settings(**settings), **kwargs)
+            if self.identity is not None:
+                define_metrics(self.run)
+                self.identity.started()
         except BaseException as exc:  # noqa: BLE001 - reported by ready(); training goes on
             self.error = exc
             self.log.warning(
@@ -135,9 +156,21 @@ class WandbSink:
         return pending
 
     def _log(self, metrics: dict[str, Any], step: int) -> None:
-        if self.run is not None:
+        if self.run is None:
+            return
+        if self.identity is None:
             numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
             self._guard(f"logging step {step}", lambda: self.run.log(numbers, step=step))
+            return
+        if step <= self.identity.last_step:  # W&B has it from before a restart: once per step
+            return
+
+        def send() -> None:
+            self.run.log(wandb_metrics(metrics), step=step)
+            self._logged_step = step
+            self.identity.logged(step)
+
+        self._guard(f"logging step {step}", send)
 
     def log_summary(self, summary: dict[str, Any]) -> None:
         if not self.ready():
@@ -159,12 +192,51 @@ class WandbSink:
         def upload() -> None:
             import wandb
 
-            for key, path in (images or {}).items():
-                self.run.log({key: wandb.Image(str(path))})
+            step = {"step": self._logged_step} if self._logged_step is not None else {}
+            for key, path in (images or {}).items():  # on the last logged step's row, not a row of its own
+                name = wandb_key(key) if self.identity is not None else key
+                self.run.log({name: wandb.Image(str(path))}, **step)
             for path in files or []:
                 self.run.save(str(path), base_path=str(path.parent), policy="now")
 
         self._guard("saving files", upload)
+
+    def log_checkpoint(self, path: Path, *, step: int, loss: float | None, best: bool) -> None:
+        """The checkpoint folder as a reference artifact (``file://`` URIs, nothing uploaded): one
+        artifact per run, a version per checkpoint, aliases ``latest`` and (lowest loss so far) ``best``."""
+        if not self.ready():
+            return
+
+        def log() -> None:
+            import wandb
+
+            art = wandb.Artifact(
+                f"checkpoints-{self.run.id}",
+                type="model",
+                description="DCP checkpoint of a meshtrain run (by reference: the files stay in the run folder)",
+                metadata={"step": step, "loss": loss, "path": str(path)},
+            )
+            art.add_reference(Path(path).resolve().as_uri(), name=Path(path).name, checksum=False)
+            aliases = ["latest", f"step-{step}"] + (["best"] if best else [])
+            self.run.log_artifact(art, aliases=aliases)
+
+        self._guard(f"logging checkpoint {step}", log)
+
+    def log_config(self, files: list[Path]) -> None:
+        """The resolved config (and Hydra's own files) as a ``config`` artifact."""
+        if not self.ready():
+            return
+
+        def log() -> None:
+            import wandb
+
+            art = wandb.Artifact(f"config-{self.run.id}", type="config")
+            for path in files:
+                if Path(path).is_file():
+                    art.add_file(str(path), name=Path(path).name)
+            self.run.log_artifact(art)
+
+        self._guard("logging the config", log)
 
     def finish(self, exit_code: int = 0) -> None:
         if self.ready():

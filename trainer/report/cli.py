@@ -4,7 +4,9 @@ Reads every job folder of a multirun, writes ``report.md`` (one row per job: lay
 split, tokens/s, step time, measured vs theoretical bubble, peak memory per stage, status and the
 reason a job was skipped or failed) and the PNG plots next to it, marks the best configuration and the
 Pareto front (throughput vs peak memory). When the jobs logged to W&B (or with ``--wandb MODE``), the
-table and plots go to one summary run in the sweep's W&B group.
+table and plots go to one summary run in the sweep's W&B group, the plots also as interactive W&B charts
+(``wandb.plot`` line series and scatter over a Table). ``--wandb-workspace`` builds a saved W&B workspace
+for the group (``trainer/report/workspace.py``).
 """
 
 from __future__ import annotations
@@ -133,12 +135,12 @@ def _wandb_settings(jobs: list[SweepJob], mode: str, sweep_dir: Path) -> tuple[s
 
 
 def _group_from_runs(jobs: list[SweepJob]) -> str | None:
-    from trainer.observe.wandb_records import find_run_file, read_offline_run
+    from trainer.observe.wandb_read import WandbReadError, read_run
 
     for job in jobs:
         try:
-            group = read_offline_run(find_run_file(job.path)).group
-        except (FileNotFoundError, ValueError):
+            group = read_run(job.path).group
+        except (FileNotFoundError, WandbReadError):
             continue
         if group:
             return group
@@ -181,6 +183,7 @@ def log_to_wandb(
     cols = columns(rows)
     with_val = len(cols) > len(COLUMNS)
     sink.run.log({"sweep/table": wandb.Table(columns=cols, data=[row_cells(r, with_val=with_val) for r in rows])})
+    sink.run.log(interactive_charts(rows))
     best = next((r for r in rows if r.best), None)
     best_summary = {"best_job": best.job, "best_tokens_per_s": best.tokens_per_s} if best else {}
     if best is not None and best.val_loss is not None:
@@ -192,9 +195,84 @@ def log_to_wandb(
     return directory
 
 
-def write_report(sweep_dir: Path, *, wandb_mode: str = "auto", rank_by: str | None = None) -> dict[str, Any]:
+def interactive_charts(rows: list[ReportRow]) -> dict[str, Any]:
+    """The report's plots as W&B charts (``wandb.plot``) over one Table of the completed jobs."""
+    import wandb
+
+    done = [r for r in rows if r.tokens_per_s is not None]
+    columns = ["job", "split", "schedule", "micro_batches", "tokens_per_s", "bubble_measured", "bubble_theoretical"]
+    columns += ["peak_memory_mib", "best", "pareto"]
+    data = [
+        [
+            r.job,
+            r.split,
+            r.schedule or "-",
+            r.micro_batches,
+            r.tokens_per_s,
+            r.bubble_measured,
+            r.bubble_theoretical,
+            (r.peak_memory or 0) / MIB,
+            r.best,
+            r.pareto,
+        ]
+        for r in done
+    ]
+    table = wandb.Table(columns=columns, data=data)
+    charts: dict[str, Any] = {"charts/jobs": table}
+    piped = [r for r in done if r.micro_batches is not None]
+    series = sorted({(r.split, r.schedule or "-") for r in piped})
+    if piped:
+        ms = sorted({r.micro_batches for r in piped})
+
+        def line(value: str) -> tuple[list[list[float]], list[str]]:
+            ys, keys = [], []
+            for split, schedule in series:
+                by_m = {
+                    r.micro_batches: getattr(r, value)
+                    for r in piped
+                    if (r.split, r.schedule or "-") == (split, schedule)
+                }
+                ys.append([by_m.get(m) if by_m.get(m) is not None else float("nan") for m in ms])
+                keys.append(f"split {split} {schedule}")
+            return ys, keys
+
+        ys, keys = line("tokens_per_s")
+        charts["charts/tokens_per_s_vs_m"] = wandb.plot.line_series(
+            xs=ms, ys=ys, keys=keys, title="tokens/s vs micro-batches, per split", xname="micro-batches"
+        )
+        ys, keys = line("bubble_measured")
+        charts["charts/bubble_vs_m"] = wandb.plot.line_series(
+            xs=ms, ys=ys, keys=keys, title="measured bubble vs micro-batches, per split", xname="micro-batches"
+        )
+    charts["charts/pareto"] = wandb.plot.scatter(
+        table, "peak_memory_mib", "tokens_per_s", title="tokens/s vs peak memory (MiB)"
+    )
+    return charts
+
+
+def link_runs(sweep_dir: Path, jobs: list[SweepJob]) -> list[Path]:
+    """Every job's W&B run folder linked into ``<sweep dir>/wandb/`` (relative links), so that
+    ``wandb leet <sweep dir>/wandb`` browses the whole sweep, its report run included."""
+    from trainer.observe.wandb_read import segment_dirs
+
+    links = []
+    for job in jobs:
+        for seg in segment_dirs(job.path):
+            link = sweep_dir / "wandb" / seg.name
+            if link.is_symlink() or link.exists():
+                continue
+            link.parent.mkdir(exist_ok=True)
+            link.symlink_to(Path("..") / seg.relative_to(sweep_dir))
+            links.append(link)
+    return links
+
+
+def write_report(
+    sweep_dir: Path, *, wandb_mode: str = "auto", rank_by: str | None = None, workspace: bool = False
+) -> dict[str, Any]:
     """Write ``report.md`` and the plots into ``sweep_dir``; returns what was written. ``rank_by``
-    (tokens_per_s or val_loss) orders the table best first and picks the best job by that number."""
+    (tokens_per_s or val_loss) orders the table best first and picks the best job by that number;
+    ``workspace`` also builds a W&B workspace for the sweep's group."""
     sweep_dir = Path(sweep_dir)
     jobs = read_sweep(sweep_dir)
     write_counts(sweep_dir, jobs)
@@ -205,7 +283,20 @@ def write_report(sweep_dir: Path, *, wandb_mode: str = "auto", rank_by: str | No
     wandb_dir = log_to_wandb(
         sweep_dir=sweep_dir, jobs=jobs, rows=rows, plots=plots, report_path=report_path, mode=wandb_mode
     )
-    return {"report": report_path, "plots": plots, "rows": rows, "wandb_dir": wandb_dir, "counts": count_statuses(jobs)}
+    out = {"report": report_path, "plots": plots, "rows": rows, "wandb_dir": wandb_dir, "counts": count_statuses(jobs)}
+    out["linked_runs"] = link_runs(sweep_dir, jobs)
+    if workspace:
+        from trainer.report.workspace import write_workspace
+
+        _, cfg, group = _wandb_settings(jobs, "offline", sweep_dir)
+        out["workspace"] = write_workspace(
+            sweep_dir=sweep_dir,
+            jobs=jobs,
+            group=group,
+            entity=cfg.get("entity"),
+            project=str(cfg.get("project", "meshtrain")),
+        )
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,10 +315,16 @@ def main(argv: list[str] | None = None) -> int:
         help="order the table best first by this number and pick the best job by it "
         "(val_loss: the jobs' final validation loss, trainer.eval_every > 0); default: job order, best by tokens/s",
     )
+    parser.add_argument(
+        "--wandb-workspace",
+        action="store_true",
+        help="also build a W&B workspace for the sweep's group (wandb-workspaces): written as "
+        "wandb_workspace.json, saved to W&B when an account is configured",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        out = write_report(args.sweep_dir, wandb_mode=args.wandb, rank_by=args.rank_by)
+        out = write_report(args.sweep_dir, wandb_mode=args.wandb, rank_by=args.rank_by, workspace=args.wandb_workspace)
     except FileNotFoundError as exc:
         print(f"meshtrain report: {exc}", file=sys.stderr)
         return 2
@@ -236,4 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"plot:   {path}")
     if out["wandb_dir"]:
         print(f"W&B summary run: {out['wandb_dir']}")
+    if out.get("workspace"):
+        ws = out["workspace"]
+        print(f"W&B workspace: {ws['url'] or ws['path']}")
     return 0

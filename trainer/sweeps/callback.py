@@ -30,5 +30,7 @@ class SweepStatus(Callback):
         record = write_counts(sweep_dir, jobs)
         lines = [f"meshtrain sweep {sweep_dir}: {counts_line(record['counts'])}"]
         lines += [f"  job {j.num} {j.status}: {j.reason}" for j in jobs if not j.succeeded]
-        lines.append(f"  statuses in {sweep_dir / COUNTS_FILE}; report: python -m trainer.report {sweep_dir}")
+        lines.append(
+            f"  statuses in {sweep_dir / COUNTS_FILE}; report: python -m trainer.report {sweep_dir} [--wandb-workspace]"
+        )
         print("\n".join(lines), flush=True)

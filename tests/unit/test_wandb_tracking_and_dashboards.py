@@ -1,0 +1,155 @@
+"""Experiment tracking without workers: W&B metric sections, the run id kept in the run folder, the sweep's
+W&B workspace spec (wandb-workspaces) and the report's interactive W&B charts."""
+
+from __future__ import annotations
+
+import json
+
+from trainer.observe.wandb_run import RunIdentity, wandb_key, wandb_metrics
+
+
+def test_metric_sections():
+    record = {
+        "step": 3,
+        "loss": 2.5,
+        "lr": 1e-3,
+        "step_time_s": 0.1,
+        "tokens_per_s": 900.0,
+        "bubble_fraction": 0.3,
+        "stage1_busy_s": 0.05,
+        "comm_fraction": 0.2,
+        "peak_memory_bytes": 10,
+        "note": "text",
+    }
+    assert wandb_metrics(record) == {
+        "train/step": 3,
+        "train/loss": 2.5,
+        "train/lr": 1e-3,
+        "perf/step_time_s": 0.1,
+        "perf/tokens_per_s": 900.0,
+        "pipeline/bubble_fraction": 0.3,
+        "pipeline/stage1_busy_s": 0.05,
+        "comm/comm_fraction": 0.2,
+        "memory/peak_memory_bytes": 10,
+    }
+    assert wandb_key("eval/loss") == "eval/loss"
+
+
+def test_run_identity_is_kept(tmp_path):
+    first = RunIdentity(tmp_path)
+    assert not first.resumed and len(first.id) == 8
+    first.started()
+    first.logged(7)
+    again = RunIdentity(tmp_path)
+    assert again.resumed and again.id == first.id and again.last_step == 7 and again.segments == 1
+    assert again.is_best(3.0) and not again.is_best(4.0) and again.is_best(2.0)
+    assert RunIdentity(tmp_path).best_loss == 2.0
+
+
+# ---- sweep dashboards: the W&B workspace spec and the report's interactive charts -----------------
+
+
+def _fake_sweep(root):
+    """4 completed pp jobs: m in {2, 4} x split in {[1], [3]}, with summaries and metrics.jsonl."""
+    import yaml
+
+    jobs = []
+    for num, (m, split) in enumerate([(2, 1), (4, 1), (2, 3), (4, 3)]):
+        folder = root / str(num)
+        (folder / ".hydra").mkdir(parents=True)
+        cfg = {
+            "parallel": {"name": "pp"},
+            "dp": {"size": 1},
+            "tp": {"size": 1},
+            "pp": {"size": 2, "micro_batches": m, "schedule": "1f1b", "split_points": [split]},
+            "logger": {"wandb": {"mode": "offline", "project": "meshtrain", "group": "sweep-test"}},
+        }
+        (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(cfg))
+        overrides = [f"pp.micro_batches={m}", f"pp.split_points=[{split}]", "parallel=pp"]
+        (folder / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+        tokens = 1000.0 * m + 10 * split
+        summary = {
+            "status": "completed",
+            "tokens_per_s": tokens,
+            "median_step_time_s": 0.05,
+            "peak_memory_bytes_per_rank": [100 << 20, 80 << 20],
+            "layout": {
+                "strategy": "pp",
+                "dp": 1,
+                "tp": 1,
+                "pp": 2,
+                "rank_map": [{"rank": 0, "pp": 0}, {"rank": 1, "pp": 1}],
+            },
+            "pipeline": {"schedule": "1f1b", "micro_batches": m, "split_points": [split], "bubble_fraction": 0.5 / m},
+        }
+        (folder / "summary.json").write_text(json.dumps(summary))
+        record = {"step": 1, "loss": 5.0, "tokens_per_s": tokens, "bubble_fraction": 0.5 / m, "bubble_theoretical": 0.2}
+        (folder / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+        segment = folder / "wandb" / f"offline-run-20260101_00000{num}-job{num}"
+        segment.mkdir(parents=True)
+        (segment / f"run-job{num}.wandb").write_bytes(b"")
+        jobs.append((m, split, tokens))
+    return jobs
+
+
+def test_sweep_workspace_spec(tmp_path):
+    from trainer.report.cli import main as report_main
+
+    _fake_sweep(tmp_path)
+    assert report_main([str(tmp_path), "--wandb", "disabled", "--wandb-workspace"]) == 0
+    spec = json.loads((tmp_path / "wandb_workspace.json").read_text())
+    assert spec["project"] == "meshtrain" and spec["displayName"].startswith("sweep-test")
+    sections = spec["spec"]["section"]["panelBankConfig"]["sections"]
+    assert [s["name"] for s in sections] == ["Throughput", "Pipeline bubble", "Memory", "Loss", "Swept keys"]
+    panels = {p["config"].get("chartTitle"): p for s in sections for p in s["panels"]}
+    scatter = panels["tokens/s vs micro-batches (runs grouped by split)"]
+    assert scatter["viewType"] == "Scatter Plot"
+    assert scatter["config"]["xAxis"] == "config:pp.value.micro_batches"
+    assert scatter["config"]["yAxis"] == "summary:tokens_per_s"
+    bubble = panels["bubble and its parts per step"]["config"]
+    assert bubble["xAxis"] == "train/step" and set(bubble["metrics"]) == {
+        "pipeline/bubble_fraction",
+        "pipeline/bubble_theoretical",
+    }
+    memory = panels["peak memory per pipeline rank (bytes)"]
+    assert memory["viewType"] == "Bar Chart" and memory["config"]["metrics"] == [
+        "summary_metrics.memory/peak_bytes_pp0",
+        "summary_metrics.memory/peak_bytes_pp1",
+    ]
+    assert panels["training loss"]["config"]["metrics"] == ["train/loss"]
+    coords = panels["swept keys -> tokens/s, peak memory"]
+    assert coords["viewType"] == "Parallel Coordinates Plot"
+    assert [c["accessor"] for c in coords["config"]["columns"]] == [
+        "config:pp.value.micro_batches",
+        "config:pp.value.split_points",
+        "summary:tokens_per_s",
+        "summary:peak_memory_bytes_max",
+    ]
+    # wandb leet <sweep>/wandb browses every job's run: relative links, not the sweep folder's own runs
+    from trainer.observe.wandb_read import segment_dirs
+
+    links = sorted((tmp_path / "wandb").iterdir())
+    assert [p.name for p in links] == [f"offline-run-20260101_00000{n}-job{n}" for n in range(4)]
+    assert all(p.is_symlink() and (p / f"run-job{n}.wandb").exists() for n, p in enumerate(links))
+    assert str(links[0].readlink()) == "../0/wandb/offline-run-20260101_000000-job0" and segment_dirs(tmp_path) == []
+    runset = spec["spec"]["section"]["runSets"][0]
+    assert runset["filters"]["filters"][0]["key"]["name"] == "group"
+    assert runset["filters"]["filters"][0]["value"] == "sweep-test"
+    assert runset["grouping"] == [{"section": "config", "name": "pp.value.split_points"}]
+
+
+def test_report_charts_are_wandb_charts(tmp_path):
+    from trainer.report.cli import interactive_charts
+    from trainer.report.rows import build_rows
+    from trainer.sweeps.jobs import read_sweep
+
+    jobs = _fake_sweep(tmp_path)
+    charts = interactive_charts(build_rows(read_sweep(tmp_path)))
+    table = charts["charts/jobs"]
+    assert [row[4] for row in table.data] == [t for _, _, t in jobs]
+    line = charts["charts/tokens_per_s_vs_m"]
+    rows = line.table.data  # (step, line key, value) per point
+    assert sorted((r[1], r[0], r[2]) for r in rows) == sorted((f"split {s} 1f1b", m, t) for m, s, t in jobs)
+    assert charts["charts/pareto"].table is table
+    # the report run also logs the PNGs under sweep/<name>: the interactive charts must not take those keys
+    assert not [k for k in charts if k.startswith("sweep/")]
