@@ -66,9 +66,7 @@ def missing_binaries() -> list[str]:
 
 
 def _which(name: str) -> str | None:
-    return shutil.which(name) or next(
-        (str(p) for d in ("/usr/sbin", "/sbin") if (p := Path(d) / name).exists()), None
-    )
+    return shutil.which(name) or next((str(p) for d in ("/usr/sbin", "/sbin") if (p := Path(d) / name).exists()), None)
 
 
 def install() -> float:
@@ -100,7 +98,8 @@ SlurmctldPort={_free_port()}
 SlurmdPort={_free_port()}
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={root}/munge/munge.socket
+# cred_expire: also the delay before a requeued job may start again (Slurm default 120 s)
+AuthInfo=socket={root}/munge/munge.socket,cred_expire=10
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SwitchType=switch/none
@@ -254,7 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     except SlurmUnavailable as exc:
         print(f"slurm_cluster: {exc}")
         return 1
-    print(f"one-node Slurm up in {cluster.setup_s:.1f} s: node {cluster.node} ({cluster.cpus} CPUs), partition {PARTITION}")
+    print(
+        f"one-node Slurm up in {cluster.setup_s:.1f} s: node {cluster.node} ({cluster.cpus} CPUs), partition {PARTITION}"
+    )
     print(f"export SLURM_CONF={cluster.conf}")
     return 0
 

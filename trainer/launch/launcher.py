@@ -18,13 +18,13 @@ from omegaconf import DictConfig
 
 from parallel.core.layout import ParallelLayout
 from trainer.launch.environment import ExternalLaunch
-from trainer.launch.preemption import forward_to_children
+from trainer.launch.preemption import forward_to_children, warning_signals
 
 log = logging.getLogger("meshtrain.launch")
 
 
 class Preempted(RuntimeError):
-    """The job was asked to stop (SIGTERM/SIGUSR1) and saved a checkpoint first."""
+    """The job was asked to stop (SIGTERM or a time-limit warning signal) and saved a checkpoint first."""
 
 
 class WorkerFailure(RuntimeError):
@@ -103,8 +103,8 @@ def _elastic(cfg: DictConfig, cfg_dict: dict, *, layout: ParallelLayout, run_dir
     )
     # the agent logs each failed worker's whole error file; ours is one line plus the rank's log
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    # Slurm's warning signal: the agent does not handle SIGUSR1, so pass it to the workers
-    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: forward_to_children(signum))
+    # time-limit warnings (SIGUSR1, submitit's signal): the agent does not handle them, so pass them on
+    previous = {sig: signal.signal(sig, lambda signum, frame: forward_to_children(signum)) for sig in warning_signals()}
     try:
         results = elastic_launch(config, worker.main)(cfg_dict, str(run_dir), layout, run_meta)
     except SignalException as exc:
@@ -124,5 +124,6 @@ def _elastic(cfg: DictConfig, cfg_dict: dict, *, layout: ParallelLayout, run_dir
             exit_code=failure.exitcode,
         ) from None
     finally:
-        signal.signal(signal.SIGUSR1, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return results.get(0) if results else None
