@@ -86,6 +86,7 @@ class RequeueingSlurmLauncher(plugin.SlurmLauncher):
             sweep_config.hydra.job.num = job_num
             if self.sweep_dir is not None:
                 sweep_config.hydra.sweep.dir = self.sweep_dir
+        started = time.time()
         ret = run_job(
             hydra_context=self.hydra_context,
             task_function=self.task_function,
@@ -95,17 +96,22 @@ class RequeueingSlurmLauncher(plugin.SlurmLauncher):
         )
         if env.global_rank == 0 and ret.hydra_cfg is not None:
             run_dir = Path(str(ret.hydra_cfg.hydra.runtime.output_dir))
-            if self._requeue_if_stopped(run_dir, env, (sweep_overrides, job_dir_key, job_num, job_id, singleton_state)):
+            args = (sweep_overrides, job_dir_key, job_num, job_id, singleton_state)
+            if self._requeue_if_stopped(run_dir, env, args, since=started):
                 # as submitit's own requeue does: no result file, so the waiting launcher keeps waiting
                 sys.exit(-1)
         return ret
 
-    def _requeue_if_stopped(self, run_dir: Path, env: Any, args: tuple) -> bool:
+    def _requeue_if_stopped(self, run_dir: Path, env: Any, args: tuple, *, since: float) -> bool:
         from submitit.core import utils as submitit_utils
 
         from trainer.checkpoint.files import checkpoints_root, complete_checkpoints
 
-        status = _read_json(run_dir / "status.json") or {}
+        status_file = run_dir / "status.json"
+        # only this attempt's outcome counts: a requeued job that completes leaves the first one's file behind
+        if not status_file.exists() or status_file.stat().st_mtime < since - 1:
+            return False
+        status = _read_json(status_file) or {}
         if status.get("status") != "preempted":
             return False
         summary = _read_json(run_dir / "summary.json") or {}
