@@ -238,7 +238,6 @@ def _update(self: Any) -> None:
         if not self.sacct_failures:
             stderr = getattr(exc, "stderr", "") or ""
             self.sacct_error = stderr.strip().splitlines()[-1] if stderr.strip() else str(exc)
-            log.info("sacct failed (%s): job states come from squeue", self.sacct_error)
         self.sacct_failures += 1
         out = self._squeue(command)
     self._info_dict.update(self.read_info(out))
