@@ -40,9 +40,14 @@ def stop_signals(environ: dict[str, str] | None = None) -> tuple[signal.Signals,
 
 class PreemptionFlag:
     """Set by the signal; if the step boundary is not reached within ``grace_s`` (a rank stuck in a
-    collective, or hung), the process exits anyway so the job never waits on it."""
+    collective, or hung), the process exits anyway so the job never waits on it.
 
-    def __init__(self, *, grace_s: float = 15.0) -> None:
+    ``grace_s=None``: no watchdog. The Slurm launcher installs such a flag before the training starts
+    (a short time limit can warn while the job is still importing); the training's own flag takes over
+    what it caught when installed, so the loop stops after its first step instead of the warning
+    going to submitit's handler (which requeued the job from scratch, again and again)."""
+
+    def __init__(self, *, grace_s: float | None = 15.0) -> None:
         self.signum: int | None = None
         self.received: list[str] = []  # every stop signal seen, in order (SIGTERM means preemption)
         self.grace_s = grace_s
@@ -54,7 +59,7 @@ class PreemptionFlag:
         return self.signum is not None
 
     def _handle(self, signum, frame) -> None:
-        if self.signum is None:
+        if self.signum is None and self.grace_s is not None:
             self._watchdog = threading.Timer(self.grace_s, os._exit, args=(128 + signum,))
             self._watchdog.daemon = True
             self._watchdog.start()
@@ -71,7 +76,11 @@ class PreemptionFlag:
     def install(self) -> PreemptionFlag:
         if threading.current_thread() is threading.main_thread():
             for sig in stop_signals():
-                self._previous[sig] = signal.signal(sig, self._handle)
+                self._previous[sig] = previous = signal.signal(sig, self._handle)
+                outer = getattr(previous, "__self__", None)
+                if isinstance(outer, PreemptionFlag) and outer.requested:  # caught before this flag existed
+                    self.signum = self.signum or outer.signum
+                    self.received += [n for n in outer.received if n not in self.received]
         return self
 
     def uninstall(self) -> None:

@@ -37,6 +37,7 @@ from hydra.core.utils import JobReturn, JobStatus, filter_overrides, run_job, se
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher as plugin
 from omegaconf import OmegaConf, open_dict
 
+from trainer.launch.preemption import PreemptionFlag
 from trainer.observe.metrics import write_json
 
 log = logging.getLogger("meshtrain.slurm")
@@ -87,13 +88,18 @@ class RequeueingSlurmLauncher(plugin.SlurmLauncher):
             if self.sweep_dir is not None:
                 sweep_config.hydra.sweep.dir = self.sweep_dir
         started = time.time()
-        ret = run_job(
-            hydra_context=self.hydra_context,
-            task_function=self.task_function,
-            config=sweep_config,
-            job_dir_key=job_dir_key,
-            job_subdir_key="hydra.sweep.subdir",
-        )
+        # from here on a stop signal is meshtrain's, even before the training's own flag is installed
+        early = PreemptionFlag(grace_s=None).install()
+        try:
+            ret = run_job(
+                hydra_context=self.hydra_context,
+                task_function=self.task_function,
+                config=sweep_config,
+                job_dir_key=job_dir_key,
+                job_subdir_key="hydra.sweep.subdir",
+            )
+        finally:
+            early.uninstall()
         if env.global_rank == 0 and ret.hydra_cfg is not None:
             run_dir = Path(str(ret.hydra_cfg.hydra.runtime.output_dir))
             args = (sweep_overrides, job_dir_key, job_num, job_id, singleton_state)
