@@ -4,7 +4,7 @@
 asks the planner to rank the layouts this checkout can train, trains each layout of the sweep for a few
 steps with train.py, and prints predicted vs measured step time per layout and whether the planner's first
 choice is within 10% of the best measured one. ``--write`` puts the table in docs/benchmarks.md under
-"## Planner". ``tests/test_planner_accuracy.py`` drives the same functions.
+"## Planner". ``tests/integration/test_planner_vs_measured_steps.py`` drives the same functions.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import FAST, assert_losses_close, run_train
+from tests.helpers import FAST, assert_losses_close, run_train
 
 pytestmark = pytest.mark.slow
 

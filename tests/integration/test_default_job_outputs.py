@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from tests.conftest import run_train
+from tests.helpers import run_train
 from trainer.observe.wandb_records import find_run_file, read_offline_run
 
 pytestmark = pytest.mark.slow

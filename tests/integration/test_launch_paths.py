@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.conftest import FAST, ROOT, assert_losses_close, run_train
+from tests.helpers import FAST, ROOT, assert_losses_close, run_train
 from trainer.observe.wandb_records import find_run_file, read_offline_run
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,7 @@ from models.gpt.model import GPT
 from parallel.pipeline.schedules import SCHEDULES, available_schedules, simulate, single_stage_order, stage_to_rank
 from parallel.pipeline.split import BlockCosts, even_split, min_max_partition, uniform_costs
 from parallel.pipeline.stages import build_stage_module, stage_specs
-from tests.conftest import run_train
+from tests.helpers import run_train
 from trainer.validate import ConfigError, validate
 
 

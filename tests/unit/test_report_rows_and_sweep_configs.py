@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import CONF
+from tests.helpers import CONF
 from trainer.launch.environment import detect_external_launch
 from trainer.report.cli import main as report_main
 from trainer.report.cli import write_report

@@ -7,7 +7,7 @@ from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from tests.conftest import CONF
+from tests.helpers import CONF
 from trainer.validate import validate
 
 PARALLEL = sorted(p.stem for p in (CONF / "parallel").glob("*.yaml"))

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import FAST, ROOT, assert_losses_close, run_train
+from tests.helpers import FAST, ROOT, assert_losses_close, run_train
 
 pytestmark = pytest.mark.slow
 

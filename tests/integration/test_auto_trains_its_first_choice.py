@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.conftest import FAST, run_train
+from tests.helpers import FAST, run_train
 
 pytestmark = pytest.mark.slow
 

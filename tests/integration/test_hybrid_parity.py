@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.conftest import FAST, assert_losses_close, run_train
+from tests.helpers import FAST, assert_losses_close, run_train
 
 
 def assert_same_run(run, ref) -> None:

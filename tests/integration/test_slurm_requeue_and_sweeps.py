@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FAST, ROOT, run_train
+from tests.helpers import FAST, ROOT, run_train
 from trainer.sweeps.jobs import read_sweep
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import run_train
+from tests.helpers import run_train
 from trainer.validate import ConfigError, validate
 
 

@@ -8,7 +8,7 @@ import time
 import pytest
 import yaml
 
-from tests.conftest import FAST, run_train
+from tests.helpers import FAST, run_train
 from trainer.observe.wandb_records import find_run_file, read_offline_run
 from trainer.report.cli import write_report
 from trainer.sweeps.jobs import read_sweep, sweep_name

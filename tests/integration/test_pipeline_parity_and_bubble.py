@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from parallel.pipeline.schedules import SCHEDULES, available_schedules
-from tests.conftest import FAST, assert_losses_close, run_train
+from tests.helpers import FAST, assert_losses_close, run_train
 
 pytestmark = pytest.mark.slow
 

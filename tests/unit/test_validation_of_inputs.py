@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.conftest import run_train
+from tests.helpers import run_train
 from trainer.validate import ConfigError, validate
 
 

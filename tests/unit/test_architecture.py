@@ -1,0 +1,271 @@
+"""The layout's rules, read from the source and from git: imports run one way (models <- parallel <- trainer), no
+tracked file points outside the repository, no binary or build artifact is tracked, links, paths and modules named
+in the docs exist, README's architecture tree names every module, and tests are grouped by kind."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT
+
+#: package -> top-level packages it must never import (conf/ may be imported by all)
+FORBIDDEN = {
+    "models": {"parallel", "trainer"},
+    "parallel": {"trainer"},
+    "conf": {"trainer"},
+}
+
+#: strings that name a place outside this checkout; split so that this file does not match itself
+OUTSIDE = [
+    "/" + "work/",
+    "../" + "shared",
+    "STACK-" + "NOTES",
+    "/" + "home/",
+    "/" + "Users/",
+]
+
+#: suffixes of build outputs and binaries that must stay out of git (.gitignore covers them)
+ARTIFACTS = (".whl", ".so", ".pyd", ".dylib", ".o", ".pyc", ".pyo", ".egg", ".tar.gz", ".tgz", ".zip", ".pt", ".pth")
+
+
+def tracked_files() -> list[str]:
+    try:
+        proc = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        pytest.skip("git is not installed")
+    if proc.returncode != 0:
+        pytest.skip(f"not a git checkout: {proc.stderr.strip()}")
+    # a file deleted in the work tree but not yet staged is not part of the tree under test
+    return [p for p in proc.stdout.split("\0") if p and (ROOT / p).exists()]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_modules(path: Path, source: str | None = None) -> list[tuple[int, str]]:
+    """(line, absolute module name) for every import in the file, including those inside functions."""
+    tree = ast.parse(path.read_text() if source is None else source, filename=str(path))
+    package = module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against the file's package
+                base = package[: len(package) - (node.level - 1)]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            found.append((node.lineno, name))
+    return found
+
+
+def python_files(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+def test_import_walker_sees_imports_inside_functions_and_relative_ones():
+    """The walker itself: a function-local import and relative imports are all resolved to absolute names."""
+    src = "from . import layout\nfrom ..plan import specs\n\ndef f():\n    import trainer.validate\n"
+    got = imported_modules(ROOT / "parallel" / "core" / "probe.py", source=src)
+    assert got == [(1, "parallel.core"), (2, "parallel.plan"), (5, "trainer.validate")], got
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_imports_run_one_way(package):
+    files = python_files(package)
+    assert files, f"no Python files under {package}/"
+    bad = []
+    for path in files:
+        for line, name in imported_modules(path):
+            top = name.split(".")[0]
+            if top in FORBIDDEN[package]:
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+    assert not bad, f"{package}/ must not import {sorted(FORBIDDEN[package])}:\n" + "\n".join(bad)
+
+
+def test_no_tracked_file_points_outside_the_repository():
+    bad = []
+    for rel in tracked_files():
+        try:
+            text = (ROOT / rel).read_text()
+        except UnicodeDecodeError:
+            continue  # binaries are refused by the next test
+        for n, line in enumerate(text.splitlines(), start=1):
+            for needle in OUTSIDE:
+                if needle in line:
+                    bad.append(f"{rel}:{n}: {needle!r} in {line.strip()[:100]!r}")
+    assert not bad, "paths outside the repository (put the fact in docs/, e.g. docs/stack.md):\n" + "\n".join(bad)
+
+
+def test_no_binary_or_build_artifact_is_tracked():
+    files = tracked_files()
+    bad = [p for p in files if p.endswith(ARTIFACTS) or "__pycache__/" in p or ".egg-info/" in p]
+    assert not bad, f"tracked build artifacts (remove them with git rm; .gitignore covers them): {bad}"
+
+
+def test_gitignore_covers_what_the_tools_write():
+    ignored = {line.strip() for line in (ROOT / ".gitignore").read_text().splitlines()}
+    wanted = [
+        ".venv/",
+        "__pycache__/",
+        "outputs/",
+        "multirun/",
+        "wandb/",
+        ".pytest_cache/",
+        ".ruff_cache/",
+        ".hypothesis/",
+        "*.egg-info/",
+        "/build/",
+        "dist/",
+    ]
+    assert not [w for w in wanted if w not in ignored], [w for w in wanted if w not in ignored]
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def test_relative_links_in_the_docs_resolve():
+    bad = []
+    for rel in tracked_files():
+        if not rel.endswith(".md"):
+            continue
+        doc = ROOT / rel
+        for target in LINK.findall(doc.read_text()):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue  # a URL or an anchor in the same page
+            path = (doc.parent / target.split("#")[0]).resolve()
+            if not path.exists() or ROOT not in path.parents:
+                bad.append(f"{rel}: ({target})")
+    assert not bad, "links to files that are not in the repository:\n" + "\n".join(bad)
+
+
+#: the packages whose modules README's architecture tree must name, one line per package
+PACKAGES = ("conf", "models", "parallel", "trainer")
+
+
+def architecture_blocks() -> list[dict[str, str]]:
+    """README's "## Architecture" code blocks as {first column: rest of the line}."""
+    text = (ROOT / "README.md").read_text()
+    assert "\n## Architecture\n" in text, "README.md has no '## Architecture' section"
+    section = text.split("\n## Architecture\n", 1)[1].split("\n## ", 1)[0]
+    blocks = section.split("```")[1::2]
+    out = []
+    for block in blocks:
+        rows = {}
+        for line in block.splitlines()[1:]:  # the first line is the fence's language tag
+            if line.strip():
+                loc, _, rest = line.partition(" ")
+                rows[loc] = rest
+        out.append(rows)
+    return out
+
+
+def test_readme_architecture_matches_the_tree():
+    tree, *rest = architecture_blocks()
+    missing = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            folder = rel.rsplit("/", 1)[0] + "/"
+            named = re.search(rf"(?<![\w/.]){re.escape(path.name)}\b", tree.get(folder, ""))
+            if path.name != "__init__.py" and rel not in tree and not named:
+                missing.append(rel)
+    stale = []
+    for loc, text in tree.items():
+        if not (ROOT / loc).exists():
+            stale.append(loc)
+        elif loc.endswith("/"):
+            stale += [loc + n for n in re.findall(r"(?<![\w/.])(\w+\.py)\b", text) if not (ROOT / loc / n).exists()]
+    assert not missing, (
+        f"modules README.md's architecture tree does not name (add them to their package's line): {missing}"
+    )
+    assert not stale, f"README.md's architecture tree names what is not in the tree: {stale}"
+    assert rest, "README.md's architecture section has no step path block"
+    step_path = list(rest[0])
+    assert step_path[0] == "train.py" and step_path[-1] == "trainer/loop/fit.py", step_path
+    assert all((ROOT / p).is_file() for p in step_path), step_path
+
+
+#: a path into the repository as docs write it: `parallel/pipeline/engine.py`, `conf/topology/local_cpu.yaml`
+PATH = re.compile(r"(?<![\w./~-])((?:\.ci|conf|models|parallel|trainer|tests|benchmarks|docs)/[\w./-]*)")
+#: a module as docs write it: `parallel.core.base.Strategy`, `python -m trainer.report`
+DOTTED = re.compile(r"(?<![\w./])((?:conf|models|parallel|trainer|benchmarks)(?:\.\w+)+)")
+
+
+def test_paths_and_modules_named_in_docs_and_configs_exist():
+    bad = []
+    for rel in tracked_files():
+        if not rel.endswith((".md", ".yaml", ".toml")) and rel not in ("Makefile", ".ci/run"):
+            continue
+        text = (ROOT / rel).read_text()
+        for m in PATH.finditer(text):
+            path = m.group(1).rstrip(".")
+            if text[m.end() : m.end() + 1] in "*<{|" and m.end() < len(text):
+                continue  # a pattern (conf/parallel/*.yaml, multirun/<date>), not a path
+            if not (ROOT / path).exists():
+                bad.append(f"{rel}: {path}")
+            test = re.match(r"::(\w+)", text[m.end() :])  # tests/x/test_y.py::test_name
+            if test and (ROOT / path).is_file() and f"def {test.group(1)}(" not in (ROOT / path).read_text():
+                bad.append(f"{rel}: {path}::{test.group(1)}")
+        for m in DOTTED.finditer(text):
+            parts = m.group(1).split(".")
+            # the longest prefix that is a module or package here; shorter than two parts: a config key
+            n = max((k for k in range(1, len(parts) + 1) if module_file(parts[:k])), default=0)
+            if n < 2 or n == len(parts):
+                continue
+            source = module_file(parts[:n]).read_text()
+            if not re.search(rf"^\s*(?:def|class)\s+{parts[n]}\b|^{parts[n]}\s*[:=]", source, re.M):
+                bad.append(f"{rel}: {m.group(1)} ({parts[n]} is not defined in {'.'.join(parts[:n])})")
+    assert not bad, "docs and configs name paths or modules that are not in the repository:\n" + "\n".join(bad)
+
+
+def module_file(parts: list[str]) -> Path | None:
+    base = ROOT.joinpath(*parts)
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _marked_slow(node: ast.AST) -> bool:
+    return any("slow" in ast.unparse(d) for d in getattr(node, "decorator_list", []))
+
+
+def test_tests_are_grouped_by_kind():
+    """tests/unit: in-process, never marked slow; tests/integration: start workers, every test marked slow."""
+    loose = sorted(p.name for p in (ROOT / "tests").glob("test_*.py"))
+    assert not loose, f"put these in tests/unit (in-process) or tests/integration (start workers): {loose}"
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert len(names) == len(set(names)), f"test file names must not repeat: {sorted(names)}"
+    bad = []
+    for kind in ("unit", "integration"):
+        for path in sorted((ROOT / "tests" / kind).glob("test_*.py")):
+            tree = ast.parse(path.read_text())
+            module_slow = any(
+                isinstance(n, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in n.targets)
+                and "slow" in ast.unparse(n.value)
+                for n in tree.body
+            )
+            tests = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
+            slow = [n.name for n in tests if module_slow or _marked_slow(n)]
+            if kind == "unit" and slow:
+                bad.append(
+                    f"tests/unit/{path.name}: marked slow (starts workers? move it to tests/integration): {slow}"
+                )
+            if kind == "integration" and len(slow) != len(tests):
+                fast = sorted({n.name for n in tests} - set(slow))
+                bad.append(f"tests/integration/{path.name}: not marked slow (in-process? move to tests/unit): {fast}")
+    assert not bad, "\n".join(bad)
