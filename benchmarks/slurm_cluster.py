@@ -213,10 +213,47 @@ def start(root: Path = DEFAULT_DIR, *, install_missing: bool = False, timeout_s:
     raise SlurmUnavailable(f"node {node} not idle after {timeout_s:.0f} s (last state: {state})\n{_logs(root)}")
 
 
+def _cancel_jobs(root: Path, timeout_s: float = 30.0) -> None:
+    """Cancel every job of this cluster and wait until they are gone: a step still completing when the
+    daemons stop keeps its slurmstepd alive forever, retrying to report through a munge that is gone."""
+    env = {**os.environ, "SLURM_CONF": str(root / "slurm.conf")}
+
+    def jobs() -> list[str]:
+        proc = subprocess.run(["squeue", "-h", "-o", "%A"], env=env, capture_output=True, text=True, timeout=30)
+        return proc.stdout.split() if proc.returncode == 0 else []
+
+    if not (ids := jobs()):
+        return
+    subprocess.run(["scancel", "--full", *ids], env=env, capture_output=True, timeout=30)
+    deadline = time.monotonic() + timeout_s
+    while jobs() and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def _leftover_steps(root: Path) -> list[int]:
+    """slurmstepd processes of this cluster (their sockets live in its spool folder) still running."""
+    import psutil
+
+    spool = str(root / "state" / "d")
+    found = []
+    for proc in psutil.process_iter(["name"]):
+        if proc.info["name"] != "slurmstepd":
+            continue
+        try:
+            if any(str(c.laddr).startswith(spool) for c in proc.net_connections(kind="unix")):
+                found.append(proc.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
 def stop(root: Path = DEFAULT_DIR) -> list[str]:
-    """Stop the daemons started under ``root`` (by their pid files); returns the ones that were running."""
+    """Cancel the cluster's jobs, then stop the daemons started under ``root`` (by their pid files);
+    returns the ones that were running."""
     root = Path(root).resolve()
     stopped = []
+    if _alive(_pid(root / "slurmctld.pid")):
+        _cancel_jobs(root)
     for name, pidfile in (
         ("slurmd", root / "slurmd.pid"),
         ("slurmctld", root / "slurmctld.pid"),
@@ -232,6 +269,9 @@ def stop(root: Path = DEFAULT_DIR) -> list[str]:
         if _alive(pid):
             os.kill(pid, signal.SIGKILL)
         stopped.append(name)
+    for pid in _leftover_steps(root):  # only if a job outlived the wait above
+        os.kill(pid, signal.SIGKILL)
+        stopped.append(f"slurmstepd {pid}")
     return stopped
 
 
