@@ -254,21 +254,21 @@ def stop(root: Path = DEFAULT_DIR) -> list[str]:
     stopped = []
     if _alive(_pid(root / "slurmctld.pid")):
         _cancel_jobs(root)
-    for name, pidfile in (
-        ("slurmd", root / "slurmd.pid"),
-        ("slurmctld", root / "slurmctld.pid"),
-        ("munged", root / "munge" / "munged.pid"),
+    # the Slurm daemons together (each may take seconds), munged last: they authenticate through it
+    for group in (
+        (("slurmd", root / "slurmd.pid"), ("slurmctld", root / "slurmctld.pid")),
+        (("munged", root / "munge" / "munged.pid"),),
     ):
-        pid = _pid(pidfile)
-        if not _alive(pid):
-            continue
-        os.kill(pid, signal.SIGTERM)
+        pids = {name: pid for name, pidfile in group if _alive(pid := _pid(pidfile))}
+        for pid in pids.values():
+            os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 10
-        while _alive(pid) and time.monotonic() < deadline:
+        while any(_alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if _alive(pid):
-            os.kill(pid, signal.SIGKILL)
-        stopped.append(name)
+        for name, pid in pids.items():
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+            stopped.append(name)
     for pid in _leftover_steps(root):  # only if a job outlived the wait above
         os.kill(pid, signal.SIGKILL)
         stopped.append(f"slurmstepd {pid}")
