@@ -178,15 +178,15 @@ def check_world(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
 
 
 def check_external(cfg: DictConfig, layout: ParallelLayout, external: ExternalLaunch, f: Findings) -> bool:
-    """Started by srun/submitit/torchrun: the task count is fixed there, so the fix names its keys."""
-    product = int(cfg.dp.size) * int(cfg.tp.size) * int(cfg.pp.size)
-    if external.world_size == product:
-        return False
+    """Started by srun or submitit: the task count is fixed by the launcher, so the fix names its keys
+    (under torchrun, check_world's message names topology.* as before)."""
     keys = {
         "slurm": "hydra.launcher.nodes x hydra.launcher.tasks_per_node (SLURM_NTASKS)",
         "submitit_local": "hydra.launcher.tasks_per_node",
-        "torchrun": "torchrun --nnodes x --nproc-per-node (WORLD_SIZE)",
-    }[external.kind]
+    }.get(external.kind)
+    product = int(cfg.dp.size) * int(cfg.tp.size) * int(cfg.pp.size)
+    if keys is None or external.world_size == product:
+        return False
     fits = "; ".join(describe_factorization(*t) for t in factorizations(external.world_size)[:6])
     f.error(
         f"{external.kind} started {external.world_size} tasks ({external.nnodes} node(s) x "

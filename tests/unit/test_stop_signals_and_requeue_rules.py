@@ -57,3 +57,17 @@ def test_job_states_come_from_squeue_when_sacct_fails(tmp_path, monkeypatch):
     assert watcher.get_state("41_1", mode="force") == "RUNNING"
     assert watcher.is_done("41_0", mode="cache") and not watcher.is_done("41_1", mode="cache")
     assert watcher.sacct_failures >= 1 and watcher.sacct_error == "Slurm accounting storage is disabled"
+
+
+def test_a_slurm_task_count_that_does_not_match_the_layout_names_the_launcher_keys(compose_cfg):
+    import pytest
+
+    from trainer.validate import ConfigError, validate
+
+    env = {"SLURM_PROCID": "0", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "1"}
+    with pytest.raises(ConfigError) as err:
+        validate(compose_cfg("parallel=ddp", "dp.size=4"), environ=env)
+    message = str(err.value)
+    assert "slurm started 2 tasks (1 node(s) x 2) but dp.size=4 x tp.size=1 x pp.size=1 = 4 ranks" in message
+    assert "hydra.launcher.nodes x hydra.launcher.tasks_per_node (SLURM_NTASKS) to 4" in message
+    assert "parallel=ddp dp.size=2" in message and "topology.nproc_per_node" not in message
