@@ -161,8 +161,14 @@ class RequeueingSlurmLauncher(plugin.SlurmLauncher):
         delayed.set_timeout(int(self.params.get("timeout_min", 60)), timeouts_left)
         with submitit_utils.temporary_save_path(env.paths.submitted_pickle) as tmp:
             delayed.dump(tmp)
+        try:
+            env._requeue(timeouts_left)
+        except (subprocess.SubprocessError, OSError) as exc:  # e.g. Slurm requeued it already (PreemptMode=REQUEUE)
+            status["reason"] = f"{what}: checkpoint step {found[-1][0]} saved; scontrol requeue failed: {exc}"
+            write_json(run_dir / "status.json", status)
+            log.warning("job %s: %s", env.job_id, status["reason"])
+            return False
         log.warning("job %s: %s", env.job_id, status["reason"])
-        env._requeue(timeouts_left)
         return True
 
     # ---- in the submitting process ---------------------------------------------------------------
