@@ -166,6 +166,7 @@ class RequeueingSlurmLauncher(plugin.SlurmLauncher):
         except (subprocess.SubprocessError, OSError) as exc:  # e.g. Slurm requeued it already (PreemptMode=REQUEUE)
             status["reason"] = f"{what}: checkpoint step {found[-1][0]} saved; scontrol requeue failed: {exc}"
             write_json(run_dir / "status.json", status)
+            write_json(run_dir / REQUEUES_FILE, history)  # the record written above did not happen
             log.warning("job %s: %s", env.job_id, status["reason"])
             return False
         log.warning("job %s: %s", env.job_id, status["reason"])
