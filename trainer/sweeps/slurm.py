@@ -11,7 +11,7 @@ hydra_plugins.meshtrain_launcher.meshtrain_launcher.SlurmLauncher``: Hydra takes
   very job, with the pickled call rewritten), unless the limit is reached: ``max_num_timeout`` for
   time limits (submitit's key), ``max_num_preemption`` for SIGTERM (meshtrain's). The requeued job runs
   the same call, so it lands in the same job folder, where ``trainer.resume=auto`` continues from the
-  checkpoint and the W&B sink finds the run's id. Each requeue is recorded in ``<job>/requeues.json``.
+  checkpoint and W&B logs from the same folder (and run id, where the folder keeps one). Each requeue is recorded in ``<job>/requeues.json``.
 - **One sweep folder.** The sweep folder is resolved once, in the submitting process, and handed to
   the jobs: ``${mt_stamp:}`` evaluated inside a job (or a requeued one) would name another folder.
 - **Quiet job states.** submitit polls ``sacct``; on a cluster without accounting every poll printed a
