@@ -26,3 +26,22 @@ def compose_cfg():
 
     yield _compose
     GlobalHydra.instance().clear()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """A one-node Slurm on this machine (benchmarks/slurm_cluster.py), started once for the `slurm` tests.
+
+    Installs Debian's packages if they are missing (CI: .ci/run does it first). If Slurm cannot start, the
+    tests fail with the daemons' logs: they are never skipped in silence.
+    """
+    from benchmarks.slurm_cluster import SlurmUnavailable, start, stop
+
+    root = tmp_path_factory.mktemp("slurm")
+    try:
+        cluster = start(root, install_missing=True)
+    except SlurmUnavailable as exc:
+        pytest.fail(f"the one-node Slurm for the `slurm` tests did not start: {exc}", pytrace=False)
+    print(f"\none-node Slurm up in {cluster.setup_s:.1f} s ({cluster.conf})")
+    yield cluster
+    stop(root)

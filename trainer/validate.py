@@ -184,6 +184,26 @@ def check_world(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
         )
 
 
+def check_external(cfg: DictConfig, layout: ParallelLayout, external: ExternalLaunch, f: Findings) -> bool:
+    """Started by srun or submitit: the task count is fixed by the launcher, so the fix names its keys
+    (under torchrun, check_world's message names topology.* as before)."""
+    keys = {
+        "slurm": "hydra.launcher.nodes x hydra.launcher.tasks_per_node (SLURM_NTASKS)",
+        "submitit_local": "hydra.launcher.tasks_per_node",
+    }.get(external.kind)
+    product = int(cfg.dp.size) * int(cfg.tp.size) * int(cfg.pp.size)
+    if keys is None or external.world_size == product:
+        return False
+    fits = "; ".join(describe_factorization(*t) for t in factorizations(external.world_size)[:6])
+    f.error(
+        f"{external.kind} started {external.world_size} tasks ({external.nnodes} node(s) x "
+        f"{external.local_world_size}) but dp.size={cfg.dp.size} x tp.size={cfg.tp.size} x pp.size={cfg.pp.size} "
+        f"= {product} ranks. Set {keys} to {product} in all, or choose a layout for {external.world_size} "
+        f"ranks: {fits}"
+    )
+    return True
+
+
 def check_batch(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
     gbs = int(cfg.data.global_batch_size)
     if gbs < 1 or layout.dp < 1:
@@ -836,7 +856,10 @@ def validate(cfg: DictConfig, *, environ: dict[str, str] | None = None) -> Valid
     except (TypeError, ValueError) as exc:
         raise ConfigError([f"cannot read the parallel layout: {exc}"]) from None
     findings = Findings(external=external)
-    for check in CHECKS:
+    checks = CHECKS
+    if external is not None and check_external(cfg, layout, external, findings):
+        checks = [c for c in CHECKS if c is not check_world]  # said above, in the outer launcher's words
+    for check in checks:
         check(cfg, layout, findings)
         if check is check_positive and findings.problems:
             break  # later checks divide by these sizes

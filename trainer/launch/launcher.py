@@ -21,13 +21,13 @@ from omegaconf import DictConfig
 
 from parallel.core.layout import ParallelLayout
 from trainer.launch.environment import ExternalLaunch
-from trainer.launch.preemption import forward_to_children
+from trainer.launch.preemption import forward_to_children, warning_signals
 
 log = logging.getLogger("meshtrain.launch")
 
 
 class Preempted(RuntimeError):
-    """The job was asked to stop (SIGTERM/SIGUSR1) and saved a checkpoint first."""
+    """The job was asked to stop (SIGTERM or a time-limit warning signal) and saved a checkpoint first."""
 
 
 class RendezvousFailure(RuntimeError):
@@ -146,8 +146,8 @@ def _elastic(cfg: DictConfig, cfg_dict: dict, *, layout: ParallelLayout, run_dir
         _wait_for_master(str(topo.master_addr), port, wait_s, node=int(topo.node_rank), nnodes=layout.nnodes)
     # the agent logs each failed worker's whole error file; ours is one line plus the rank's log
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    # Slurm's warning signal: the agent does not handle SIGUSR1, so pass it to the workers
-    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: forward_to_children(signum))
+    # time-limit warnings (SIGUSR1, submitit's signal): the agent does not handle them, so pass them on
+    previous = {sig: signal.signal(sig, lambda signum, frame: forward_to_children(signum)) for sig in warning_signals()}
     try:
         results = elastic_launch(config, worker.main)(cfg_dict, str(run_dir), layout, run_meta)
     except (RendezvousError, DistNetworkError, DistStoreError) as exc:
@@ -176,6 +176,7 @@ def _elastic(cfg: DictConfig, cfg_dict: dict, *, layout: ParallelLayout, run_dir
             exit_code=failure.exitcode,
         ) from None
     finally:
-        signal.signal(signal.SIGUSR1, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     # rank 0's summary: this node's only non-None result (the agent keys results by its own join order)
     return next((v for v in (results or {}).values() if v is not None), None)

@@ -218,6 +218,8 @@ def run(cfg_dict: dict, run_dir: Path, layout: ParallelLayout, run_meta: dict[st
             sinks = RankZeroSinks(ctx=ctx, cfg_dict=cfg_dict, run_meta=run_meta, start_step=start_step)
         summary = trainer.fit(sinks=sinks, start_step=start_step, preemption=preemption)
         summary["restarts"] = restart_count()
+        if summary["status"] == "preempted":  # which signal stopped it: the Slurm launcher's requeue reads it
+            summary["stop_signals"] = list(preemption.received)
         exit_code = 0
         if env.rank == 0 and summary["status"] == "completed" and summary["final_loss"] is not None:
             log.info(

@@ -30,6 +30,12 @@ class SweepStatus(Callback):
         record = write_counts(sweep_dir, jobs)
         lines = [f"meshtrain sweep {sweep_dir}: {counts_line(record['counts'])}"]
         lines += [f"  job {j.num} {j.status}: {j.reason}" for j in jobs if not j.succeeded]
+        lines += [
+            f"  job {j.num} completed after {len(j.requeues)} requeue(s): "
+            + ", ".join(f"{r.get('kind')} at step {r.get('stopped_at_step')}" for r in j.requeues)
+            for j in jobs
+            if j.succeeded and j.requeues
+        ]
         lines.append(
             f"  statuses in {sweep_dir / COUNTS_FILE}; report: python -m trainer.report {sweep_dir} [--wandb-workspace]"
         )

@@ -3,7 +3,9 @@
 A job folder is ``<sweep dir>/<job number>`` (``hydra.sweep.subdir``). A job that trained leaves
 ``summary.json``; one that was refused before launch (invalid layout) or failed leaves ``status.json``
 (``{status: skipped|failed|preempted, reason, overrides}``, written by ``trainer.task``); a job with
-neither crashed outside the task or is still running. Torch-free and quick: the Hydra callback that
+neither crashed outside the task or is still running. A job the Slurm launcher requeued after a time
+limit or preemption (``requeues.json``, trainer/sweeps/slurm.py) counts as completed once its last
+attempt finished, and as preempted while it stopped without finishing. Torch-free and quick: the Hydra callback that
 counts jobs at the end of every sweep uses it.
 """
 
@@ -33,6 +35,7 @@ class SweepJob:
     overrides: list[str] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)  # the job's composed config (.hydra/config.yaml)
     summary: dict[str, Any] | None = None
+    requeues: list[dict[str, Any]] = field(default_factory=list)  # Slurm requeues after a checkpoint
 
     @property
     def succeeded(self) -> bool:
@@ -65,6 +68,8 @@ def read_job(path: Path) -> SweepJob:
     status_file = _read_json(path / "status.json")
     if summary is not None:
         status, reason = str(summary.get("status", "completed")), ""
+        if status != "completed" and status_file is not None:
+            reason = str(status_file.get("reason", ""))
     elif status_file is not None:
         status, reason = str(status_file.get("status", "failed")), str(status_file.get("reason", ""))
         overrides = status_file.get("overrides", overrides)
@@ -81,6 +86,7 @@ def read_job(path: Path) -> SweepJob:
         overrides=list(overrides),
         config=config,
         summary=summary,
+        requeues=list(_read_json(path / "requeues.json") or []),
     )
 
 
@@ -111,7 +117,16 @@ def write_counts(sweep_dir: Path, jobs: list[SweepJob]) -> dict[str, Any]:
     counts = count_statuses(jobs)
     record = {
         "counts": counts,
-        "jobs": [{"job": j.num, "status": j.status, "reason": j.reason, "overrides": j.overrides} for j in jobs],
+        "jobs": [
+            {
+                "job": j.num,
+                "status": j.status,
+                "reason": j.reason,
+                "overrides": j.overrides,
+                "requeues": len(j.requeues),
+            }
+            for j in jobs
+        ],
     }
     (Path(sweep_dir) / COUNTS_FILE).write_text(json.dumps(record, indent=2) + "\n")
     return record

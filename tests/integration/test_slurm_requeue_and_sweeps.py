@@ -1,0 +1,173 @@
+"""Sweeps on a real Slurm (the one-node cluster of benchmarks/slurm_cluster.py), through hydra/launcher=slurm.
+
+One sweep of 4 Slurm jobs with 2 tasks each (seeds 1, 2 x dp.size 2, 4) serves every test, next to the same
+jobs run locally: job 0 gets the time-limit warning and is requeued, job 2 gets SIGTERM and may not be
+requeued (max_num_preemption=0), jobs 1 and 3 ask for 4 ranks from 2 tasks. Time limits are not waited
+for: the warning is sent with ``scancel --signal=<submitit's signal>``, which is what Slurm sends at
+``--signal=USR2@signal_delay_s`` (and what submitit's own test helper sends).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import FAST, ROOT
+from trainer.sweeps.jobs import read_sweep
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+STEPS = 30
+# the same job on Slurm and locally: DDP on 2 ranks, GPT on the text corpus, fp32
+JOB = ("parallel=ddp", f"trainer.max_steps={STEPS}", *FAST)
+SLURM = ("hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.tasks_per_node=2")
+
+
+def _losses(job_dir: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (job_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [r["step"] for r in rows]
+    assert len(steps) == len(set(steps)), f"steps logged twice: {steps}"
+    return {r["step"]: r["loss"] for r in rows}
+
+
+def _start(cluster, out_dir: Path, *overrides: str) -> subprocess.Popen:
+    """``python train.py -m OVERRIDES`` in the background, console to ``<out_dir>.txt``."""
+    cmd = [sys.executable, str(ROOT / "train.py"), "-m", *overrides, f"hydra.sweep.dir={out_dir}"]
+    env = {**os.environ, **cluster.env, "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
+    console = out_dir.with_suffix(".txt")
+    with open(console, "w") as f:  # a file, not a pipe nobody drains meanwhile
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
+    proc.console = console
+    return proc
+
+
+def _signal_when_training(cluster, proc: subprocess.Popen, job_dir: Path, signal_name: str, task: str) -> str:
+    """Send ``signal_name`` to array task ``task`` once it has logged 3 steps; returns its Slurm job id."""
+    deadline = time.monotonic() + 400
+    metrics = job_dir / "metrics.jsonl"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"the sweep ended before job {job_dir.name} trained:\n{proc.console.read_text()[-4000:]}"
+            )
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+            running = cluster.run("squeue", "-h", "-t", "RUNNING", "-o", "%i").stdout.split()
+            (job_id,) = [j for j in running if j.endswith(task)]
+            # to the job's step, as Slurm's --signal=USR2@... does (Slurm 22.05 refuses to signal an array
+            # task as a job while the array's other tasks pend: "Job can not be altered now")
+            cluster.run("scancel", f"--signal={signal_name}", f"{job_id}.0")
+            return job_id
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_dir.name} did not start training within 400 s")
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 600) -> str:
+    proc.wait(timeout=timeout)
+    out = proc.console.read_text()
+    assert proc.returncode == 0, out[-6000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def sweeps(slurm_cluster, tmp_path_factory):
+    from submitit.core.job_environment import JobEnvironment
+
+    root = tmp_path_factory.mktemp("slurm_sweeps")
+    # the local reference runs meanwhile: it fills the Slurm sweep's idle seconds (requeue hold, polls)
+    local = _start(slurm_cluster, root / "local", *JOB, "trainer.seed=1,2")
+    slurm = _start(
+        slurm_cluster,
+        root / "slurm",
+        *JOB,
+        *SLURM,
+        "trainer.seed=1,2",
+        "dp.size=2,4",
+        "hydra.launcher.timeout_min=10",
+        "hydra.launcher.max_num_preemption=0",
+    )
+    try:
+        ids = {
+            0: _signal_when_training(slurm_cluster, slurm, root / "slurm" / "0", JobEnvironment.USR_SIG, "_0"),
+            2: _signal_when_training(slurm_cluster, slurm, root / "slurm" / "2", "TERM", "_2"),
+        }
+        _finish(local)
+        yield {"out": _finish(slurm), "dir": root / "slurm", "ids": ids, "local": root / "local"}
+    finally:
+        for proc in (local, slurm):  # a failed wait must not leave a sweep running
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)  # the sweep and the workers it started
+                proc.wait()
+
+
+def test_slurm_jobs_with_two_tasks_each_train_the_local_runs_losses(sweeps):
+    out = sweeps["out"]
+    assert "4 jobs: 1 completed, 2 skipped, 0 failed, 1 preempted" in out
+    counts = json.loads((sweeps["dir"] / "sweep_status.json").read_text())["counts"]
+    assert counts == {"completed": 1, "skipped": 2, "failed": 0, "preempted": 1}
+    # submitit warned at every sacct poll on a cluster without accounting: now one summary line at most
+    assert "Bypassing sacct error" not in out and out.count("accounting storage is disabled") <= 1
+    jobs = {j.num: j for j in read_sweep(sweeps["dir"])}
+    for num, seed_job in ((0, 0), (2, 1)):  # local multirun: job 0 = seed 1, job 1 = seed 2
+        job = jobs[num]
+        assert job.summary["layout"]["world_size"] == 2
+        rank_logs = sorted(p.name for p in (job.path / "logs").glob("rank*.log"))
+        assert rank_logs == ["rank0.log", "rank1.log"], rank_logs  # two Slurm tasks, one rank each
+        local = _losses(sweeps["local"] / str(seed_job))
+        assert sorted(local) == list(range(1, STEPS + 1))
+        losses = _losses(job.path)
+        # bitwise: same ranks, same gloo; job 0 was stopped, requeued and resumed on the way, job 2 stopped
+        assert losses == {step: local[step] for step in losses}
+    assert sorted(_losses(jobs[0].path)) == list(range(1, STEPS + 1))
+
+
+def test_time_limit_warning_checkpoints_requeues_and_resumes_to_the_uninterrupted_loss(sweeps):
+    from submitit.core.job_environment import JobEnvironment
+
+    out, job_dir = sweeps["out"], sweeps["dir"] / "0"
+    warning = "SIG" + JobEnvironment.USR_SIG  # the signal submitit asks Slurm for (--signal=USR2@...)
+    (requeue,) = json.loads((job_dir / "requeues.json").read_text())
+    assert requeue["kind"] == "timeout" and requeue["signals"] == [warning]
+    assert requeue["slurm_job_id"] == sweeps["ids"][0] and requeue["timeout_requeues_left"] == 2
+    stopped = requeue["stopped_at_step"]
+    assert 3 <= stopped < STEPS and requeue["checkpoint_step"] == stopped
+    assert (job_dir / "checkpoints" / f"step_{stopped:07d}").is_dir()
+    assert f"job 0 completed after 1 requeue(s): timeout at step {stopped}" in out
+    rank0 = (job_dir / "logs" / "rank0.log").read_text()
+    assert f"preempted ({warning}): checkpoint saved at step {stopped}" in rank0
+    assert f"continuing at step {stopped + 1} of {STEPS}" in rank0
+    assert "UncompletedJobError" not in out + rank0 and "Connection closed" not in rank0
+
+    summary = json.loads((job_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["start_step"] == stopped
+    uninterrupted = _losses(sweeps["local"] / "0")
+    assert summary["final_loss"] == uninterrupted[STEPS]  # bitwise (fp32 resume is exact)
+
+
+def test_sigterm_saves_a_checkpoint_and_ends_preempted_when_no_requeue_is_left(sweeps):
+    job = {j.num: j for j in read_sweep(sweeps["dir"])}[2]
+    assert job.status == "preempted" and "SIGTERM" in job.reason
+    assert "not requeued" in job.reason and "hydra.launcher.max_num_preemption=0" in job.reason
+    step = job.summary["last_step"]
+    assert 3 <= step < STEPS and (job.path / "checkpoints" / f"step_{step:07d}").is_dir()
+    assert job.summary["stop_signals"] == ["SIGTERM"]
+    assert not (job.path / "requeues.json").exists()
+    assert f"job 2 preempted: preemption (SIGTERM) at step {step}" in sweeps["out"]
+
+
+def test_a_job_whose_task_count_does_not_match_the_layout_is_refused_before_training(sweeps):
+    jobs = {j.num: j for j in read_sweep(sweeps["dir"])}
+    for num in (1, 3):
+        job = jobs[num]
+        assert job.status == "skipped" and job.config["dp"]["size"] == 4
+        assert "slurm started 2 tasks" in job.reason and "= 4 ranks" in job.reason
+        assert "hydra.launcher.nodes x hydra.launcher.tasks_per_node" in job.reason
+        assert not (job.path / "logs").exists(), "a refused job must not start training"
