@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 
 
@@ -21,3 +22,28 @@ def union_seconds(intervals: Iterable[tuple[float, float]], *, within: tuple[flo
     if cur_end is not None:
         total += cur_end - cur_start
     return total
+
+
+class IntervalLog:
+    """[start, end] intervals added from any thread (a collective's completion callback runs on the
+    backend's thread), taken and cleared once per step by the loop."""
+
+    count_key = "collectives"
+
+    def __init__(self) -> None:
+        self._intervals: list[tuple[float, float]] = []
+        self._lock = threading.Lock()
+
+    def add(self, start: float, end: float) -> None:
+        with self._lock:
+            self._intervals.append((start, end))
+
+    def take_intervals(self) -> list[tuple[float, float]]:
+        with self._lock:
+            intervals, self._intervals = self._intervals, []
+        return intervals
+
+    def take(self) -> tuple[float, int]:
+        """(busy seconds: union of the intervals, how many) since the last call."""
+        intervals = self.take_intervals()
+        return union_seconds(intervals), len(intervals)

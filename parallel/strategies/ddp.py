@@ -7,7 +7,6 @@ step is the time gradients spent in all-reduce; ``comm_fraction`` is that over t
 
 from __future__ import annotations
 
-import threading
 import time
 
 from torch import nn
@@ -15,39 +14,23 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from parallel.core.base import Engine, ModuleEngine, Strategy, WorkerContext
-from parallel.core.intervals import union_seconds
+from parallel.core.intervals import IntervalLog
 
 
-class CommTimer:
+class CommTimer(IntervalLog):
     """Collects [launch, completion] of every gradient bucket all-reduce."""
 
-    def __init__(self) -> None:
-        self._intervals: list[tuple[float, float]] = []
-        self._lock = threading.Lock()
-        self.buckets = 0
+    count_key = "comm_buckets"
 
     def hook(self, process_group, bucket):
         start = time.perf_counter()
         fut = allreduce_hook(process_group, bucket)
 
         def done(f):
-            with self._lock:
-                self._intervals.append((start, time.perf_counter()))
+            self.add(start, time.perf_counter())
             return f.value()
 
         return fut.then(done)
-
-    count_key = "comm_buckets"
-
-    def take_intervals(self) -> list[tuple[float, float]]:
-        with self._lock:
-            intervals, self._intervals = self._intervals, []
-        return intervals
-
-    def take(self) -> tuple[float, int]:
-        """(busy seconds, bucket count) since the last call."""
-        intervals = self.take_intervals()
-        return union_seconds(intervals), len(intervals)
 
 
 class DDPEngine(ModuleEngine):

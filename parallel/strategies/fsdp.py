@@ -17,7 +17,6 @@ and any wait the host does, not the kernels' device time.
 
 from __future__ import annotations
 
-import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -30,31 +29,13 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
 from parallel.core.base import Engine, Strategy, WorkerContext
-from parallel.core.intervals import union_seconds
+from parallel.core.intervals import IntervalLog
 
 
-class FSDPCommTimer:
+class FSDPCommTimer(IntervalLog):
     """[issue, completion] of every all-gather and reduce-scatter FSDP2 runs on this rank."""
 
     count_key = "comm_collectives"
-
-    def __init__(self) -> None:
-        self._intervals: list[tuple[float, float]] = []
-        self._lock = threading.Lock()
-
-    def add(self, start: float, end: float) -> None:
-        with self._lock:
-            self._intervals.append((start, end))
-
-    def take_intervals(self) -> list[tuple[float, float]]:
-        with self._lock:
-            intervals, self._intervals = self._intervals, []
-        return intervals
-
-    def take(self) -> tuple[float, int]:
-        """(busy seconds: union of the intervals, collectives) since the last call."""
-        intervals = self.take_intervals()
-        return union_seconds(intervals), len(intervals)
 
     def attach(self, model: nn.Module) -> FSDPCommTimer:
         for module in model.modules():
