@@ -104,9 +104,10 @@ def test_installed_package_carries_its_configs(installed):
 
 def test_meshtrain_composes_from_any_folder(installed):
     venv, _, work = installed
-    out = _meshtrain(venv, work, "parallel=hybrid", "pp.micro_batches=8", "--cfg", "job")
+    out = _meshtrain(venv, work, "parallel=hybrid", "pp.micro_batches=8", "--cfg", "job", "--resolve")
     assert out.returncode == 0, out.stderr
-    assert "HybridStrategy" in out.stdout and "micro_batches: 8" in out.stdout
+    # parallel._target_ is the registry's resolver (${mt_strategy:${.name}}): resolved, it names the class
+    assert "_target_: parallel.strategies.hybrid.HybridStrategy" in out.stdout and "micro_batches: 8" in out.stdout
     help_text = _meshtrain(venv, work, "--config-dir", "my_conf", "--help").stdout
     assert "meshtrain: distributed training" in help_text
     assert "my_gpt" in help_text and "my_exp" in help_text and "gpt_schema" not in help_text
