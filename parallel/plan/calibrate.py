@@ -10,8 +10,12 @@ was measured:
 - point-to-point: ping-pong between the same two processes; t = α + bytes/β one way;
 - a pipeline's per-action cost: GPipe over two one-layer stages of 16 features, whose step is almost all
   bookkeeping and send/recv, fitted to the cost model's step formula (``pipeline_action_ms``);
-- a tensor-parallel collective's cost: a column/row-parallel pair of tiny layers (DTensor) against the same
-  local compute without DTensor, per all-reduce, less the link's latency (``tp_collective_us``);
+- a tensor-parallel collective's cost: a whole training step (forward, backward, clipping, AdamW) of the
+  configured GPT (or its proxy) under meshtrain's TP plan over the two processes, less its share of the same
+  step computed locally by both at once, per collective the step runs, less the link's transfer time
+  (``tp_collective_us``): DTensor's dispatch of the sharded ops and optimizer, and each rank waiting for the
+  other at every collective, which a tiny benchmark does not see (a pair of 16-feature layers gave 0-7 ms
+  per collective run to run; the real step's cost per collective was 6 ms of waiting alone);
 - a busy node: the same forward + backward run by both processes at once, over the time alone
   (``busy_node_slowdown``): ranks of one node share memory bandwidth and caches (and on a CPU, the
   cores' turbo budget), so a rank computes slower when its neighbours compute too. On 2 cores here
@@ -27,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from parallel.plan.cost_model import TP_HEAD_COLLECTIVES, tp_collectives_per_layer
 from parallel.plan.specs import HardwareSpec, Link, ModelSpec, Workload
 
 MAX_BUILD_PARAMS = 50_000_000
@@ -133,7 +138,11 @@ def measure_compute(model_cfg: Any, *, seq_len: int, threads: int) -> dict[str, 
 
     t_opt = _timed(optimizer_step)
     n_params = sum(p.numel() for p in model.parameters())
+    tp_ok = measured.tp_divides(2) and measured.vocab_size % 2 == 0 and all(f % 2 == 0 for f in measured.layer_d_ff)
+    collectives = measured.n_layers * tp_collectives_per_layer(measured, meshtrain=True) + TP_HEAD_COLLECTIVES
     return {
+        "optimizer_s": t_opt,
+        "tp_collectives": collectives if tp_ok else 0,
         "flops": 1.0 / s_per_flop,
         "microbatch_overhead_s": overhead,
         "memory_bytes_per_s": n_params * (2 * 4 + 2 * 4 + 2 * 8) / t_opt,
@@ -174,10 +183,10 @@ def _comm_worker(rank: int, port: int, out_path: str, sizes: tuple[int, ...], bu
         results[f"p2p_{n}"] = _timed(pingpong, reps=COMM_REPS) / 2
     dist.barrier()
     results["pipeline_step_s"] = _timed(_tiny_pipeline(rank), reps=COMM_REPS)
-    tp_step, plain_step = _tiny_tensor_parallel()
-    dist.barrier()
-    results["tp_step_s"] = _timed(tp_step, reps=COMM_REPS)
-    results["plain_step_s"] = _timed(plain_step, reps=COMM_REPS)
+    if busy is not None and busy.get("tp_collectives"):
+        tp_step = _tensor_parallel_step(busy["gpt_kwargs"], busy["seq_len"], BUSY_BATCH)
+        dist.barrier()
+        results["tp_step_s"] = _timed(tp_step, reps=TP_REPS)
     if rank == 0:
         import json
 
@@ -214,32 +223,33 @@ def _tiny_pipeline(rank: int) -> Callable[[], None]:
     return step
 
 
-def _tiny_tensor_parallel() -> tuple[Callable[[], None], Callable[[], None]]:
-    """A column- then row-parallel pair of 16-feature layers over the two processes (two all-reduces per
-    forward + backward: the row-parallel output, the column-parallel input's gradient), and the same local
-    compute without DTensor: their difference is what tensor parallel costs per collective besides the link."""
+TP_REPS = 8
+
+
+def _tensor_parallel_step(kwargs: dict[str, Any], seq_len: int, batch: int) -> Callable[[], None]:
+    """One training step of the GPT built from ``kwargs`` under meshtrain's TP plan over the two processes:
+    forward, backward, clipping over the sharded gradients, AdamW on the DTensor parameters."""
     import torch
-    from torch import nn
+    import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from models.gpt.model import GPT
+    from models.gpt.parallelize import parallelize_gpt
+    from parallel.core.grad_clip import clip_grad_norm_
 
     torch.manual_seed(0)
-    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
-    sharded = parallelize_module(
-        nn.Sequential(nn.Linear(TINY, 2 * TINY), nn.Linear(2 * TINY, TINY)),
-        mesh,
-        {"0": ColwiseParallel(), "1": RowwiseParallel()},
-    )
-    plain = nn.Sequential(nn.Linear(TINY, TINY), nn.Linear(TINY, TINY))  # the same local shapes
-    x = torch.randn(4, TINY, requires_grad=True)
+    model = parallelize_gpt(GPT(**kwargs), tp_mesh=init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)))
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    x = torch.randint(0, kwargs["vocab_size"], (batch, seq_len))
 
-    def run(module: nn.Module) -> Callable[[], None]:
-        def step() -> None:
-            module(x).sum().backward()
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x).flatten(0, 1), x.flatten()).backward()
+        clip_grad_norm_(params, 1.0)
+        opt.step()
 
-        return step
-
-    return run(sharded), run(plain)
+    return step
 
 
 def _free_port() -> int:
@@ -272,8 +282,14 @@ def measure_links(sizes: tuple[int, ...] = COMM_SIZES, *, busy: dict[str, Any] |
     m = PIPE_MICRO_BATCHES
     bubble = 1 / (m + 1)
     action_s = max(0.0, (r["pipeline_step_s"] * (1 - bubble) / m - 2 * (p2p_lat + TINY * 4 * p2p_spb)) / 2)
-    # two all-reduces per tensor-parallel step, each already paying the link's 2α (ring over 2)
-    tp_collective_s = max(0.0, (r["tp_step_s"] - r["plain_step_s"]) / 2 - ar_lat2)
+    # the TP step beyond its share of the same step computed locally (both processes at once), per collective,
+    # less what the cost model already charges each collective for the link (ring over 2: 2α + bytes/β)
+    tp_collective_s = 0.0
+    if "tp_step_s" in r:
+        local_s = (r["busy_s"] + busy["optimizer_s"]) / 2
+        message = BUSY_BATCH * busy["seq_len"] * busy["gpt_kwargs"]["d_model"] * 4
+        per_collective = (r["tp_step_s"] - local_s) / busy["tp_collectives"]
+        tp_collective_s = max(0.0, per_collective - (ar_lat2 + message * ar_spb))
     return {
         "pipeline_action_s": action_s,
         "tp_collective_s": tp_collective_s,

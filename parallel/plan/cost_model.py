@@ -312,6 +312,20 @@ def ring_allreduce_s(nbytes: float, *, n: int, link: Link, messages: int = 1) ->
     return 2 * (n - 1) / n * nbytes / link.bytes_per_s + 2 * (n - 1) * link.latency_s * messages
 
 
+def tp_collectives_per_layer(model: ModelSpec, *, meshtrain: bool, recompute: str = "none") -> int:
+    """Tensor-parallel all-reduces of one block per micro-batch. Megatron-LM (arXiv 2104.04473 section 3.2):
+    2 forward (attention and MLP outputs) + 2 backward (their inputs' gradients, one fused f operator each).
+    meshtrain's DTensor plan all-reduces the input gradient of every column-wise projection on its own: wq,
+    wk, wv and the MLP's input projections (w1; w1 and w3 when gated): 2 + 4 = 6 for the GPT, 7 for Llama
+    (the ``tp_collectives`` a tp run reports). Full recomputation repeats the forward's 2."""
+    backward = (3 + (2 if model.gated_mlp else 1)) if meshtrain else 2
+    return 2 + backward + (2 if recompute == "full" else 0)
+
+
+#: meshtrain's vocabulary-parallel head: all-gather of the logits forward, input-gradient all-reduce backward
+TP_HEAD_COLLECTIVES = 2
+
+
 def p2p_s(nbytes: float, *, link: Link) -> float:
     """One point-to-point message: latency + bytes / bandwidth."""
     return link.latency_s + nbytes / link.bytes_per_s
@@ -369,7 +383,7 @@ def estimate(candidate: Candidate, *, model: ModelSpec, hardware: HardwareSpec, 
     tokens = b * s
     passes = {"none": 3.0, "selective": 3.0, "full": 4.0}[c.recompute]
     tp_link = hardware.link_for(span=c.tp, stride=1)
-    ar_per_layer = 4 + (2 if c.recompute == "full" else 0)  # Megatron-LM 2104.04473 section 3.2: 2 fwd + 2 bwd
+    ar_per_layer = tp_collectives_per_layer(model, meshtrain=meshtrain, recompute=c.recompute)
     tp_ar = ring_allreduce_s(tokens * model.d_model * e, n=c.tp, link=tp_link)
     tp_ar += hardware.tp_collective_s if c.tp > 1 else 0.0
     stage_compute, stage_tp = [], []
@@ -387,7 +401,8 @@ def estimate(candidate: Candidate, *, model: ModelSpec, hardware: HardwareSpec, 
             flops += 3 * model.logit_forward_flops_per_token()
         share = (len(layers) + (r == 0) + (r == last)) / (model.n_layers + 2)
         stage_compute.append((flops * tokens / c.tp / hardware.flops + hardware.microbatch_overhead_s * share) * busy)
-        stage_tp.append(len(layers) * ar_per_layer * tp_ar)
+        head = TP_HEAD_COLLECTIVES if meshtrain and r == last else 0
+        stage_tp.append((len(layers) * ar_per_layer + head) * tp_ar if c.tp > 1 else 0.0)
     pp_link = hardware.link_for(span=c.pp, stride=c.dp * c.tp) if c.pp > 1 else hardware.p2p
     if pp_link is hardware.intra:
         pp_link = hardware.p2p

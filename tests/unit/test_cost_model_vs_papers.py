@@ -13,6 +13,7 @@ from parallel.plan.cost_model import (
     layer_activation_bytes,
     micro_batches_in_flight,
     model_state_bytes,
+    tp_collectives_per_layer,
 )
 from parallel.plan.specs import HardwareSpec, Link, ModelSpec, Workload
 
@@ -153,3 +154,15 @@ def test_estimate_terms_move_the_right_way():
     buckets32 = math.ceil(4 * m.params / (25 * 2**20))
     expected32 = 2 * 7 / 8 * 4 * m.params / 300e9 + 2 * 7 * 5e-6 * buckets32
     assert ddp_fast.dp_comm_s == pytest.approx(expected32 * (1 - hw.dp_comm_overlap), rel=0.01)
+
+
+def test_tp_collectives_are_counted_as_each_implementation_issues_them(compose_cfg):
+    """Megatron fuses each sub-block's input-gradient all-reduce (2 fwd + 2 bwd); meshtrain's DTensor plan
+    all-reduces every column-wise projection's input gradient: gpt_small's 4 blocks + head run the 26 that
+    tests/integration/test_tp_fsdp_parity.py counts in a real tp run."""
+    gpt = ModelSpec.from_cfg(compose_cfg("model=gpt_small").model)
+    llama = ModelSpec.from_cfg(compose_cfg("model=llama_debug").model)
+    assert tp_collectives_per_layer(gpt, meshtrain=False) == 4
+    assert tp_collectives_per_layer(gpt, meshtrain=False, recompute="full") == 6
+    assert tp_collectives_per_layer(gpt, meshtrain=True) == 6 and gpt.n_layers * 6 + 2 == 26
+    assert tp_collectives_per_layer(llama, meshtrain=True) == 7
