@@ -91,7 +91,17 @@ SWEEP = tuple(
     )
 )
 #: one layout per strategy family, for the test
-QUICK = tuple(layout_of(c) for c in (Candidate(), Candidate(dp=2), Candidate(tp=2), _pp("gpipe", 1), _pp("1f1b", 4)))
+QUICK = tuple(
+    layout_of(c)
+    for c in (
+        Candidate(),
+        Candidate(dp=2),
+        Candidate(dp=2, zero_stage=3),
+        Candidate(tp=2),
+        _pp("gpipe", 1),
+        _pp("1f1b", 4),
+    )
+)
 
 
 def calibrated() -> HardwareSpec:

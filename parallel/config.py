@@ -119,6 +119,10 @@ class TopologyConfig:
     tp_collective_us: float = 0.0
     """Fixed cost of one tensor-parallel collective besides the link's latency and bandwidth: DTensor's
     dispatch of the collective and of the sharded ops around it (calibrate measures it)."""
+    fsdp_collective_us: float = 0.0
+    """Fixed cost of one FSDP2 all-gather or reduce-scatter besides the link's latency and bandwidth: its
+    hooks and buffer copies, and the sharded (DTensor) parameters' clipping and optimizer step, per
+    collective (calibrate measures it)."""
     p2p_gbps: Optional[float] = None
     """Point-to-point bandwidth between pipeline neighbours (Gbit/s); null = the link's bandwidth."""
     p2p_latency_us: Optional[float] = None

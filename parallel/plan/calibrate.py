@@ -16,6 +16,11 @@ was measured:
   (``tp_collective_us``): DTensor's dispatch of the sharded ops and optimizer, and each rank waiting for the
   other at every collective, which a tiny benchmark does not see (a pair of 16-feature layers gave 0-7 ms
   per collective run to run; the real step's cost per collective was 6 ms of waiting alone);
+- an FSDP2 collective's cost, the same way: a whole training step of the configured GPT fully sharded over
+  the two processes (each block and the root a unit), less the same step computed locally at once and half
+  the optimizer, per all-gather / reduce-scatter, less the link's transfer time (``fsdp_collective_us``):
+  FSDP2's hooks and copies and the DTensor parameters' clipping and AdamW (measured here: fsdp steps took
+  twice ddp's with 48 of the extra 95 ms outside the collectives' own intervals);
 - a busy node: the same forward + backward run by both processes at once, over the time alone
   (``busy_node_slowdown``): ranks of one node share memory bandwidth and caches (and on a CPU, the
   cores' turbo budget), so a rank computes slower when its neighbours compute too. On 2 cores here
@@ -142,6 +147,7 @@ def measure_compute(model_cfg: Any, *, seq_len: int, threads: int) -> dict[str, 
     collectives = measured.n_layers * tp_collectives_per_layer(measured, meshtrain=True) + TP_HEAD_COLLECTIVES
     return {
         "optimizer_s": t_opt,
+        "param_bytes": n_params * 4,
         "tp_collectives": collectives if tp_ok else 0,
         "flops": 1.0 / s_per_flop,
         "microbatch_overhead_s": overhead,
@@ -187,6 +193,10 @@ def _comm_worker(rank: int, port: int, out_path: str, sizes: tuple[int, ...], bu
         tp_step = _tensor_parallel_step(busy["gpt_kwargs"], busy["seq_len"], BUSY_BATCH)
         dist.barrier()
         results["tp_step_s"] = _timed(tp_step, reps=TP_REPS)
+    if busy is not None:
+        fsdp_step = _fully_sharded_step(busy["gpt_kwargs"], busy["seq_len"], BUSY_BATCH)
+        dist.barrier()
+        results["fsdp_step_s"] = _timed(fsdp_step, reps=TP_REPS)
     if rank == 0:
         import json
 
@@ -252,6 +262,36 @@ def _tensor_parallel_step(kwargs: dict[str, Any], seq_len: int, batch: int) -> C
     return step
 
 
+def _fully_sharded_step(kwargs: dict[str, Any], seq_len: int, batch: int) -> Callable[[], None]:
+    """One training step of the GPT built from ``kwargs``, FSDP2 over the two processes as meshtrain applies
+    it (each block a unit, then the root): forward, backward, clipping, AdamW on the sharded parameters."""
+    import torch
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from models.gpt.model import GPT
+    from parallel.core.grad_clip import clip_grad_norm_
+
+    torch.manual_seed(0)
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp",))
+    model = GPT(**kwargs)
+    for block in model.layers.values():
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    x = torch.randint(0, kwargs["vocab_size"], (batch, seq_len))
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x).flatten(0, 1), x.flatten()).backward()
+        clip_grad_norm_(params, 1.0)
+        opt.step()
+
+    return step
+
+
 def _free_port() -> int:
     import socket
 
@@ -290,9 +330,19 @@ def measure_links(sizes: tuple[int, ...] = COMM_SIZES, *, busy: dict[str, Any] |
         message = BUSY_BATCH * busy["seq_len"] * busy["gpt_kwargs"]["d_model"] * 4
         per_collective = (r["tp_step_s"] - local_s) / busy["tp_collectives"]
         tp_collective_s = max(0.0, per_collective - (ar_lat2 + message * ar_spb))
+    # FSDP: each rank computes the whole model on its batch and updates half the optimizer state; the cost
+    # model already charges the link for 1.5x the gradient bytes (ZeRO-3), spread over the collectives
+    fsdp_collective_s = 0.0
+    if "fsdp_step_s" in r:
+        units = busy["gpt_kwargs"]["n_layers"] + 1
+        collectives = 3 * units  # all-gather forward, all-gather backward, reduce-scatter
+        local_s = r["busy_s"] + busy["optimizer_s"] / 2
+        transfer_s = 1.5 * busy["param_bytes"] * ar_spb + collectives * ar_lat2
+        fsdp_collective_s = max(0.0, (r["fsdp_step_s"] - local_s - transfer_s) / collectives)
     return {
         "pipeline_action_s": action_s,
         "tp_collective_s": tp_collective_s,
+        "fsdp_collective_s": fsdp_collective_s,
         "busy_node_slowdown": busy_slowdown,
         "allreduce_gbps": 8 / ar_spb / 1e9,
         "allreduce_latency_s": ar_lat2 / 2,
@@ -325,6 +375,7 @@ def calibrate_hardware(
             busy_node_slowdown=lk["busy_node_slowdown"],
             pipeline_action_s=lk["pipeline_action_s"],
             tp_collective_s=lk["tp_collective_s"],
+            fsdp_collective_s=lk["fsdp_collective_s"],
         )
         if hardware.nnodes == 1:
             updates["inter"] = intra
@@ -336,5 +387,6 @@ def calibrate_hardware(
             p2p_latency_us=lk["p2p_latency_s"] * 1e6,
             pipeline_action_ms=lk["pipeline_action_s"] * 1e3,
             tp_collective_us=lk["tp_collective_s"] * 1e6,
+            fsdp_collective_us=lk["fsdp_collective_s"] * 1e6,
         )
     return replace(hardware, measured=measured, **updates)

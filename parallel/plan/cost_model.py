@@ -430,6 +430,11 @@ def estimate(candidate: Candidate, *, model: ModelSpec, hardware: HardwareSpec, 
     # dp_comm_overlap of itself, and never more than the step's backward compute (2/3 of the compute)
     hidden = min(hardware.dp_comm_overlap * dp_total, (2 / 3) * compute_s)
     dp_comm_s = dp_total - hidden
+    if c.zero_stage >= 3 and c.dp > 1:
+        # FSDP2 units (each block, and the root): all-gather for forward and again for backward on every
+        # micro-batch, reduce-scatter once per step (meshtrain skips it on the others); each pays a fixed cost
+        units = max(len(layers) for layers in layers_of) + 1
+        dp_comm_s += units * (2 * c.micro_batches + 1) * hardware.fsdp_collective_s
     w, g, k = workload.bytes_per_param
     shard_params = worst.optimizer / k  # parameters whose optimizer states this rank updates
     optimizer_s = (

@@ -69,6 +69,9 @@ class HardwareSpec:
     """Fixed cost of one pipeline action (F, B or W of one micro-batch on one stage) besides compute and p2p."""
     tp_collective_s: float = 0.0
     """Fixed cost of one tensor-parallel collective besides the link's latency and bandwidth."""
+    fsdp_collective_s: float = 0.0
+    """Fixed cost of one FSDP2 all-gather or reduce-scatter besides the link's: hooks, copy-in/out, and the
+    DTensor parameters' optimizer and clipping, per collective."""
     dp_comm_overlap: float = 0.0
     busy_node_slowdown: float = 1.0
     """How much slower one device computes while the other devices of its node compute too (shared
@@ -120,6 +123,7 @@ class HardwareSpec:
             cores_per_node=(os.cpu_count() or 1) if device in ("cpu", "auto") else None,
             threads_per_device=int(topo.get("threads_per_rank", 1) or 1),
             tp_collective_s=float(topo.get("tp_collective_us", 0.0) or 0.0) * 1e-6,
+            fsdp_collective_s=float(topo.get("fsdp_collective_us", 0.0) or 0.0) * 1e-6,
             dp_comm_overlap=float(topo.get("dp_comm_overlap", 0.0)),
             busy_node_slowdown=float(topo.get("busy_node_slowdown", 1.0)),
             devices_per_nic=sharing,

@@ -1,4 +1,4 @@
-"""The cost model against real runs on this machine: one layout per strategy family (single, ddp, tp, mp,
+"""The cost model against real runs on this machine: one layout per strategy family (single, ddp, fsdp, tp, mp,
 pp 1F1B), predicted vs measured step time, and the planner's first choice checked by its own measured time.
 
 The accuracy targets (median error <= 15%, worst <= 30%) are ``benchmarks/planner.py``'s, on an idle machine,
