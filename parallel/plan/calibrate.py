@@ -1,6 +1,6 @@
 """``topology.calibrate=true``: measure this machine instead of trusting the preset (a few seconds).
 
-Four measurements, each fitted to the cost model's own formula so that the planner's terms mean what
+The measurements, each fitted to the cost model's own formula so that the planner's terms mean what
 was measured:
 - compute: forward + backward of the configured GPT (or a 2-block proxy of a model too big to build) at
   two micro-batch sizes; t = overhead + FLOPs / (FLOP/s) gives sustained FLOP/s and the fixed cost of one
@@ -8,19 +8,16 @@ was measured:
 - optimizer: AdamW step + gradient clipping, as bytes moved per second (``memory_gbps``);
 - all-reduce: two gloo processes, two buffer sizes; t = 2α + bytes/β (ring with n = 2);
 - point-to-point: ping-pong between the same two processes; t = α + bytes/β one way;
-- a pipeline's per-action cost: GPipe over two one-layer stages of 16 features, whose step is almost all
-  bookkeeping and send/recv, fitted to the cost model's step formula (``pipeline_action_ms``);
-- a tensor-parallel collective's cost: a whole training step (forward, backward, clipping, AdamW) of the
-  configured GPT (or its proxy) under meshtrain's TP plan over the two processes, less its share of the same
-  step computed locally by both at once, per collective the step runs, less the link's transfer time
-  (``tp_collective_us``): DTensor's dispatch of the sharded ops and optimizer, and each rank waiting for the
-  other at every collective, which a tiny benchmark does not see (a pair of 16-feature layers gave 0-7 ms
-  per collective run to run; the real step's cost per collective was 6 ms of waiting alone);
-- an FSDP2 collective's cost, the same way: a whole training step of the configured GPT fully sharded over
-  the two processes (each block and the root a unit), less the same step computed locally at once and half
-  the optimizer, per all-gather / reduce-scatter, less the link's transfer time (``fsdp_collective_us``):
-  FSDP2's hooks and copies and the DTensor parameters' clipping and AdamW (measured here: fsdp steps took
-  twice ddp's with 48 of the extra 95 ms outside the collectives' own intervals);
+- three fixed costs the FLOPs and the links do not explain, each from a whole training step (forward,
+  backward, clipping, AdamW) of the configured GPT (or its proxy) run by the two processes as meshtrain runs
+  it: GPipe over two stages with 4 micro-batches (``pipeline_action_ms``: the schedule's bookkeeping,
+  posting send/recv, waking the peer), meshtrain's TP plan (``tp_collective_us``: DTensor's dispatch of the
+  sharded ops and optimizer, each rank waiting for the other at every collective) and FSDP2 with each block
+  and the root a unit (``fsdp_collective_us``: its hooks and copies, the sharded optimizer). The cost model's
+  step is linear in each of them, so each is solved from it: measured = step(cost 0) + cost x (how often the
+  model charges it). Tiny benchmarks did not reproduce them: a pair of 16-feature TP layers gave 0-7 ms per
+  collective run to run where gpt_small's TP step spent 6.4 ms per collective in ``wait_tensor`` alone, and
+  a 16-feature pipeline's 0.6-1.4 ms per action left gpt_small's pipelines 15-60% under-predicted;
 - a busy node: the same forward + backward run by both processes at once, over the time alone
   (``busy_node_slowdown``): ranks of one node share memory bandwidth and caches (and on a CPU, the
   cores' turbo budget), so a rank computes slower when its neighbours compute too. On 2 cores here
@@ -36,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from parallel.plan.cost_model import TP_HEAD_COLLECTIVES, tp_collectives_per_layer
+from parallel.plan.cost_model import Candidate, estimate
 from parallel.plan.specs import HardwareSpec, Link, ModelSpec, Workload
 
 MAX_BUILD_PARAMS = 50_000_000
@@ -131,6 +128,7 @@ def measure_compute(model_cfg: Any, *, seq_len: int, threads: int) -> dict[str, 
     b1, b2 = 1, BUSY_BATCH
     t1, t2 = _timed(step(b1)), _timed(step(b2))
     overhead, s_per_flop = _fit_line(b1 * seq_len * flops_per_token, t1, b2 * seq_len * flops_per_token, t2)
+    proxy_overhead = overhead
     if proxy:
         overhead *= (spec.n_layers + 2) / (measured.n_layers + 2)
 
@@ -144,11 +142,11 @@ def measure_compute(model_cfg: Any, *, seq_len: int, threads: int) -> dict[str, 
     t_opt = _timed(optimizer_step)
     n_params = sum(p.numel() for p in model.parameters())
     tp_ok = measured.tp_divides(2) and measured.vocab_size % 2 == 0 and all(f % 2 == 0 for f in measured.layer_d_ff)
-    collectives = measured.n_layers * tp_collectives_per_layer(measured, meshtrain=True) + TP_HEAD_COLLECTIVES
+    fixed = (["pipeline_action_s"] if measured.n_layers >= 2 else []) + (["tp_collective_s"] if tp_ok else [])
     return {
-        "optimizer_s": t_opt,
-        "param_bytes": n_params * 4,
-        "tp_collectives": collectives if tp_ok else 0,
+        "shape": measured,
+        "proxy_overhead_s": proxy_overhead,
+        "fixed_costs": [*fixed, "fsdp_collective_s"],
         "flops": 1.0 / s_per_flop,
         "microbatch_overhead_s": overhead,
         "memory_bytes_per_s": n_params * (2 * 4 + 2 * 4 + 2 * 8) / t_opt,
@@ -187,16 +185,17 @@ def _comm_worker(rank: int, port: int, out_path: str, sizes: tuple[int, ...], bu
         results[f"allreduce_{n}"] = _timed(allreduce, reps=COMM_REPS)
         dist.barrier()
         results[f"p2p_{n}"] = _timed(pingpong, reps=COMM_REPS) / 2
-    dist.barrier()
-    results["pipeline_step_s"] = _timed(_tiny_pipeline(rank), reps=COMM_REPS)
-    if busy is not None and busy.get("tp_collectives"):
-        tp_step = _tensor_parallel_step(busy["gpt_kwargs"], busy["seq_len"], BUSY_BATCH)
-        dist.barrier()
-        results["tp_step_s"] = _timed(tp_step, reps=TP_REPS)
     if busy is not None:
-        fsdp_step = _fully_sharded_step(busy["gpt_kwargs"], busy["seq_len"], BUSY_BATCH)
-        dist.barrier()
-        results["fsdp_step_s"] = _timed(fsdp_step, reps=TP_REPS)
+        kwargs, seq_len = busy["gpt_kwargs"], busy["seq_len"]
+        steps = {
+            "pipeline_action_s": lambda: _pipeline_step(kwargs, seq_len, rank),
+            "tp_collective_s": lambda: _tensor_parallel_step(kwargs, seq_len, BUSY_BATCH),
+            "fsdp_collective_s": lambda: _fully_sharded_step(kwargs, seq_len, BUSY_BATCH),
+        }
+        for name in busy["fixed_costs"]:  # the same list on both ranks: every collective is matched
+            step = steps[name]()
+            dist.barrier()
+            results[f"step_{name}"] = _timed(step, reps=STEP_REPS)
     if rank == 0:
         import json
 
@@ -206,34 +205,52 @@ def _comm_worker(rank: int, port: int, out_path: str, sizes: tuple[int, ...], bu
     dist.destroy_process_group()
 
 
-PIPE_MICRO_BATCHES = 8
-TINY = 16
+PIPE_MICRO_BATCHES = 4
+STEP_REPS = 8
 
 
-def _tiny_pipeline(rank: int) -> Callable[[], None]:
-    """GPipe over two one-layer stages of 16 features, 8 micro-batches: its step is almost all per-action cost
-    (schedule bookkeeping, send/recv), the term the cost model's ``pipeline_action_s`` stands for."""
+def _pipeline_step(kwargs: dict[str, Any], seq_len: int, rank: int) -> Callable[[], None]:
+    """One training step of the GPT built from ``kwargs`` as a two-stage GPipe pipeline (the first half of
+    the blocks with the embeddings on rank 0, the rest with the head on rank 1): 2 x BUSY_BATCH rows in
+    PIPE_MICRO_BATCHES micro-batches, then clipping and AdamW on each stage's parameters."""
     import torch
-    from torch import nn
+    import torch.distributed as dist
+    import torch.nn.functional as F
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
+    from models.gpt.model import GPT
+    from parallel.core.grad_clip import clip_grad_norm_
+
     torch.manual_seed(0)
-    stage = PipelineStage(nn.Linear(TINY, TINY), rank, 2, torch.device("cpu"))
+    model = GPT(**kwargs)
+    half = kwargs["n_layers"] // 2
+    for name in list(model.layers.keys()):
+        if (int(name) < half) != (rank == 0):
+            del model.layers[name]
+    if rank == 0:
+        model.norm, model.output = None, None
+    else:
+        model.tok_embeddings, model.pos_embeddings = None, None
+    stage = PipelineStage(model, rank, 2, torch.device("cpu"))
     schedule = ScheduleGPipe(
-        stage, n_microbatches=PIPE_MICRO_BATCHES, loss_fn=lambda out, tgt: out.sum(), scale_grads=False
+        stage,
+        n_microbatches=PIPE_MICRO_BATCHES,
+        loss_fn=lambda out, tgt: F.cross_entropy(out.flatten(0, 1), tgt.flatten()),
     )
-    x, target = torch.randn(PIPE_MICRO_BATCHES, TINY), torch.randn(PIPE_MICRO_BATCHES, TINY)
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    x = torch.randint(0, kwargs["vocab_size"], (2 * BUSY_BATCH, seq_len))
 
     def step() -> None:
+        opt.zero_grad(set_to_none=True)
         if rank == 0:
             schedule.step(x)
         else:
-            schedule.step(target=target, losses=[])
+            schedule.step(target=x, losses=[])
+        clip_grad_norm_(params, 1.0, pp_group=dist.group.WORLD)
+        opt.step()
 
     return step
-
-
-TP_REPS = 8
 
 
 def _tensor_parallel_step(kwargs: dict[str, Any], seq_len: int, batch: int) -> Callable[[], None]:
@@ -302,7 +319,8 @@ def _free_port() -> int:
 
 def measure_links(sizes: tuple[int, ...] = COMM_SIZES, *, busy: dict[str, Any] | None = None) -> dict[str, float]:
     """Link bandwidths and latencies between two local processes; with ``busy`` (``measure_compute``'s
-    result) also the slowdown of compute when both processes compute at once."""
+    result) also the slowdown of compute when both processes compute at once, and the measured step time
+    of each layout named in ``busy["fixed_costs"]`` (keyed by the fixed cost it calibrates)."""
     import json
 
     import torch.multiprocessing as mp
@@ -318,37 +336,45 @@ def measure_links(sizes: tuple[int, ...] = COMM_SIZES, *, busy: dict[str, Any] |
     ar_lat2, ar_spb = _fit_line(small, r[f"allreduce_{small}"], big, r[f"allreduce_{big}"])  # t = 2α + bytes/β
     p2p_lat, p2p_spb = _fit_line(small, r[f"p2p_{small}"], big, r[f"p2p_{big}"])
     busy_slowdown = max(1.0, r["busy_s"] / busy["alone_s"]) if busy is not None else 1.0
-    # fitted to the cost model's own terms: GPipe, p = 2, m micro-batches: step = m·(2a + 2·p2p)/(1 - bubble)
-    m = PIPE_MICRO_BATCHES
-    bubble = 1 / (m + 1)
-    action_s = max(0.0, (r["pipeline_step_s"] * (1 - bubble) / m - 2 * (p2p_lat + TINY * 4 * p2p_spb)) / 2)
-    # the TP step beyond its share of the same step computed locally (both processes at once), per collective,
-    # less what the cost model already charges each collective for the link (ring over 2: 2α + bytes/β)
-    tp_collective_s = 0.0
-    if "tp_step_s" in r:
-        local_s = (r["busy_s"] + busy["optimizer_s"]) / 2
-        message = BUSY_BATCH * busy["seq_len"] * busy["gpt_kwargs"]["d_model"] * 4
-        per_collective = (r["tp_step_s"] - local_s) / busy["tp_collectives"]
-        tp_collective_s = max(0.0, per_collective - (ar_lat2 + message * ar_spb))
-    # FSDP: each rank computes the whole model on its batch and updates half the optimizer state; the cost
-    # model already charges the link for 1.5x the gradient bytes (ZeRO-3), spread over the collectives
-    fsdp_collective_s = 0.0
-    if "fsdp_step_s" in r:
-        units = busy["gpt_kwargs"]["n_layers"] + 1
-        collectives = 3 * units  # all-gather forward, all-gather backward, reduce-scatter
-        local_s = r["busy_s"] + busy["optimizer_s"] / 2
-        transfer_s = 1.5 * busy["param_bytes"] * ar_spb + collectives * ar_lat2
-        fsdp_collective_s = max(0.0, (r["fsdp_step_s"] - local_s - transfer_s) / collectives)
     return {
-        "pipeline_action_s": action_s,
-        "tp_collective_s": tp_collective_s,
-        "fsdp_collective_s": fsdp_collective_s,
+        **{k.removeprefix("step_"): v for k, v in r.items() if k.startswith("step_")},
         "busy_node_slowdown": busy_slowdown,
         "allreduce_gbps": 8 / ar_spb / 1e9,
         "allreduce_latency_s": ar_lat2 / 2,
         "p2p_gbps": 8 / p2p_spb / 1e9,
         "p2p_latency_s": p2p_lat,
     }
+
+
+#: the layout whose measured step calibrates each fixed cost, and its global batch in BUSY_BATCH rows
+FIXED_COST_LAYOUTS = {
+    "pipeline_action_s": (Candidate(pp=2, micro_batches=PIPE_MICRO_BATCHES, schedule="gpipe"), 2),
+    "tp_collective_s": (Candidate(tp=2), 1),
+    "fsdp_collective_s": (Candidate(dp=2, zero_stage=3), 2),
+}
+
+
+def solve_fixed_costs(hardware: HardwareSpec, *, compute: dict[str, Any], steps: dict[str, float]) -> dict[str, float]:
+    """Each fixed cost from the cost model's own step, which is linear in it: measured step = step with the
+    cost at 0 + cost x (step with 1 ms - step with 0) / 1 ms, on the calibration model and its layout."""
+    shape = compute["shape"]
+    base = replace(
+        hardware,
+        microbatch_overhead_s=compute["proxy_overhead_s"],
+        pipeline_action_s=0.0,
+        tp_collective_s=0.0,
+        fsdp_collective_s=0.0,
+        devices_per_node=max(hardware.devices_per_node, 2),
+    )
+    solved = {}
+    for name, (candidate, batches) in FIXED_COST_LAYOUTS.items():
+        if name not in steps:
+            continue
+        workload = Workload(global_batch_size=batches * BUSY_BATCH, seq_len=compute["seq_len"])
+        t0 = estimate(candidate, model=shape, hardware=base, workload=workload).step_time_s
+        t1 = estimate(candidate, model=shape, hardware=replace(base, **{name: 1e-3}), workload=workload).step_time_s
+        solved[name] = max(0.0, (steps[name] - t0) / (t1 - t0) * 1e-3) if t1 > t0 else 0.0
+    return solved
 
 
 def calibrate_hardware(
@@ -373,20 +399,22 @@ def calibrate_hardware(
             intra=intra,
             p2p=Link(lk["p2p_gbps"], lk["p2p_latency_s"]),
             busy_node_slowdown=lk["busy_node_slowdown"],
-            pipeline_action_s=lk["pipeline_action_s"],
-            tp_collective_s=lk["tp_collective_s"],
-            fsdp_collective_s=lk["fsdp_collective_s"],
         )
         if hardware.nnodes == 1:
             updates["inter"] = intra
+        updates.update(solve_fixed_costs(replace(hardware, **updates), compute=c, steps=lk))
         measured.update(
             busy_node_slowdown=lk["busy_node_slowdown"],
             allreduce_gbps=lk["allreduce_gbps"],
             allreduce_latency_us=lk["allreduce_latency_s"] * 1e6,
             p2p_gbps=lk["p2p_gbps"],
             p2p_latency_us=lk["p2p_latency_s"] * 1e6,
-            pipeline_action_ms=lk["pipeline_action_s"] * 1e3,
-            tp_collective_us=lk["tp_collective_s"] * 1e6,
-            fsdp_collective_us=lk["fsdp_collective_s"] * 1e6,
         )
+        for name, unit, scale in (
+            ("pipeline_action", "ms", 1e3),
+            ("tp_collective", "us", 1e6),
+            ("fsdp_collective", "us", 1e6),
+        ):
+            if f"{name}_s" in updates:
+                measured[f"{name}_{unit}"] = updates[f"{name}_s"] * scale
     return replace(hardware, measured=measured, **updates)
