@@ -253,22 +253,15 @@ def _pipeline_step(kwargs: dict[str, Any], seq_len: int, rank: int) -> Callable[
     return step
 
 
-def _tensor_parallel_step(kwargs: dict[str, Any], seq_len: int, batch: int) -> Callable[[], None]:
-    """One training step of the GPT built from ``kwargs`` under meshtrain's TP plan over the two processes:
-    forward, backward, clipping over the sharded gradients, AdamW on the DTensor parameters."""
+def _training_step(model: Any, x: Any) -> Callable[[], None]:
+    """Forward, backward (next-token loss on ``x`` itself), clipping and AdamW of a sharded or local model."""
     import torch
     import torch.nn.functional as F
-    from torch.distributed.device_mesh import init_device_mesh
 
-    from models.gpt.model import GPT
-    from models.gpt.parallelize import parallelize_gpt
     from parallel.core.grad_clip import clip_grad_norm_
 
-    torch.manual_seed(0)
-    model = parallelize_gpt(GPT(**kwargs), tp_mesh=init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)))
     params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=1e-4)
-    x = torch.randint(0, kwargs["vocab_size"], (batch, seq_len))
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
@@ -279,16 +272,28 @@ def _tensor_parallel_step(kwargs: dict[str, Any], seq_len: int, batch: int) -> C
     return step
 
 
+def _tensor_parallel_step(kwargs: dict[str, Any], seq_len: int, batch: int) -> Callable[[], None]:
+    """One training step of the GPT built from ``kwargs`` under meshtrain's TP plan over the two processes:
+    forward, backward, clipping over the sharded gradients, AdamW on the DTensor parameters."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from models.gpt.model import GPT
+    from models.gpt.parallelize import parallelize_gpt
+
+    torch.manual_seed(0)
+    model = parallelize_gpt(GPT(**kwargs), tp_mesh=init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)))
+    return _training_step(model, torch.randint(0, kwargs["vocab_size"], (batch, seq_len)))
+
+
 def _fully_sharded_step(kwargs: dict[str, Any], seq_len: int, batch: int) -> Callable[[], None]:
     """One training step of the GPT built from ``kwargs``, FSDP2 over the two processes as meshtrain applies
     it (each block a unit, then the root): forward, backward, clipping, AdamW on the sharded parameters."""
     import torch
-    import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     from models.gpt.model import GPT
-    from parallel.core.grad_clip import clip_grad_norm_
 
     torch.manual_seed(0)
     mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp",))
@@ -296,17 +301,7 @@ def _fully_sharded_step(kwargs: dict[str, Any], seq_len: int, batch: int) -> Cal
     for block in model.layers.values():
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    params = list(model.parameters())
-    opt = torch.optim.AdamW(params, lr=1e-4)
-    x = torch.randint(0, kwargs["vocab_size"], (batch, seq_len))
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x).flatten(0, 1), x.flatten()).backward()
-        clip_grad_norm_(params, 1.0)
-        opt.step()
-
-    return step
+    return _training_step(model, torch.randint(0, kwargs["vocab_size"], (batch, seq_len)))
 
 
 def _free_port() -> int:
