@@ -22,6 +22,10 @@ was measured:
   (``busy_node_slowdown``): ranks of one node share memory bandwidth and caches (and on a CPU, the
   cores' turbo budget), so a rank computes slower when its neighbours compute too. On 2 cores here
   this was 1.3-1.5x, the largest error of a cost model that assumed independent devices.
+
+The forward+backward, busy and fixed-cost steps are timed in interleaved rounds, keeping each one's
+quietest round (``_quietest``): a fixed cost is a difference of two times, and one noisy window of a few
+seconds doubled it (docs/planner.md, Calibration).
 """
 
 from __future__ import annotations
@@ -39,15 +43,26 @@ from parallel.plan.specs import HardwareSpec, Link, ModelSpec, Workload
 MAX_BUILD_PARAMS = 50_000_000
 COMM_SIZES = (64 * 1024, 4 * 2**20)
 COMM_REPS = 15
+PIPE_MICRO_BATCHES = 4
+STEP_ROUNDS = 3
+STEP_REPS = 5
 
 
-def _timed(fn: Callable[[], None], *, min_time: float = 0.15, min_reps: int = 5, reps: int | None = None) -> float:
-    """Median of the timed calls after two warm-up calls: what a training step will typically see (the
+def _timed(
+    fn: Callable[[], None],
+    *,
+    min_time: float = 0.15,
+    min_reps: int = 5,
+    reps: int | None = None,
+    warmup: int = 2,
+) -> float:
+    """Median of the timed calls after ``warmup`` calls: what a training step will typically see (the
     minimum flatters the machine: training runs long enough to meet its slow moments too).
 
     ``reps`` fixes the number of calls: a collective must be called equally often on every rank, and a
     count decided by each rank's own clock deadlocks (seen here: one rank stopped, the other waited)."""
-    fn(), fn()
+    for _ in range(warmup):
+        fn()
     times, start = [], time.perf_counter()
     while (
         (len(times) < reps) if reps is not None else (len(times) < min_reps or time.perf_counter() - start < min_time)
@@ -59,6 +74,25 @@ def _timed(fn: Callable[[], None], *, min_time: float = 0.15, min_reps: int = 5,
             break
     times.sort()
     return times[len(times) // 2]
+
+
+def _quietest(
+    steps: dict[str, Callable[[], None]], *, rounds: int = 3, reps: int = 5, sync: Callable[[], None] = lambda: None
+) -> dict[str, float]:
+    """Each step's median over ``reps`` calls, in ``rounds`` rounds that take the steps in turn; per step the
+    lowest round median. This VM has noisy phases lasting seconds (one calibration measured the same TP step
+    at 0.36-0.60 s, the next at 0.15-0.24 s): one window of consecutive calls can fall wholly inside one and
+    double a fixed cost solved from it, while interleaved rounds put each step in several windows, and
+    interference only ever adds time. ``sync`` (a barrier) before each window: with several processes,
+    every rank runs the same steps in the same order, so their collectives match."""
+    for step in steps.values():
+        step(), step()
+    medians: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            sync()
+            medians[name].append(_timed(step, reps=reps, warmup=0))
+    return {name: min(m) for name, m in medians.items()}
 
 
 def _fit_line(x1: float, t1: float, x2: float, t2: float) -> tuple[float, float]:
@@ -126,7 +160,8 @@ def measure_compute(model_cfg: Any, *, seq_len: int, threads: int) -> dict[str, 
         return _gpt_step(kwargs, seq_len, b, model=model)
 
     b1, b2 = 1, BUSY_BATCH
-    t1, t2 = _timed(step(b1)), _timed(step(b2))
+    t = _quietest({"t1": step(b1), "t2": step(b2)}, rounds=STEP_ROUNDS, reps=STEP_REPS)
+    t1, t2 = t["t1"], t["t2"]
     overhead, s_per_flop = _fit_line(b1 * seq_len * flops_per_token, t1, b2 * seq_len * flops_per_token, t2)
     proxy_overhead = overhead
     if proxy:
@@ -163,10 +198,6 @@ def _comm_worker(rank: int, port: int, out_path: str, sizes: tuple[int, ...], bu
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     results: dict[str, float] = {}
-    if busy is not None:  # both processes compute at once, as the ranks of one node do
-        step = _gpt_step(busy["gpt_kwargs"], busy["seq_len"], BUSY_BATCH)
-        dist.barrier()
-        results["busy_s"] = _timed(step)
     for n in sizes:
         buf = torch.ones(n // 4)
 
@@ -187,15 +218,15 @@ def _comm_worker(rank: int, port: int, out_path: str, sizes: tuple[int, ...], bu
         results[f"p2p_{n}"] = _timed(pingpong, reps=COMM_REPS) / 2
     if busy is not None:
         kwargs, seq_len = busy["gpt_kwargs"], busy["seq_len"]
-        steps = {
+        builders = {
             "pipeline_action_s": lambda: _pipeline_step(kwargs, seq_len, rank),
             "tp_collective_s": lambda: _tensor_parallel_step(kwargs, seq_len, BUSY_BATCH),
             "fsdp_collective_s": lambda: _fully_sharded_step(kwargs, seq_len, BUSY_BATCH),
         }
-        for name in busy["fixed_costs"]:  # the same list on both ranks: every collective is matched
-            step = steps[name]()
-            dist.barrier()
-            results[f"step_{name}"] = _timed(step, reps=STEP_REPS)
+        # both processes compute at once, as the ranks of one node do; then each fixed cost's layout
+        steps = {"busy_s": _gpt_step(kwargs, seq_len, BUSY_BATCH)}
+        steps.update({f"step_{name}": builders[name]() for name in busy["fixed_costs"]})  # same list on both ranks
+        results.update(_quietest(steps, rounds=STEP_ROUNDS, reps=STEP_REPS, sync=dist.barrier))
     if rank == 0:
         import json
 
@@ -203,10 +234,6 @@ def _comm_worker(rank: int, port: int, out_path: str, sizes: tuple[int, ...], bu
             json.dump(results, f)
     dist.barrier()
     dist.destroy_process_group()
-
-
-PIPE_MICRO_BATCHES = 4
-STEP_REPS = 8
 
 
 def _pipeline_step(kwargs: dict[str, Any], seq_len: int, rank: int) -> Callable[[], None]:
@@ -261,7 +288,7 @@ def _training_step(model: Any, x: Any) -> Callable[[], None]:
     from parallel.core.grad_clip import clip_grad_norm_
 
     params = list(model.parameters())
-    opt = torch.optim.AdamW(params, lr=1e-4)
+    opt = torch.optim.AdamW(params, lr=1e-4, foreach=False)  # as the trainer builds it for DTensor parameters
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
