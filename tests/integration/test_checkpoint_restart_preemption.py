@@ -39,17 +39,43 @@ LAYOUTS = {
 }
 
 
+CRASH = ("trainer.max_steps=20", "+debug.fail_at_step=11")
+
+
+@pytest.fixture(scope="module")
+def crashed(tmp_path_factory):
+    """``crashed(strategy)``: the layout's run crashed at step 11 (last checkpoint: step 10), run once per
+    module. The exact-resume test resumes it in place, which prunes step 10 (keep_checkpoints=2); the
+    cross-layout test continues from a copy of step 10 taken right after the crash."""
+    import shutil
+
+    runs = {}
+
+    def get(strategy: str):
+        if strategy not in runs:
+            run_dir = tmp_path_factory.mktemp(f"crash_{strategy}") / "run"
+            run = run_train(*LAYOUTS[strategy], *FAST, *CKPT, *CRASH, run_dir=run_dir, expect_ok=False)
+            assert run.proc.returncode == 1, run.output[-3000:]
+            assert (run_dir / "checkpoints" / "step_0000010" / "meshtrain.json").exists()
+            kept = run_dir.parent / "step_0000010"
+            shutil.copytree(run_dir / "checkpoints" / "step_0000010", kept)
+            runs[strategy] = (run_dir, kept)
+        return runs[strategy]
+
+    return get
+
+
 @pytest.mark.parametrize("strategy", list(LAYOUTS))
 @pytest.mark.timeout(400)
-def test_exact_resume_after_crash(tmp_path, strategy):
+def test_exact_resume_after_crash(tmp_path, strategy, crashed, straight):
     layout = LAYOUTS[strategy]
-    ref = run_train(*layout, *FAST, *CKPT, "trainer.max_steps=20", run_dir=tmp_path / "ref")
-    run_dir = tmp_path / "crash"
-    crashed = run_train(
-        *layout, *FAST, *CKPT, "trainer.max_steps=20", "+debug.fail_at_step=11", run_dir=run_dir, expect_ok=False
+    # single's uninterrupted run is the module's reference run (the same command line)
+    ref = (
+        straight
+        if strategy == "single"
+        else run_train(*layout, *FAST, *CKPT, "trainer.max_steps=20", run_dir=tmp_path / "ref")
     )
-    assert crashed.proc.returncode == 1
-    assert (run_dir / "checkpoints" / "step_0000010" / "meshtrain.json").exists()
+    run_dir, _ = crashed(strategy)
     resumed = run_train(*layout, *FAST, *CKPT, "trainer.max_steps=20", run_dir=run_dir)
     assert "resumed from" in resumed.output and "continuing at step 11 of 20" in resumed.output
     assert [m["step"] for m in resumed.metrics()] == list(range(1, 21))
@@ -73,17 +99,15 @@ def _continue(tmp_path, name: str, layout: tuple[str, ...], ckpt, ref: dict[int,
     return run.output
 
 
-def test_resume_under_another_layout(tmp_path, straight):
+def test_resume_under_another_layout(tmp_path, straight, crashed):
     """pp=2 → ddp=2 and → single; ddp=2 → pp=2: each continues the uninterrupted single run's losses."""
     ref = {m["step"]: m["loss"] for m in straight.metrics()}
-    crash = ("trainer.max_steps=20", "+debug.fail_at_step=11")
-    run_train(*LAYOUTS["pp"], *FAST, *CKPT, *crash, run_dir=tmp_path / "pp", expect_ok=False)
-    pp_ckpt = tmp_path / "pp" / "checkpoints" / "step_0000010"
+    _, pp_ckpt = crashed("pp")
     out = _continue(tmp_path, "pp_to_ddp", LAYOUTS["ddp"], pp_ckpt, ref, 11)
     assert "written under pp with 2 ranks; resharded by DCP" in out
     _continue(tmp_path, "pp_to_single", LAYOUTS["single"], pp_ckpt, ref, 11)
-    run_train(*LAYOUTS["ddp"], *FAST, *CKPT, *crash, run_dir=tmp_path / "ddp", expect_ok=False)
-    out = _continue(tmp_path, "ddp_to_pp", LAYOUTS["pp"], tmp_path / "ddp" / "checkpoints" / "step_0000010", ref, 11)
+    _, ddp_ckpt = crashed("ddp")
+    out = _continue(tmp_path, "ddp_to_pp", LAYOUTS["pp"], ddp_ckpt, ref, 11)
     assert "written under ddp with 2 ranks; resharded by DCP" in out
 
 

@@ -1,7 +1,7 @@
 """Sweeps on a real Slurm (the one-node cluster of benchmarks/slurm_cluster.py), through hydra/launcher=slurm.
 
 One sweep of 4 Slurm jobs with 2 tasks each (seeds 1, 2 x dp.size 2, 4) serves every test, next to the same
-jobs run locally: job 0 gets the time-limit warning and is requeued, job 2 gets SIGTERM and may not be
+jobs run locally (the Slurm ones also log to W&B, offline): job 0 gets the time-limit warning and is requeued, job 2 gets SIGTERM and may not be
 requeued (max_num_preemption=0), jobs 1 and 3 ask for 4 ranks from 2 tasks. Time limits are not waited
 for: the warning is sent with ``scancel --signal=<submitit's signal>``, which is what Slurm sends at
 ``--signal=USR2@signal_delay_s`` (and what submitit's own test helper sends).
@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import FAST, ROOT
+from trainer.observe.wandb_read import read_run
 from trainer.sweeps.jobs import read_sweep
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -27,6 +28,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 STEPS = 30
 # the same job on Slurm and locally: DDP on 2 ranks, GPT on the text corpus, fp32
 JOB = ("parallel=ddp", f"trainer.max_steps={STEPS}", *FAST)
+WANDB = tuple(o for o in JOB if not o.startswith("logger=")) + ("logger=wandb",)
 SLURM = ("hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.tasks_per_node=2")
 
 
@@ -87,7 +89,7 @@ def sweeps(slurm_cluster, tmp_path_factory):
     slurm = _start(
         slurm_cluster,
         root / "slurm",
-        *JOB,
+        *WANDB,
         *SLURM,
         "trainer.seed=1,2",
         "dp.size=2,4",
@@ -150,6 +152,15 @@ def test_time_limit_warning_checkpoints_requeues_and_resumes_to_the_uninterrupte
     assert summary["status"] == "completed" and summary["start_step"] == stopped
     uninterrupted = _losses(sweeps["local"] / "0")
     assert summary["final_loss"] == uninterrupted[STEPS]  # bitwise (fp32 resume is exact)
+
+    # the requeued job continued the same W&B run: two offline segments (before and after the requeue) with
+    # one run id, whose history has every step once with the loss metrics.jsonl has
+    wb = read_run(job_dir)
+    ident = json.loads((job_dir / "wandb_run.json").read_text())
+    assert len(wb.segments) == 2 and wb.run_ids == [ident["id"]] * 2, wb.run_ids
+    assert wb.steps() == list(range(1, STEPS + 1))
+    losses = _losses(job_dir)
+    assert {r["train/step"]: r["train/loss"] for r in wb.history} == pytest.approx(losses, rel=1e-6)
 
 
 def test_sigterm_saves_a_checkpoint_and_ends_preempted_when_no_requeue_is_left(sweeps):
