@@ -23,9 +23,9 @@ was measured:
   cores' turbo budget), so a rank computes slower when its neighbours compute too. On 2 cores here
   this was 1.3-1.5x, the largest error of a cost model that assumed independent devices.
 
-The forward+backward, busy and fixed-cost steps are timed in interleaved rounds, keeping each one's
-quietest round (``_quietest``): a fixed cost is a difference of two times, and one noisy window of a few
-seconds doubled it (docs/planner.md, Calibration).
+Every timing (forward+backward, links, busy and fixed-cost steps) is taken in interleaved rounds, keeping
+each one's quietest round (``_quietest``): a fixed cost is a difference of measured times, and one noisy
+window of a few seconds doubled it (docs/planner.md, Calibration).
 """
 
 from __future__ import annotations
@@ -198,6 +198,7 @@ def _comm_worker(rank: int, port: int, out_path: str, sizes: tuple[int, ...], bu
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     results: dict[str, float] = {}
+    links: dict[str, Callable[[], None]] = {}
     for n in sizes:
         buf = torch.ones(n // 4)
 
@@ -212,10 +213,11 @@ def _comm_worker(rank: int, port: int, out_path: str, sizes: tuple[int, ...], bu
                 dist.recv(buf, 0)
                 dist.send(buf, 0)
 
-        dist.barrier()
-        results[f"allreduce_{n}"] = _timed(allreduce, reps=COMM_REPS)
-        dist.barrier()
-        results[f"p2p_{n}"] = _timed(pingpong, reps=COMM_REPS) / 2
+        links[f"allreduce_{n}"], links[f"pingpong_{n}"] = allreduce, pingpong
+    timed = _quietest(links, reps=COMM_REPS, sync=dist.barrier)
+    for n in sizes:
+        results[f"allreduce_{n}"] = timed[f"allreduce_{n}"]
+        results[f"p2p_{n}"] = timed[f"pingpong_{n}"] / 2  # a round trip is two messages
     if busy is not None:
         kwargs, seq_len = busy["gpt_kwargs"], busy["seq_len"]
         builders = {
