@@ -21,7 +21,8 @@ was measured:
 - a busy node: the same forward + backward run by both processes at once, over the time alone
   (``busy_node_slowdown``): ranks of one node share memory bandwidth and caches (and on a CPU, the
   cores' turbo budget), so a rank computes slower when its neighbours compute too. On 2 cores here
-  this was 1.3-1.5x, the largest error of a cost model that assumed independent devices.
+  this was 1.3-1.5x on an earlier day (1.0-1.39 on 2026-12-03), the largest error of a cost model that
+  assumed independent devices.
 
 Every timing (forward+backward, links, busy and fixed-cost steps) is taken in interleaved rounds, keeping
 each one's quietest round (``_quietest``): a fixed cost is a difference of measured times, and one noisy
