@@ -78,7 +78,11 @@ def _timed(
 
 
 def _quietest(
-    steps: dict[str, Callable[[], None]], *, rounds: int = 3, reps: int = 5, sync: Callable[[], None] = lambda: None
+    steps: dict[str, Callable[[], None]],
+    *,
+    rounds: int = STEP_ROUNDS,
+    reps: int = STEP_REPS,
+    sync: Callable[[], None] = lambda: None,
 ) -> dict[str, float]:
     """Each step's median over ``reps`` calls, in ``rounds`` rounds that take the steps in turn; per step the
     lowest round median. This VM has noisy phases lasting seconds (one calibration measured the same TP step
@@ -161,7 +165,7 @@ def measure_compute(model_cfg: Any, *, seq_len: int, threads: int) -> dict[str, 
         return _gpt_step(kwargs, seq_len, b, model=model)
 
     b1, b2 = 1, BUSY_BATCH
-    t = _quietest({"t1": step(b1), "t2": step(b2)}, rounds=STEP_ROUNDS, reps=STEP_REPS)
+    t = _quietest({"t1": step(b1), "t2": step(b2)})
     t1, t2 = t["t1"], t["t2"]
     overhead, s_per_flop = _fit_line(b1 * seq_len * flops_per_token, t1, b2 * seq_len * flops_per_token, t2)
     proxy_overhead = overhead
@@ -229,7 +233,7 @@ def _comm_worker(rank: int, port: int, out_path: str, sizes: tuple[int, ...], bu
         # both processes compute at once, as the ranks of one node do; then each fixed cost's layout
         steps = {"busy_s": _gpt_step(kwargs, seq_len, BUSY_BATCH)}
         steps.update({f"step_{name}": builders[name]() for name in busy["fixed_costs"]})  # same list on both ranks
-        results.update(_quietest(steps, rounds=STEP_ROUNDS, reps=STEP_REPS, sync=dist.barrier))
+        results.update(_quietest(steps, sync=dist.barrier))
     if rank == 0:
         import json
 
@@ -249,7 +253,6 @@ def _pipeline_step(kwargs: dict[str, Any], seq_len: int, rank: int) -> Callable[
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
     from models.gpt.model import GPT
-    from parallel.core.grad_clip import clip_grad_norm_
 
     torch.manual_seed(0)
     model = GPT(**kwargs)
@@ -267,39 +270,47 @@ def _pipeline_step(kwargs: dict[str, Any], seq_len: int, rank: int) -> Callable[
         n_microbatches=PIPE_MICRO_BATCHES,
         loss_fn=lambda out, tgt: F.cross_entropy(out.flatten(0, 1), tgt.flatten()),
     )
-    params = list(model.parameters())
-    opt = torch.optim.AdamW(params, lr=1e-4)
     x = torch.randint(0, kwargs["vocab_size"], (2 * BUSY_BATCH, seq_len))
 
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
+    def forward_backward() -> None:
         if rank == 0:
             schedule.step(x)
         else:
             schedule.step(target=x, losses=[])
-        clip_grad_norm_(params, 1.0, pp_group=dist.group.WORLD)
-        opt.step()
 
-    return step
+    return _training_step(list(model.parameters()), forward_backward, pp_group=dist.group.WORLD)
 
 
-def _training_step(model: Any, x: Any) -> Callable[[], None]:
-    """Forward, backward (next-token loss on ``x`` itself), clipping and AdamW of a sharded or local model."""
+def _training_step(
+    params: list[Any], forward_backward: Callable[[], None], *, pp_group: Any = None
+) -> Callable[[], None]:
+    """``forward_backward``, then clipping (over ``pp_group`` for a pipeline stage) and AdamW, built as the
+    trainer builds it (``foreach`` off for DTensor parameters, trainer/loop/optim.py)."""
     import torch
-    import torch.nn.functional as F
+    from torch.distributed.tensor import DTensor
 
     from parallel.core.grad_clip import clip_grad_norm_
 
-    params = list(model.parameters())
-    opt = torch.optim.AdamW(params, lr=1e-4, foreach=False)  # as the trainer builds it for DTensor parameters
+    foreach = False if any(isinstance(p, DTensor) for p in params) else None
+    opt = torch.optim.AdamW(params, lr=1e-4, foreach=foreach)
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x).flatten(0, 1), x.flatten()).backward()
-        clip_grad_norm_(params, 1.0)
+        forward_backward()
+        clip_grad_norm_(params, 1.0, pp_group=pp_group)
         opt.step()
 
     return step
+
+
+def _next_token_step(model: Any, x: Any) -> Callable[[], None]:
+    """A training step of a sharded or local model on the next-token loss of ``x`` itself."""
+    import torch.nn.functional as F
+
+    def forward_backward() -> None:
+        F.cross_entropy(model(x).flatten(0, 1), x.flatten()).backward()
+
+    return _training_step(list(model.parameters()), forward_backward)
 
 
 def _tensor_parallel_step(kwargs: dict[str, Any], seq_len: int, batch: int) -> Callable[[], None]:
@@ -313,7 +324,7 @@ def _tensor_parallel_step(kwargs: dict[str, Any], seq_len: int, batch: int) -> C
 
     torch.manual_seed(0)
     model = parallelize_gpt(GPT(**kwargs), tp_mesh=init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)))
-    return _training_step(model, torch.randint(0, kwargs["vocab_size"], (batch, seq_len)))
+    return _next_token_step(model, torch.randint(0, kwargs["vocab_size"], (batch, seq_len)))
 
 
 def _fully_sharded_step(kwargs: dict[str, Any], seq_len: int, batch: int) -> Callable[[], None]:
@@ -331,7 +342,7 @@ def _fully_sharded_step(kwargs: dict[str, Any], seq_len: int, batch: int) -> Cal
     for block in model.layers.values():
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    return _training_step(model, torch.randint(0, kwargs["vocab_size"], (batch, seq_len)))
+    return _next_token_step(model, torch.randint(0, kwargs["vocab_size"], (batch, seq_len)))
 
 
 def _free_port() -> int:

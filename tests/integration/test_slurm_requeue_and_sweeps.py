@@ -1,8 +1,9 @@
 """Sweeps on a real Slurm (the one-node cluster of benchmarks/slurm_cluster.py), through hydra/launcher=slurm.
 
 One sweep of 4 Slurm jobs with 2 tasks each (seeds 1, 2 x dp.size 2, 4) serves every test, next to the same
-jobs run locally (the Slurm ones also log to W&B, offline): job 0 gets the time-limit warning and is requeued, job 2 gets SIGTERM and may not be
-requeued (max_num_preemption=0), jobs 1 and 3 ask for 4 ranks from 2 tasks. Time limits are not waited
+jobs run locally (the Slurm ones also log to W&B, offline): job 0 gets the time-limit warning and is
+requeued, job 2 gets SIGTERM and may not be requeued (max_num_preemption=0), jobs 1 and 3 ask for 4 ranks
+from 2 tasks. Time limits are not waited
 for: the warning is sent with ``scancel --signal=<submitit's signal>``, which is what Slurm sends at
 ``--signal=USR2@signal_delay_s`` (and what submitit's own test helper sends).
 """
