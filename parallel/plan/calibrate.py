@@ -285,14 +285,13 @@ def _training_step(
     params: list[Any], forward_backward: Callable[[], None], *, pp_group: Any = None
 ) -> Callable[[], None]:
     """``forward_backward``, then clipping (over ``pp_group`` for a pipeline stage) and AdamW, built as the
-    trainer builds it (``foreach`` off for DTensor parameters, trainer/loop/optim.py)."""
+    trainer builds it (``foreach_for``: off for DTensor parameters)."""
     import torch
-    from torch.distributed.tensor import DTensor
 
     from parallel.core.grad_clip import clip_grad_norm_
+    from parallel.core.optimizer import foreach_for
 
-    foreach = False if any(isinstance(p, DTensor) for p in params) else None
-    opt = torch.optim.AdamW(params, lr=1e-4, foreach=foreach)
+    opt = torch.optim.AdamW(params, lr=1e-4, foreach=foreach_for(params))
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.optim import lr_scheduler
 
 from conf.schema import SCHEDULE_KEYS
+from parallel.core.optimizer import foreach_for
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: DictConfig) -> torch.optim.Optimizer:
@@ -31,8 +32,7 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: DictConfig) -> to
     if "betas" in kwargs:
         kwargs["betas"] = tuple(kwargs["betas"])
     params = list(params)
-    # foreach kernels mix badly with DTensor parameters of different meshes; plain loops are exact too
-    if any(type(p).__name__ == "DTensor" for p in params):
+    if foreach_for(params) is False:
         kwargs.setdefault("foreach", False)
     factory = instantiate(kwargs, _convert_="all")
     return factory(params)
