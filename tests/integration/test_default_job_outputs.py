@@ -1,20 +1,37 @@
-"""The default job end to end: every output file, read back, and the W&B offline run's contents."""
+"""The default job end to end, started by `make train` as the README says: every output file, read back, and the
+W&B offline run's contents."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.helpers import run_train
+from tests.helpers import ROOT, TrainRun
 from trainer.observe.wandb_read import read_run
 
 pytestmark = pytest.mark.slow
 
 
+def make_train(*overrides: str, run_dir: Path) -> TrainRun:
+    """``make train ARGS="..."`` from the repository root, as the README starts the default job: a cold interpreter
+    through the Makefile (``-o``: the environment this test runs in counts as bootstrapped)."""
+    venv = Path(sys.prefix)
+    args = " ".join([*overrides, f"hydra.run.dir={run_dir}"])
+    cmd = ["make", "--no-print-directory", "train", f"VENV={venv}", "-o", str(venv / ".installed"), f"ARGS={args}"]
+    env = {**os.environ, "WANDB_SILENT": "true"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return TrainRun(proc=proc, run_dir=run_dir)
+
+
 def test_default_job_outputs(tmp_path):
-    run = run_train("trainer.max_steps=40", run_dir=tmp_path / "run")
+    run = make_train("trainer.max_steps=40", run_dir=tmp_path / "run")
     d = run.run_dir
     # console: progress lines and where the outputs are
     assert "done: loss" in run.proc.stdout and f"outputs in {d}" in run.proc.stdout

@@ -39,7 +39,9 @@ def test_torchrun_gives_one_output_folder(tmp_path):
 
 
 def test_torchrun_matches_builtin_launcher(tmp_path):
-    builtin = run_train(*FAST, "trainer.max_steps=6", run_dir=tmp_path / "builtin")
+    """The built-in launcher here spawns its workers (the start method CUDA runs use; CPU runs fork)."""
+    builtin = run_train(*FAST, "trainer.max_steps=6", "topology.start_method=spawn", run_dir=tmp_path / "builtin")
+    assert "started: spawn" in (tmp_path / "builtin" / "logs" / "rank0.log").read_text()
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
     cmd = [
         torchrun,

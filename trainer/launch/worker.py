@@ -194,13 +194,14 @@ def run(cfg_dict: dict, run_dir: Path, layout: ParallelLayout, run_meta: dict[st
             log=log,
         )
         log.info(
-            "rank %d/%d on %s (%s), mesh %s=%s",
+            "rank %d/%d on %s (%s), mesh %s=%s, started: %s",
             env.rank,
             env.world_size,
             device,
             backend,
             MESH_DIMS,
             layout.coords(env.rank),
+            run_meta.get("start_method") or ("in-process" if env.in_process else "by torchrun / srun"),
         )
         log.debug("rank %d: layout %s", env.rank, layout.to_dict())
         log.debug("rank %d: config %s", env.rank, cfg_dict)
