@@ -9,6 +9,18 @@ from models.spec import ModelConfig
 
 
 @dataclass
+class RopeScaling:
+    """Llama 3.1's rotary frequency scaling (transformers' ``rope_type: llama3``): low frequencies are divided by
+    ``factor``, high ones kept, the band between blended (``models/llama/model.py: llama3_scaled``)."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_seq_len: int = 8192
+    """The context length the model was pre-trained with before the scaling (``original_max_position_embeddings``)."""
+
+
+@dataclass
 class LlamaConfig(ModelConfig):
     _target_: str = "models.llama.model.Llama"
     name: str = "llama"
@@ -23,6 +35,8 @@ class LlamaConfig(ModelConfig):
     """SwiGLU hidden width; 0 means the Llama rule: 8/3 x d_model rounded up to a multiple of 64."""
     max_seq_len: int = 128
     rope_theta: float = 10000.0
+    rope_scaling: Optional[RopeScaling] = None
+    """Llama 3.1 / 3.2's frequency scaling; null: none (Llama 3)."""
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
     """Output projection shares the token embedding's weight (Llama 3.2 1B/3B do; 8B/70B/405B do not)."""
