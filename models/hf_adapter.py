@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -105,8 +105,8 @@ class HFAdapter:
     """``config.json``'s ``model_type`` this family reads and writes."""
     architecture: str = ""
     """transformers' class for it (``config.json``'s ``architectures``)."""
-    keys: Mapping[str, str] = {}
-    """meshtrain name template -> HF name template."""
+    keys: Mapping[str, str | Source] = {}
+    """meshtrain name template -> HF name template (or a ``Source`` whose ``key`` is one: a part, a transpose)."""
     rotary: Mapping[str, str] = {}
     """meshtrain name template -> the config key giving its number of rotary heads (1: one head's channels)."""
     embedding: str = "tok_embeddings.weight"
@@ -120,18 +120,26 @@ class HFAdapter:
         return bool(model.get("tie_embeddings", False))
 
     def hf_name(self, fqn: str) -> str | None:
+        src = self._mapped(fqn)
+        return src.key if src is not None else None
+
+    def _mapped(self, fqn: str) -> Source | None:
         name, index = template(fqn)
-        return fill(self.keys[name], index) if name in self.keys else None
+        found = self.keys.get(name)
+        if found is None:
+            return None
+        src = found if isinstance(found, Source) else Source(found)
+        return replace(src, key=fill(src.key, index))
 
     def source(self, fqn: str, model: Mapping[str, Any]) -> Source | None:
         """Where ``fqn`` comes from (a tied head reads the embedding); None: no HF tensor holds it."""
         if fqn == self.head and self.tied(model):
             fqn = self.embedding
-        key = self.hf_name(fqn)
-        if key is None:
-            return None
+        src = self._mapped(fqn)
         heads_key = self.rotary.get(template(fqn)[0])
-        return Source(key=key, heads=self.rotary_heads(heads_key, model) if heads_key else 0)
+        if src is None or not heads_key:
+            return src
+        return replace(src, heads=self.rotary_heads(heads_key, model))
 
     @staticmethod
     def rotary_heads(key: str, model: Mapping[str, Any]) -> int:
@@ -210,6 +218,18 @@ class HFAdapter:
                 f"config.json has model_type={found!r}, not {self.model_type!r}: it is not a checkpoint of this "
                 "model family; choose the model (family) it was saved from"
             )
+
+
+#: config.json keys a run started from must not pass on (the export writes fp32 with this transformers)
+STALE_KEYS = ("torch_dtype", "dtype", "transformers_version")
+TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def over_base(cfg: Mapping[str, Any], base: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``cfg`` over the config.json a run started from (its other keys kept; its token ids, else none: a
+    family's default ids need not exist in this vocabulary)."""
+    base = {k: v for k, v in (base or {}).items() if k not in STALE_KEYS}
+    return {**{k: None for k in TOKEN_IDS}, **base, **cfg, "dtype": "float32"}
 
 
 def unsupported(problems: list[str]) -> None:

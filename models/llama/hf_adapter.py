@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from models.hf_adapter import HFAdapter, first, unsupported
+from models.hf_adapter import HFAdapter, first, over_base, unsupported
 from models.llama.spec import ffn_width, kv_heads
 
 LLAMA_KEYS = {
@@ -80,7 +80,6 @@ def dense_config(model: Mapping[str, Any], *, head_dim: int) -> dict[str, Any]:
         **rope_to_hf(model),
         "tie_word_embeddings": bool(model.get("tie_embeddings", False)),
         "attention_bias": False,
-        "dtype": "float32",
     }
 
 
@@ -106,10 +105,10 @@ def dense_model_config(hf: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]
 
 
 def with_base(cfg: dict[str, Any], base: Mapping[str, Any] | None, max_seq_len: int) -> dict[str, Any]:
-    """``cfg`` over the config a run started from (its token ids, its context length when longer)."""
-    base = {k: v for k, v in (base or {}).items() if k not in ("torch_dtype", "transformers_version")}
-    context = max(int(max_seq_len), int(base.get("max_position_embeddings") or 0))
-    return {**base, **cfg, "max_position_embeddings": context}
+    """``cfg`` over the config a run started from (``over_base``), keeping its context length when longer than
+    the one trained at."""
+    context = max(int(max_seq_len), int((base or {}).get("max_position_embeddings") or 0))
+    return over_base({**cfg, "max_position_embeddings": context}, base)
 
 
 class LlamaAdapter(HFAdapter):

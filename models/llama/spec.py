@@ -19,7 +19,7 @@ def ffn_width(model: Any) -> int:
 
 
 def kv_heads(model: Any) -> int:
-    return int(model.get("n_kv_heads") or 0) or int(model.n_heads)
+    return int(model.get("n_kv_heads") or 0) or int(model["n_heads"])
 
 
 def llama_shape(model: Any) -> ModelShape:

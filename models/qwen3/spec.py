@@ -13,7 +13,7 @@ from models.spec import ModelSpec, PipelineUnits, tied_tp_problems, transformer_
 
 def head_dim(model: Any) -> int:
     """``head_dim``, or d_model / n_heads when it is 0."""
-    return int(model.get("head_dim") or 0) or int(model.d_model) // int(model.n_heads)
+    return int(model.get("head_dim") or 0) or int(model["d_model"]) // int(model["n_heads"])
 
 
 def qwen3_shape(model: Any) -> ModelShape:
