@@ -98,9 +98,7 @@ class GPT(nn.Module):
         self.pos_embeddings: nn.Embedding | None = nn.Embedding(max_seq_len, d_model)
         self.layers = nn.ModuleDict(
             {
-                str(i): Block(
-                    d_model, n_heads, widths[i], dropout, bias=bias, activation=activation, norm_eps=norm_eps
-                )
+                str(i): Block(d_model, n_heads, widths[i], dropout, bias=bias, activation=activation, norm_eps=norm_eps)
                 for i in range(n_layers)
             }
         )

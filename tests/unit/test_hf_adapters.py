@@ -140,9 +140,8 @@ def test_published_llama31_config_reads_as_llama3_1_8b(compose_cfg):
 
 
 def test_gpt_small_exports_as_a_gpt2_config_with_zero_biases(compose_cfg):
-    from omegaconf import OmegaConf
-
     from hydra.utils import instantiate
+    from omegaconf import OmegaConf
 
     from models.spec import builder_kwargs
 
@@ -152,7 +151,7 @@ def test_gpt_small_exports_as_a_gpt2_config_with_zero_biases(compose_cfg):
     assert (hf["activation_function"], hf["tie_word_embeddings"], hf["n_positions"]) == ("gelu", False, 16)
     tensors = adapter.to_hf(instantiate(builder_kwargs(model_cfg)).state_dict(), model_cfg)
     biases = [k for k in tensors if k.endswith(("c_attn.bias", "c_proj.bias", "c_fc.bias"))]
-    assert len(biases) == 3 * model_cfg["n_layers"] and all(not tensors[k].any() for k in biases)
+    assert len(biases) == 4 * model_cfg["n_layers"] and all(not tensors[k].any() for k in biases)
     assert tensors["transformer.h.0.attn.c_attn.bias"].shape == (3 * model_cfg["d_model"],)
 
 
