@@ -317,11 +317,6 @@ def check_model(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
             f"model.tie_embeddings=true with pp.size={layout.pp}: the token embedding lives on the first stage and "
             "the output projection on the last, so one weight cannot serve both; set model.tie_embeddings=false"
         )
-    if shape.tied_embeddings and init_device == "meta":
-        f.error(
-            "model.tie_embeddings=true with model.init_device=meta: re-tying after materialisation is not "
-            "supported; use model.init_device=cpu or model.tie_embeddings=false"
-        )
     full = 4.0 * shape.params
     share = full / (layout.tp * layout.pp * (layout.dp if layout.dp_shard else 1))
     budget = rank_budget_bytes(cfg)
