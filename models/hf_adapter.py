@@ -28,13 +28,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # the adapters run on tensors but import no torch: validation reads their config maps
+    import torch
 
 Shape = tuple[int, ...]
 #: ``read(hf_key, index)``: the HF tensor ``hf_key`` restricted to ``index`` (a tuple of slices), and only that
-Reader = Callable[[str, tuple[slice, ...]], torch.Tensor]
+Reader = Callable[[str, tuple[slice, ...]], "torch.Tensor"]
 
 
 class HFConfigError(ValueError):

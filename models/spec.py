@@ -101,7 +101,7 @@ class ModelSpec:
         return import_object(self.parallelize)
 
     def hf_adapter_obj(self) -> Any:
-        """The Hugging Face adapter (imported on first use: it imports torch)."""
+        """The Hugging Face adapter (imported on first use)."""
         if self.hf_adapter is None:
             raise ValueError(
                 f"model family '{self.family}' has no Hugging Face adapter (ModelSpec.hf_adapter): its weights cannot "

@@ -21,6 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 from conf.schema import AC_MODES, PRECISIONS, DebugConfig, Decay
 from parallel.core.layout import ParallelLayout, describe_factorization, factorizations, why_dp_needs_fsdp
 from parallel.core.registry import DIMS, STRATEGIES, strategy_spec
+from trainer.hf.checks import check_init_from
 from trainer.launch.environment import ExternalLaunch, detect_external_launch
 
 
@@ -838,6 +839,7 @@ CHECKS: list[Check] = [
     check_trainer,
     check_debug,
     check_topology,
+    check_init_from,  # trainer/hf/checks.py: model.init_from's config.json and tensors against this model
 ]
 
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # the adapters run on tensors but import no torch: validation reads their config maps
+    import torch
 
 from models.gpt.spec import ffn_widths
 from models.hf_adapter import HFAdapter, HFConfigError, Source, first, over_base, template, unsupported
