@@ -9,9 +9,11 @@ Renames (``attention.wq`` -> ``self_attn.q_proj``, ``feed_forward.w1/w3/w2`` -> 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import asdict
 from typing import Any
 
 from models.hf_adapter import HFAdapter, first, over_base, unsupported
+from models.llama.config import RopeScaling
 from models.llama.spec import ffn_width, kv_heads
 
 LLAMA_KEYS = {
@@ -44,7 +46,8 @@ def rope_to_hf(model: Mapping[str, Any]) -> dict[str, Any]:
     older top-level ``rope_theta`` / ``rope_scaling`` that vLLM and transformers 4 read."""
     theta = float(model["rope_theta"])
     scaling = model.get("rope_scaling")
-    hf_scaling = {"rope_type": "llama3", **{h: scaling[m] for m, h in SCALING_KEYS.items()}} if scaling else None
+    on = bool(scaling and float(scaling["factor"]))
+    hf_scaling = {"rope_type": "llama3", **{h: scaling[m] for m, h in SCALING_KEYS.items()}} if on else None
     parameters = {**(hf_scaling or {"rope_type": "default"}), "rope_theta": theta}
     return {"rope_theta": theta, "rope_scaling": hf_scaling, "rope_parameters": parameters}
 
@@ -61,7 +64,7 @@ def rope_from_hf(hf: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
             f"rope_scaling rope_type={kind!r}: meshtrain's rotary embedding knows Llama 3.1's 'llama3' scaling "
             "or none; this checkpoint needs another"
         )
-    ours = {m: scaling[h] for m, h in SCALING_KEYS.items()} if kind == "llama3" else None
+    ours = {m: scaling[h] for m, h in SCALING_KEYS.items()} if kind == "llama3" else asdict(RopeScaling())
     return {"rope_theta": theta, "rope_scaling": ours}, problems
 
 

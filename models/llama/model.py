@@ -48,7 +48,7 @@ def rotary_table(
     """(max_seq_len, head_dim / 2, 2): cos and sin of position x frequency, frequencies theta^(-2i/d)
     (with ``scaling``: Llama 3.1's, ``llama3_scaled``)."""
     freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
-    if scaling:
+    if scaling and float(scaling["factor"]):  # factor 0: no scaling
         freqs = llama3_scaled(freqs, scaling)
     angles = torch.outer(torch.arange(max_seq_len, device=device, dtype=torch.float32), freqs)
     return torch.stack((angles.cos(), angles.sin()), dim=-1)
@@ -159,7 +159,7 @@ class Llama(nn.Module):
         self.head_dim = head_dim
         self.max_seq_len = max_seq_len
         self.rope_theta = rope_theta
-        self.rope_scaling = dict(rope_scaling) if rope_scaling else None
+        self.rope_scaling = dict(rope_scaling) if rope_scaling and float(rope_scaling["factor"]) else None
         self.tie_embeddings = tie_embeddings
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(vocab_size, d_model)
         self.layers = nn.ModuleDict(

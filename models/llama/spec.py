@@ -53,14 +53,15 @@ def llama_problems(model: Any) -> list[str]:
 def rope_scaling_problems(model: Any) -> list[str]:
     """Llama 3.1's scaling blends between two wavelengths: both factors positive, low below high, factor >= 1."""
     scaling = model.get("rope_scaling")
-    if not scaling:
+    if not scaling or not float(scaling["factor"]):
         return []
     factor, low, high = float(scaling["factor"]), float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
     if factor >= 1 and 0 < low < high and int(scaling["original_max_seq_len"]) > 0:
         return []
     return [
         f"model.rope_scaling={dict(scaling)}: needs factor >= 1, 0 < low_freq_factor < high_freq_factor and a positive "
-        "original_max_seq_len (Llama 3.1: factor 8, low 1, high 4, original 8192); or model.rope_scaling=null"
+        "original_max_seq_len (Llama 3.1: factor 8, low 1, high 4, original 8192); or model.rope_scaling.factor=0 "
+        "(no scaling)"
     ]
 
 

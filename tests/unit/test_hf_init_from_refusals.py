@@ -35,7 +35,11 @@ def test_config_mismatch_names_each_key_both_values_and_the_fix(compose_cfg, fol
     msg = refusal(compose_cfg, "model=llama3_2_1b", f"model.init_from={folder}")
     assert "model.n_layers: this run 16, config.json 4" in msg
     assert "model.d_model: this run 2048, config.json 128" in msg
-    assert "use model=llama_debug" in msg and "model.rope_scaling=null" in msg and "model.tie_embeddings=false" in msg
+    assert (
+        "use model=llama_debug" in msg
+        and "model.rope_scaling.factor=0.0" in msg
+        and "model.tie_embeddings=false" in msg
+    )
     msg = refusal(compose_cfg, "model=llama_debug", "model.n_kv_heads=4", f"model.init_from={folder}")
     assert "model.n_kv_heads: this run 4, config.json 2" in msg and "override: model.n_kv_heads=2" in msg
 

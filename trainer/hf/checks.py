@@ -55,15 +55,16 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def _override(key: str, value: Any) -> str:
-    if isinstance(value, dict):
-        return f"'model.{key}={{{','.join(f'{k}:{v}' for k, v in value.items())}}}'"
-    return f"model.{key}={'null' if value is None else str(value).lower() if isinstance(value, bool) else value}"
+def _override(key: str, mine: Any, theirs: Any) -> str:
+    """The command-line override giving ``key`` the value ``theirs`` (a struct: only its differing fields)."""
+    if isinstance(mine, dict) and isinstance(theirs, dict):
+        return " ".join(_override(f"{key}.{k}", mine.get(k), v) for k, v in theirs.items() if not _same(mine.get(k), v))
+    return f"model.{key}={'null' if theirs is None else str(theirs).lower() if isinstance(theirs, bool) else theirs}"
 
 
 def _mismatch(start: str, differ: dict[str, tuple[Any, Any]], matches: list[str]) -> str:
     keys = "; ".join(f"model.{k}: this run {mine!r}, config.json {theirs!r}" for k, (mine, theirs) in differ.items())
-    fix = " ".join(_override(k, theirs) for k, (_, theirs) in differ.items())
+    fix = " ".join(_override(k, mine, theirs) for k, (mine, theirs) in differ.items())
     choose = f"use model={' or model='.join(matches)}, or override: " if matches else "override: "
     return f"model.init_from={start}: its config.json describes another model than this run's ({keys}); {choose}{fix}"
 
