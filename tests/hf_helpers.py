@@ -40,7 +40,7 @@ def hf_config(family: str, **overrides: Any):
 
     if family == "gpt":
         keys = {"n_positions": POSITIONS, "n_embd": WIDTH, "n_layer": LAYERS, "n_head": HEADS, "n_inner": FFN}
-        return GPT2Config(vocab_size=VOCAB, bos_token_id=0, eos_token_id=0, **{**keys, **overrides})
+        return GPT2Config(**{"vocab_size": VOCAB, "bos_token_id": 0, "eos_token_id": 0, **keys, **overrides})
     shared = {
         "vocab_size": VOCAB,
         "hidden_size": WIDTH,
