@@ -16,8 +16,8 @@ import pytest
 import torch
 import yaml
 
-from tests.hf_helpers import hf_model, max_logit_difference, save_folder
 from tests.helpers import FAST, assert_losses_close, run_train
+from tests.hf_helpers import hf_model, max_logit_difference, save_folder
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -48,7 +48,9 @@ CASES = {
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     base = tmp_path_factory.mktemp("hf_models")
-    return {family: save_folder(hf_model(family, **TINY_HF, **FAMILIES[family][1]), base / family) for family in FAMILIES}
+    return {
+        family: save_folder(hf_model(family, **TINY_HF, **FAMILIES[family][1]), base / family) for family in FAMILIES
+    }
 
 
 @pytest.fixture(scope="module")
