@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from trainer.data.shards import read_metadata, sha256_file
+from trainer.data.shards import read_metadata
 
 TOKENIZER = "tokenizer.json"
 #: what a Hugging Face folder may carry beside tokenizer.json to describe it
@@ -63,7 +63,7 @@ def write_tokenizer(out: Path, *, data: Any, model: Any) -> dict[str, Any] | Non
     max_length = int(model.get("max_seq_len") or 0) or 1024
     name = data.get("name") if data is not None else None
     if name == "tokens" and data.get("path"):
-        return _prepared(out, Path(str(data.path)).expanduser(), max_length=max_length)
+        return _prepared(out, Path(str(data["path"])).expanduser(), max_length=max_length)
     if (
         name == "text"
         and int(model["vocab_size"]) == BYTES
@@ -82,11 +82,18 @@ def write_tokenizer(out: Path, *, data: Any, model: Any) -> dict[str, Any] | Non
     return None
 
 
+def same_tokenizer(a: Path, b: Path) -> bool:
+    """Whether two tokenizer.json files hold one tokenizer (prepare re-serialises the one it was given)."""
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(a)).to_str() == Tokenizer.from_file(str(b)).to_str()
+
+
 def _prepared(out: Path, folder: Path, *, max_length: int) -> dict[str, Any]:
     tok = read_metadata(folder)["tokenizer"]
     shutil.copyfile(folder / tok["file"], out / TOKENIZER)
     origin = Path(str(tok.get("source", "")))
-    if origin.name == TOKENIZER and origin.is_file() and sha256_file(origin) == tok["sha256"]:
+    if origin.name == TOKENIZER and origin.is_file() and same_tokenizer(origin, folder / tok["file"]):
         copied = [f for f in COMPANIONS if (origin.parent / f).is_file()]
         for file in copied:
             shutil.copyfile(origin.parent / file, out / file)
