@@ -38,7 +38,8 @@ def local_part(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[slice, ...]]:
 @torch.no_grad()
 def load_hf_weights(module: nn.Module, *, folder: str | Path, model_cfg: Any) -> dict[str, Any]:
     """Fill every tensor of ``module``'s state dict (this rank's part of the model, full FQNs) from ``folder``.
-    Returns what was read: tensors, bytes, and the growth of the process's peak resident memory while reading."""
+    Returns what was read: tensors, bytes, the process's peak resident memory while reading (Linux ``VmHWM``, reset
+    when the reading starts) and its growth over the resident memory at that start."""
     adapter = spec_for(model_cfg).hf_adapter_obj()
     hf = HFFolder(folder)
     stored = set(hf.tensors)
@@ -48,16 +49,18 @@ def load_hf_weights(module: nn.Module, *, folder: str | Path, model_cfg: Any) ->
         return hf.read(adapter.locate(key, stored) or key, index)
 
     count = nbytes = 0
+    filled: set[int] = set()  # storages already read: a tied head shares its embedding's
     for fqn, tensor in module.state_dict().items():
         src = adapter.source(fqn, model_cfg)
         if src is None:
             raise KeyError(f"{fqn}: the {adapter.model_type} adapter has no Hugging Face name for it")
         local, index = local_part(tensor)
-        if local.numel() == 0:
+        if local.numel() == 0 or local.data_ptr() in filled:
             continue
+        filled.add(local.data_ptr())
         block = src.take(read, index, tuple(tensor.shape))
         local.copy_(block)
         count, nbytes = count + 1, nbytes + block.numel() * block.element_size()
     peak = peak_rss_since_reset()
     growth = peak - base if peak is not None and base is not None else None
-    return {"tensors": count, "bytes_read": nbytes, "peak_rss_growth_bytes": growth}
+    return {"tensors": count, "bytes_read": nbytes, "peak_rss_bytes": peak, "peak_rss_growth_bytes": growth}
