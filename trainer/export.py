@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,9 @@ def full_state(checkpoint: Path) -> dict[str, Any]:
         for key, md in entries.items()
         if key.startswith("model.") and isinstance(md, TensorStorageMetadata)
     }
-    dcp.load({"model": state}, checkpoint_id=str(checkpoint), no_dist=True)
+    with warnings.catch_warnings():  # "torch.distributed is disabled ... load in a single process": intended
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load({"model": state}, checkpoint_id=str(checkpoint), no_dist=True)
     return state
 
 

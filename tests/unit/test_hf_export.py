@@ -79,3 +79,14 @@ def test_export_refuses_a_folder_without_a_checkpoint(tmp_path, capsys):
 
     assert main([str(tmp_path), "--hf", str(tmp_path / "out")]) == 2
     assert "neither a checkpoint" in capsys.readouterr().err
+
+
+def test_meshtrain_export_is_the_exporter(compose_cfg, tmp_path, monkeypatch):
+    from trainer.command import main
+
+    write_run(compose_cfg, tmp_path / "run", "model=gpt_small")
+    out = tmp_path / "hf"
+    monkeypatch.setattr("sys.argv", ["meshtrain", "export", str(tmp_path / "run"), "--hf", str(out)])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 0 and json.loads((out / "config.json").read_text())["model_type"] == "gpt2"
