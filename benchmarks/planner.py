@@ -125,20 +125,18 @@ def predict(layout: Layout, hardware: HardwareSpec) -> dict[str, float]:
     }
 
 
-def measure(layout: Layout, *, steps: int, run_dir: Path) -> dict[str, float]:
-    """Median step time (warm-up excluded) and memory of a real train.py run."""
-    cmd = [
-        sys.executable,
-        str(ROOT / "train.py"),
-        *BASE,
-        *layout.overrides,
-        f"trainer.max_steps={steps}",
-        f"hydra.run.dir={run_dir}",
-    ]
+def train_cold(overrides: list[str], run_dir: Path) -> None:
+    """``python train.py OVERRIDES hydra.run.dir=RUN_DIR`` in a new interpreter, as a user starts it."""
+    cmd = [sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
     env = {**os.environ, "WANDB_SILENT": "true"}
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
     if proc.returncode != 0:
-        raise RuntimeError(f"{layout.label} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+        raise RuntimeError(f"train.py {' '.join(overrides)} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+
+
+def measure(layout: Layout, *, steps: int, run_dir: Path, train=train_cold) -> dict[str, float]:
+    """Median step time (warm-up excluded) and memory of a real train.py run (``train(overrides, run_dir)``)."""
+    train([*BASE, *layout.overrides, f"trainer.max_steps={steps}"], run_dir)
     s = json.loads((run_dir / "summary.json").read_text())
     state = max(r["model_state"] for r in s["model_state_bytes_per_rank"])
     activations = (s.get("pipeline") or {}).get("stages") or []
@@ -151,12 +149,12 @@ def measure(layout: Layout, *, steps: int, run_dir: Path) -> dict[str, float]:
     }
 
 
-def sweep(layouts=SWEEP, *, steps: int = 12, hardware: HardwareSpec | None = None) -> list[dict]:
+def sweep(layouts=SWEEP, *, steps: int = 12, hardware: HardwareSpec | None = None, train=train_cold) -> list[dict]:
     hardware = hardware or calibrated()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, lay in enumerate(layouts):
-            got = measure(lay, steps=steps, run_dir=Path(tmp) / str(i))
+            got = measure(lay, steps=steps, run_dir=Path(tmp) / str(i), train=train)
             pred = predict(lay, hardware)
             rows.append(
                 {"layout": lay.label, "predicted": pred, "measured": got, "error": pred["step_s"] / got["step_s"] - 1}

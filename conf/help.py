@@ -1,6 +1,7 @@
 """``meshtrain --help``: the groups and their options as Hydra finds them (conf/ plus ``--config-dir``,
 schemas left out), and the main keys with the values their enum types accept. Used through two
-resolvers in ``conf/hydra/help/meshtrain.yaml``; Hydra resolves the help template when it prints it.
+resolvers in ``conf/hydra/help/meshtrain.yaml``, which build them only when the command line asks for --help
+(``conf/resolvers.py``: Hydra resolves them at every compose).
 """
 
 from __future__ import annotations

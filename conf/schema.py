@@ -198,7 +198,8 @@ class SGDConfig:
 class DebugConfig:
     """Fault injection for tests: ``debug.<fault>_at_step=N`` makes rank ``debug.<fault>_rank`` (default 0)
     fail (raise), be killed (SIGKILL), hang, or produce a NaN gradient at step N, in the first attempt only
-    (an elastic restart does not repeat it, except ``fail``). Typed, so a misspelled key is refused."""
+    (an elastic restart does not repeat it, except ``fail``); ``wait_at_step`` holds every rank until a stop
+    signal. Typed, so a misspelled key is refused."""
 
     fail_at_step: Optional[int] = None
     fail_rank: Optional[int] = None
@@ -208,6 +209,9 @@ class DebugConfig:
     hang_rank: Optional[int] = None
     nan_at_step: Optional[int] = None
     nan_rank: Optional[int] = None
+    wait_at_step: Optional[int] = None
+    """Every rank waits before this step until a stop signal arrives (at most 600 s): tests signal a run at a
+    point it waits for instead of racing its last steps."""
     wandb_crash_at_step: Optional[int] = None
     """Rank 0 tears W&B's service down at this step (its calls then raise): training must go on."""
 

@@ -19,6 +19,7 @@ Schedule = choices("Schedule", SCHEDULES, module=__name__)
 SplitPolicy = choices("SplitPolicy", POLICIES, module=__name__)
 Backend = choices("Backend", ("auto", "gloo", "nccl"), module=__name__)
 Device = choices("Device", ("auto", "cpu", "cuda"), module=__name__)
+StartMethod = choices("StartMethod", ("auto", "fork", "spawn"), module=__name__)
 
 
 @dataclass
@@ -99,6 +100,10 @@ class TopologyConfig:
     """Collective timeout: a rank that stops answering fails the job after this long."""
     threads_per_rank: int = 1
     """torch.set_num_threads per worker; ranks share the cores."""
+    start_method: StartMethod = StartMethod["auto"]
+    """How the launcher starts local workers: fork (they inherit the launcher's imports: no second import of
+    torch per worker), spawn (a fresh interpreter each), or auto: fork for CPU workers on Linux, spawn when the
+    workers use CUDA (a CUDA context does not survive fork)."""
     # Hardware description for the planner (per device / per link).
     device_memory_gb: float = 8.0
     device_tflops: float = 0.05

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import CONF
+from tests.helpers import CONF, run_train
 
 
 @pytest.fixture
@@ -45,3 +45,18 @@ def slurm_cluster(tmp_path_factory):
     print(f"\none-node Slurm up in {cluster.setup_s:.1f} s ({cluster.conf})")
     yield cluster
     stop(root)
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory):
+    """``parallel=single`` runs shared by the whole session, one per set of overrides: the parity tests of
+    several modules compare against the same reference, which then runs once."""
+    runs = {}
+
+    def get(*overrides: str):
+        if overrides not in runs:
+            folder = tmp_path_factory.mktemp("reference") / "run"
+            runs[overrides] = run_train("parallel=single", *overrides, run_dir=folder)
+        return runs[overrides]
+
+    return get

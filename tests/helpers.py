@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,10 @@ class TrainRun:
         return [m["loss"] for m in self.metrics()]
 
 
+#: environment variables read while a run runs, not when torch or Hydra is imported: safe to set per warm run
+RUN_TIME_ENV = ("WANDB_", "HYDRA_FULL_ERROR", "MESHTRAIN_")
+
+
 def run_train(
     *overrides: str,
     run_dir: Path,
@@ -45,16 +50,55 @@ def run_train(
     env: dict[str, str] | None = None,
     multirun: bool = False,
     cwd: Path = ROOT,
+    cold: bool = False,
+    interpreter_args: tuple[str, ...] = (),
 ) -> TrainRun:
-    """``python train.py OVERRIDES`` with its output folder under ``run_dir``."""
+    """``python train.py OVERRIDES`` with its output folder under ``run_dir``.
+
+    By default the run forks from the warm runner (tests/warm_runner.py: the same train.py, argv, folder and
+    environment, with torch and Hydra already imported); ``cold=True`` (or MESHTRAIN_TESTS_COLD=1) starts a new
+    interpreter as a user's shell does."""
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-    cmd = [sys.executable, str(ROOT / "train.py"), *(["-m"] if multirun else []), *overrides, f"{key}={run_dir}"]
+    args = [*(["-m"] if multirun else []), *overrides, f"{key}={run_dir}"]
     full_env = {**os.environ, "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1", **(env or {})}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd)
+    warm = not cold and os.environ.get("MESHTRAIN_TESTS_COLD") != "1"
+    if warm and not interpreter_args and all(k.startswith(RUN_TIME_ENV) for k in env or {}):
+        from tests.warm_runner import runner
+
+        outputs = Path(tempfile.mkdtemp(prefix="warm-run-"))
+        proc = runner().run(args, cwd=cwd, env=full_env, timeout=timeout, tmp=outputs)
+    else:
+        cmd = [sys.executable, *interpreter_args, str(ROOT / "train.py"), *args]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd)
     run = TrainRun(proc=proc, run_dir=run_dir)
     if expect_ok and proc.returncode != 0:
         raise AssertionError(f"train.py failed ({proc.returncode}):\n{run.output[-6000:]}")
     return run
+
+
+def imported_modules(importtime_stderr: str) -> set[str]:
+    """The modules a ``python -X importtime`` run imported, read from its stderr."""
+    names = set()
+    for line in importtime_stderr.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            names.add(line.rsplit("|", 1)[1].strip())
+    return names
+
+
+def log_time(log: Path, needle: str) -> float:
+    """Unix time of the first line of a rank log (``2026-12-03 16:08:13,139 [rank0] ...``) that holds ``needle``."""
+    from datetime import datetime
+
+    for line in log.read_text().splitlines():
+        if needle in line:
+            return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    raise AssertionError(f"no line with {needle!r} in {log}")
+
+
+def exit_times(run_dir: Path, attempt: int = 0) -> dict[int, float]:
+    """When each rank left its worker (``logs/attempts/<attempt>/rank<R>.json``; a killed rank has none)."""
+    folder = run_dir / "logs" / "attempts" / str(attempt)
+    return {int(p.stem[4:]): json.loads(p.read_text())["time"] for p in folder.glob("rank*.json")}
 
 
 def assert_losses_close(a: list[float], b: list[float], rel: float = 1e-4) -> None:

@@ -12,8 +12,8 @@ STEPS = ("trainer.max_steps=12",)
 
 
 @pytest.fixture(scope="module")
-def single_run(tmp_path_factory):
-    return run_train("parallel=single", *FAST, *STEPS, run_dir=tmp_path_factory.mktemp("single") / "run")
+def single_run(reference):
+    return reference(*FAST, *STEPS)
 
 
 def test_ddp_matches_single(single_run, tmp_path):

@@ -20,8 +20,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory):
-    return run_train("parallel=single", *FAST, "trainer.max_steps=10", run_dir=tmp_path_factory.mktemp("s") / "run")
+def single(reference):
+    return reference(*FAST, "trainer.max_steps=10")
 
 
 def test_dp2_pp2_matches_single(single, tmp_path):

@@ -92,9 +92,8 @@ def test_separate_folders_refuse_checkpointing_with_the_fix(tmp_path):
 
 def test_a_lone_node_gives_up_after_the_rendezvous_timeout(tmp_path):
     nodes = {k: node(k, free_port(), tmp_path / f"n{k}", "topology.rendezvous_timeout_s=5") for k in (0, 1)}
-    t0 = time.monotonic()
+    # a node that ignored rendezvous_timeout_s=5 would wait the default 600 s: communicate's 300 s catches it
     outs = {k: p.communicate(timeout=300) for k, p in nodes.items()}
-    took = time.monotonic() - t0
     for k, p in nodes.items():
         out = outs[k][0]
         assert p.returncode == 3, out[-3000:]
@@ -103,4 +102,3 @@ def test_a_lone_node_gives_up_after_the_rendezvous_timeout(tmp_path):
         assert "Traceback" not in out and "frame #" not in out, out[-3000:]
         errors = [line for line in out.splitlines() if line.startswith("meshtrain:")]
         assert len(errors) == 1, errors
-    assert took < 120, took

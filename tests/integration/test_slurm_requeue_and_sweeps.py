@@ -3,9 +3,10 @@
 One sweep of 4 Slurm jobs with 2 tasks each (seeds 1, 2 x dp.size 2, 4) serves every test, next to the same
 jobs run locally (the Slurm ones also log to W&B, offline): job 0 gets the time-limit warning and is
 requeued, job 2 gets SIGTERM and may not be requeued (max_num_preemption=0), jobs 1 and 3 ask for 4 ranks
-from 2 tasks. Time limits are not waited
-for: the warning is sent with ``scancel --signal=<submitit's signal>``, which is what Slurm sends at
-``--signal=USR2@signal_delay_s`` (and what submitit's own test helper sends).
+from 2 tasks. Time limits are not waited for: the warning is sent with ``scancel --signal=<submitit's signal>``,
+which is what Slurm sends at ``--signal=USR2@signal_delay_s`` (and what submitit's own test helper sends). The
+Slurm jobs hold before step 4 until a signal arrives (``+debug.wait_at_step=4``), so the signal lands at a point
+the job waits for, never raced against its last steps.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ STEPS = 30
 JOB = ("parallel=ddp", f"trainer.max_steps={STEPS}", *FAST)
 WANDB = tuple(o for o in JOB if not o.startswith("logger=")) + ("logger=wandb",)
 SLURM = ("hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.tasks_per_node=2")
+#: the signalled jobs hold here until their signal comes (jobs that get none go on after 600 s)
+WAIT = "+debug.wait_at_step=4"
 
 
 def _losses(job_dir: Path) -> dict[int, float]:
@@ -54,7 +57,8 @@ def _start(cluster, out_dir: Path, *overrides: str) -> subprocess.Popen:
 
 
 def _signal_when_training(cluster, proc: subprocess.Popen, job_dir: Path, signal_name: str, task: str) -> str:
-    """Send ``signal_name`` to array task ``task`` once it has logged 3 steps; returns its Slurm job id."""
+    """Send ``signal_name`` to array task ``task`` once it has logged 3 steps (it then holds before step 4 until
+    the signal comes: ``WAIT``); returns its Slurm job id."""
     deadline = time.monotonic() + 400
     metrics = job_dir / "metrics.jsonl"
     while time.monotonic() < deadline:
@@ -92,6 +96,7 @@ def sweeps(slurm_cluster, tmp_path_factory):
         root / "slurm",
         *WANDB,
         *SLURM,
+        WAIT,
         "trainer.seed=1,2",
         "dp.size=2,4",
         "hydra.launcher.timeout_min=10",
@@ -141,7 +146,7 @@ def test_time_limit_warning_checkpoints_requeues_and_resumes_to_the_uninterrupte
     assert requeue["kind"] == "timeout" and requeue["signals"] == [warning]
     assert requeue["slurm_job_id"] == sweeps["ids"][0] and requeue["timeout_requeues_left"] == 2
     stopped = requeue["stopped_at_step"]
-    assert 3 <= stopped < STEPS and requeue["checkpoint_step"] == stopped
+    assert stopped == 4 and requeue["checkpoint_step"] == stopped  # the step the job held before (WAIT)
     assert (job_dir / "checkpoints" / f"step_{stopped:07d}").is_dir()
     assert f"job 0 completed after 1 requeue(s): timeout at step {stopped}" in out
     rank0 = (job_dir / "logs" / "rank0.log").read_text()
@@ -169,7 +174,7 @@ def test_sigterm_saves_a_checkpoint_and_ends_preempted_when_no_requeue_is_left(s
     assert job.status == "preempted" and "SIGTERM" in job.reason
     assert "not requeued" in job.reason and "hydra.launcher.max_num_preemption=0" in job.reason
     step = job.summary["last_step"]
-    assert 3 <= step < STEPS and (job.path / "checkpoints" / f"step_{step:07d}").is_dir()
+    assert step == 4 and (job.path / "checkpoints" / f"step_{step:07d}").is_dir()
     assert job.summary["stop_signals"] == ["SIGTERM"]
     assert not (job.path / "requeues.json").exists()
     assert f"job 2 preempted: preemption (SIGTERM) at step {step}" in sweeps["out"]

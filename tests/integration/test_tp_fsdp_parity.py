@@ -17,8 +17,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory):
-    return run_train("parallel=single", *FAST, *STEPS, run_dir=tmp_path_factory.mktemp("single") / "run")
+def single(reference):
+    return reference(*FAST, *STEPS)
 
 
 def test_tp2_matches_single_and_times_its_collectives(single, tmp_path):

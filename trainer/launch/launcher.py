@@ -105,8 +105,12 @@ def _elastic(cfg: DictConfig, cfg_dict: dict, *, layout: ParallelLayout, run_dir
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from trainer.launch import worker
+    from trainer.launch.start_method import import_for_workers, resolve_start_method
 
     topo = cfg.topology
+    start_method = resolve_start_method(topo)
+    if start_method == "fork":
+        import_for_workers(cfg)
     nproc = layout.nproc_per_node
     multi_node = layout.nnodes > 1
     port = int(topo.master_port)
@@ -139,7 +143,7 @@ def _elastic(cfg: DictConfig, cfg_dict: dict, *, layout: ParallelLayout, run_dir
         ),
         max_restarts=int(topo.max_restarts),
         monitor_interval=0.1,
-        start_method="spawn",
+        start_method=start_method,
         logs_specs=DefaultLogsSpecs(log_dir=str(run_dir / "logs" / "elastic"), redirects=redirects),
     )
     if multi_node and int(topo.node_rank) != 0:

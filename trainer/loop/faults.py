@@ -3,7 +3,10 @@ default rank 0).
 
 Kinds: ``fail`` raises in the worker (every attempt), ``kill`` sends SIGKILL to it, ``hang`` stops it
 answering, ``nan`` makes the loss and one gradient NaN; all but ``fail`` fire in the first attempt only,
-so an elastic restart does not repeat them. The loop asks only when some ``+debug.*_at_step`` is set.
+so an elastic restart does not repeat them. ``wait`` (every rank, ``+debug.wait_at_step=N``) holds the run
+before step N until a stop signal arrives (at most ``WAIT_MAX_S``): a test that preempts a run signals it at a
+point the run waits for, instead of racing its last steps. The loop asks only when some
+``+debug.*_at_step`` is set.
 """
 
 from __future__ import annotations
@@ -12,12 +15,15 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
-KINDS = ("fail", "kill", "hang", "nan")
+KINDS = ("fail", "kill", "hang", "nan", "wait")
+
+#: how long ``debug.wait_at_step`` holds a run that is never signalled before it goes on
+WAIT_MAX_S = 600.0
 
 
 class FaultInjector:
@@ -40,6 +46,15 @@ class FaultInjector:
         if self.debug.get(f"{kind}_at_step") != step or self.rank != int(self.debug.get(f"{kind}_rank") or 0):
             return False
         return kind == "fail" or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0
+
+    def wait_for_stop(self, step: int, stop_requested: Callable[[], bool]) -> None:
+        """wait: every rank holds before ``step`` until ``stop_requested()`` (a stop signal arrived)."""
+        if self.debug.get("wait_at_step") != step or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")):
+            return
+        self.log.info("debug.wait_at_step: rank %d waits before step %d for a stop signal", self.rank, step)
+        deadline = time.monotonic() + WAIT_MAX_S
+        while not stop_requested() and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def before_step(self, step: int) -> None:
         """fail, kill or hang before the step's forward pass."""

@@ -187,6 +187,8 @@ class Trainer:
 
     def step(self, step: int, *, preemption: PreemptionFlag | None = None) -> StepOutcome:
         """One optimizer step: forward/backward and clip, agree across ranks, update (or skip), measure."""
+        if self.faults is not None and preemption is not None:
+            self.faults.wait_for_stop(step, lambda: preemption.requested)
         t0 = self.step_started = time.perf_counter()
         loss, grad_norm, data_s = self._forward_backward(step)
         bad = not bool(torch.isfinite(grad_norm)) or (loss is not None and not bool(torch.isfinite(loss)))
