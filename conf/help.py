@@ -6,6 +6,8 @@ resolvers in ``conf/hydra/help/meshtrain.yaml``, which build them only when the 
 
 from __future__ import annotations
 
+import textwrap
+
 #: (key, what) shown under "Main keys"; ``{choices}`` is replaced by the values the key's enum type accepts
 MAIN_KEYS = (
     ("dp.size tp.size pp.size", "parallel degrees; their product is the world size"),
@@ -24,6 +26,8 @@ MAIN_KEYS = (
 )
 
 HIDDEN_ROOTS = ("hydra", "schema")
+#: the widest help line
+WIDTH = 110
 
 
 def _enum_choices(dotted: str) -> str:
@@ -77,4 +81,8 @@ def help_groups() -> str:
             out.extend(walk(name))
         return out
 
-    return "\n".join(f"  {g:<14} {', '.join(sorted(loader.get_group_options(g, ObjectType.CONFIG)))}" for g in walk(""))
+    def line(group: str) -> str:  # long option lists wrap under themselves, to fit one screen's width
+        options = ", ".join(sorted(loader.get_group_options(group, ObjectType.CONFIG)))
+        return textwrap.fill(options, width=WIDTH, initial_indent=f"  {group:<14} ", subsequent_indent=" " * 17)
+
+    return "\n".join(line(g) for g in walk(""))

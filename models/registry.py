@@ -4,7 +4,7 @@ Validation, the strategies and the planner find a config's spec with ``spec_for(
 
 1. ``model.spec: "package.module:SPEC"`` names a ``ModelSpec`` object (a user's model; importing the
    module is enough, nothing in meshtrain is edited);
-2. else ``model.family`` names a registered family (``gpt``, ``llama``, ``cnn``, or one added with
+2. else ``model.family`` names a registered family (``gpt``, ``llama``, ``qwen3``, ``cnn``, or one added with
    ``register``);
 3. else a registered spec whose ``builder`` is the config's ``_target_``;
 4. else a generic spec: any ``nn.Module`` runs under single, ddp and fsdp, and under pp when its blocks
@@ -18,6 +18,7 @@ from typing import Any
 from models.cnn.spec import SPEC as CNN
 from models.gpt.spec import SPEC as GPT
 from models.llama.spec import SPEC as LLAMA
+from models.qwen3.spec import SPEC as QWEN3
 from models.spec import ModelSpec, PipelineUnits, import_object
 
 REGISTRY: dict[str, ModelSpec] = {}
@@ -31,7 +32,7 @@ def register(spec: ModelSpec) -> ModelSpec:
     return spec
 
 
-for _spec in (GPT, LLAMA, CNN):
+for _spec in (GPT, LLAMA, QWEN3, CNN):
     register(_spec)
 
 #: schema name in ConfigStore's ``model`` group -> dataclass (conf/model/*.yaml extend one of these)

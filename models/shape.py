@@ -44,6 +44,10 @@ class ModelShape:
     """Parameters per channel of one norm: 2 for LayerNorm (weight, bias), 1 for RMSNorm."""
     learned_positions: bool = True
     """A ``max_seq_len x d_model`` position table (GPT) or rotary positions without parameters (Llama)."""
+    head_dim: int = 0
+    """Width of one attention head; 0 means ``d_model / n_heads`` (Qwen3 sets it on its own)."""
+    qk_norm: bool = False
+    """A norm over each query and key head (Qwen3): two ``head_dim`` weights per block."""
 
     def __post_init__(self) -> None:
         if not self.layer_d_ff:
@@ -52,11 +56,19 @@ class ModelShape:
             raise PlanError(f"model.layer_d_ff has {len(self.layer_d_ff)} entries for model.n_layers={self.n_layers}")
         if not self.n_kv_heads:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
+        if not self.head_dim:
+            object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
 
     @property
     def kv_dim(self) -> int:
         """Width of the key (and of the value) projection: n_kv_heads x head_dim."""
-        return self.n_kv_heads * (self.d_model // self.n_heads)
+        return self.n_kv_heads * self.head_dim
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the query projection (and the output projection's input): n_heads x head_dim (d_model
+        unless the head width is set on its own)."""
+        return self.n_heads * self.head_dim
 
     def tp_divides(self, tp: int) -> bool:
         """Whether a tensor-parallel degree gives every rank whole query and key/value heads."""
@@ -65,19 +77,20 @@ class ModelShape:
     # ---- parameters ------------------------------------------------------------------------------
 
     def layer_matmul_params(self, i: int) -> int:
-        """Weights of the block's matrices: wq, wo (h²) + wk, wv (h·kv_dim) + the MLP (2 or 3 of h·d_ff)."""
+        """Weights of the block's matrices: wq, wo (h·q_dim, h² by default) + wk, wv (h·kv_dim) + the MLP (2 or 3
+        of h·d_ff)."""
         h, f = self.d_model, self.layer_d_ff[i]
-        return 2 * h * h + 2 * h * self.kv_dim + (3 if self.gated_mlp else 2) * h * f
+        return 2 * h * self.q_dim + 2 * h * self.kv_dim + (3 if self.gated_mlp else 2) * h * f
 
     def layer_params(self, i: int) -> int:
         """Matrices + two norms (+ biases): for the GPT Megatron's 12h² + 13h."""
         h, f = self.d_model, self.layer_d_ff[i]
-        biases = (2 * h + 2 * self.kv_dim) + (2 if self.gated_mlp else 1) * f + h if self.bias else 0
-        return self.layer_matmul_params(i) + 2 * self.norm_params * h + biases
+        biases = (self.q_dim + h + 2 * self.kv_dim) + (2 if self.gated_mlp else 1) * f + h if self.bias else 0
+        return self.layer_matmul_params(i) + self.layer_norm_params(i) + biases
 
     def layer_norm_params(self, i: int) -> int:
-        """The block's two norms: the part tensor parallel does not shard."""
-        return 2 * self.norm_params * self.d_model
+        """The block's two norms (and its query/key head norms): the part tensor parallel does not shard."""
+        return 2 * self.norm_params * self.d_model + (2 * self.norm_params * self.head_dim if self.qk_norm else 0)
 
     @property
     def embedding_params(self) -> int:
@@ -101,7 +114,7 @@ class ModelShape:
         "Floating-point operations"), 24h² + 4sh per token with d_ff = 4h; the attention score and value
         products are counted in full (no causal halving), as there.
         """
-        return 2 * self.layer_matmul_params(i) + 4 * seq_len * self.d_model
+        return 2 * self.layer_matmul_params(i) + 4 * seq_len * self.q_dim
 
     def logit_forward_flops_per_token(self) -> float:
         """The output projection: 2·V·h per token (Megatron: the V/(16lh) term of the FLOPs formula)."""

@@ -12,7 +12,9 @@ Validation, the strategies and the planner ask a model's spec instead of testing
 - ``blocks``: the number of splittable blocks, from the config; ``max_seq_len``: the longest sequence it takes;
 - ``shape``: parameter and FLOP formulas (``models/shape.py``), for the planner, the memory check and MFU;
 - ``check`` / ``tp_check``: what the config's sizes must satisfy, alone and for a tensor-parallel degree;
-  each returns the problems as "key=value: what is wrong; the fix".
+  each returns the problems as "key=value: what is wrong; the fix";
+- ``hf_adapter``: ``"module:OBJECT"`` of its Hugging Face adapter (``models/hf_adapter.py``), imported only
+  when a run reads or writes a transformers model folder; ``None``: no way in or out.
 
 The built-in families register in ``models/registry.py``; a user's model registers itself with
 ``models.registry.register(spec)`` or is named by ``model.spec: "package.module:SPEC"`` in its YAML
@@ -29,7 +31,7 @@ from typing import Any, Optional
 from models.shape import ModelShape
 
 #: keys of a model config that describe the model to meshtrain, not arguments of its builder
-META_KEYS = ("name", "family", "spec", "init_device", "planner_only", "global_batch_size", "source")
+META_KEYS = ("name", "family", "spec", "init_device", "init_from", "planner_only", "global_batch_size", "source")
 
 INIT_DEVICES = ("auto", "cpu", "meta")
 
@@ -48,6 +50,9 @@ class ModelConfig:
     """cpu (build the full model on every rank, then shard), meta (build on the meta device, shard or
     split, then materialise and initialise each rank's part), or auto (meta when the full fp32 weights
     exceed the rank's budget: topology.device_memory_gb x planner.memory_fraction)."""
+    init_from: Optional[str] = None
+    """A Hugging Face model folder (config.json + safetensors) whose weights the run starts from, read by each
+    rank for the shards it holds (``ModelSpec.hf_adapter`` maps the names); null: random weights."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,9 @@ class ModelSpec:
     shape: Callable[[Any], ModelShape] | None = None
     check: Callable[[Any], Problems] | None = None
     tp_check: Callable[[Any, int], Problems] | None = None
+    hf_adapter: str | None = None
+    """``package.module:OBJECT``, the family's ``models.hf_adapter.HFAdapter``: names, tensors and config
+    between meshtrain and a transformers model folder (``model.init_from``, ``python -m trainer.export``)."""
     description: str = ""
 
     def parallelize_fn(self) -> Callable[..., Any]:
@@ -91,6 +99,16 @@ class ModelSpec:
         if self.parallelize is None:
             raise ValueError(f"model family '{self.family}' has no tensor-parallel plan (ModelSpec.parallelize)")
         return import_object(self.parallelize)
+
+    def hf_adapter_obj(self) -> Any:
+        """The Hugging Face adapter (imported on first use)."""
+        if self.hf_adapter is None:
+            raise ValueError(
+                f"model family '{self.family}' has no Hugging Face adapter (ModelSpec.hf_adapter): its weights cannot "
+                "be read from or written to a transformers model folder; the llama, qwen3 and gpt families have one "
+                "(docs/models.md, 'Hugging Face in and out')"
+            )
+        return import_object(self.hf_adapter)
 
     def n_blocks(self, model: Any) -> int | None:
         return self.blocks(model) if self.blocks is not None else None
@@ -176,6 +194,16 @@ def transformer_tp_problems(model: Any, tp: int, *, widths: Sequence[int], kv_he
                 f"the MLP matrices are split by it; use a multiple of {tp}"
             )
     return out
+
+
+def tied_tp_problems(model: Any, tp: int) -> Problems:
+    """A tied head cannot be sharded over the vocabulary while its embedding stays whole."""
+    if not model.get("tie_embeddings", False):
+        return []
+    return [
+        f"model.tie_embeddings=true with tp.size={tp}: the output projection is sharded over the vocabulary "
+        "while the token embedding stays whole, so they cannot share one weight; set model.tie_embeddings=false"
+    ]
 
 
 # ---- where the weights are first made -------------------------------------------------------------

@@ -34,15 +34,23 @@ from torch.distributed.tensor.parallel import (
 
 @dataclass(frozen=True)
 class DecoderBlockTP:
-    """What differs between families: the feed-forward's column-wise inputs, and how many inputs a block
-    and its attention take after the residual stream (Llama passes the rotary table, a plain tensor)."""
+    """What differs between families: the feed-forward's column-wise inputs, how many inputs a block and its
+    attention take after the residual stream (Llama passes the rotary table, a plain tensor), and norms that
+    run on each attention head (Qwen3's q/k norms: their input is sharded over the heads dimension, 2)."""
 
     ffn_in: tuple[str, ...] = ("w1",)
     extra_inputs: int = 0
+    head_norms: tuple[str, ...] = ()
 
     def plan(self, prefix: str, *, sequence_parallel: bool) -> dict:
         out = Shard(1) if sequence_parallel else Replicate()
         plan = {f"{prefix}.attention.{w}": ColwiseParallel() for w in ("wq", "wk", "wv")}
+        plan.update(
+            {
+                f"{prefix}.attention.{n}": SequenceParallel(sequence_dim=2, use_local_output=True)
+                for n in self.head_norms
+            }
+        )
         plan[f"{prefix}.attention.wo"] = RowwiseParallel(output_layouts=out)
         plan.update({f"{prefix}.feed_forward.{w}": ColwiseParallel() for w in self.ffn_in})
         plan[f"{prefix}.feed_forward.w2"] = RowwiseParallel(output_layouts=out)

@@ -4,10 +4,12 @@ from any folder, the same as ``python train.py ...`` in a checkout.
 The configs ship inside the package (``conf/`` is a Python package with its YAML as package data), so
 Hydra reads them from ``pkg://conf``; ``--config-dir DIR`` adds a user's own groups and options (their
 model YAML, their experiment) in front of them without forking. Outputs go under the current folder
-(``outputs/``, ``multirun/``), as with train.py.
+(``outputs/``, ``multirun/``), as with train.py. ``meshtrain export SRC --hf OUT`` is ``python -m trainer.export``.
 """
 
 from __future__ import annotations
+
+import sys
 
 import hydra
 from omegaconf import DictConfig
@@ -27,6 +29,10 @@ def _main(cfg: DictConfig) -> float | None:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["export"]:  # a subcommand, not an override: the Hugging Face exporter
+        from trainer.export import main as export
+
+        sys.exit(export(sys.argv[2:]))
     _main()
 
 

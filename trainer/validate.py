@@ -21,6 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 from conf.schema import AC_MODES, PRECISIONS, DebugConfig, Decay
 from parallel.core.layout import ParallelLayout, describe_factorization, factorizations, why_dp_needs_fsdp
 from parallel.core.registry import DIMS, STRATEGIES, strategy_spec
+from trainer.hf.checks import check_init_from
 from trainer.launch.environment import ExternalLaunch, detect_external_launch
 
 
@@ -316,11 +317,6 @@ def check_model(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
         f.error(
             f"model.tie_embeddings=true with pp.size={layout.pp}: the token embedding lives on the first stage and "
             "the output projection on the last, so one weight cannot serve both; set model.tie_embeddings=false"
-        )
-    if shape.tied_embeddings and init_device == "meta":
-        f.error(
-            "model.tie_embeddings=true with model.init_device=meta: re-tying after materialisation is not "
-            "supported; use model.init_device=cpu or model.tie_embeddings=false"
         )
     full = 4.0 * shape.params
     share = full / (layout.tp * layout.pp * (layout.dp if layout.dp_shard else 1))
@@ -843,6 +839,7 @@ CHECKS: list[Check] = [
     check_trainer,
     check_debug,
     check_topology,
+    check_init_from,  # trainer/hf/checks.py: model.init_from's config.json and tensors against this model
 ]
 
 

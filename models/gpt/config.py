@@ -23,6 +23,13 @@ class GPTConfig(ModelConfig):
     """Per-block feed-forward widths (uneven models); empty means d_ff everywhere."""
     max_seq_len: int = 128
     dropout: float = 0.0
+    bias: bool = False
+    """Biases on every projection (GPT-2's layout); gpt_small has none."""
+    activation: str = "gelu"
+    """gelu (exact) or gelu_tanh (GPT-2's tanh approximation, transformers' ``gelu_new``)."""
+    tie_embeddings: bool = False
+    """The output head shares the token embedding's weight (GPT-2 does)."""
+    norm_eps: float = 1e-5
 
 
 @dataclass

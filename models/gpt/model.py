@@ -6,6 +6,10 @@ points and tensor-parallel plans all speak the same FQNs. ``forward`` skips part
 (embeddings on later stages, norm and head on earlier ones), the pattern torchtitan uses.
 Projections are separate ``nn.Linear`` layers (wq, wk, wv, wo, w1, w2) so a TP plan can shard each
 one column- or row-wise; attention reshapes with ``-1`` heads so it works on a tensor-parallel shard.
+
+The GPT-2 layout (``model=gpt2``, so GPT-2 checkpoints load): biases on every projection (``bias``), the tanh
+approximation of GELU (``activation: gelu_tanh``) and the output head tied to the token embedding
+(``tie_embeddings``). ``gpt_small`` keeps the original layout: no biases, exact GELU, its own head.
 """
 
 from __future__ import annotations
@@ -14,15 +18,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.gpt.spec import ACTIVATIONS
+
 
 class Attention(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, dropout: float):
+    def __init__(self, d_model: int, n_heads: int, dropout: float, *, bias: bool = False):
         super().__init__()
         self.head_dim = d_model // n_heads
-        self.wq = nn.Linear(d_model, d_model, bias=False)
-        self.wk = nn.Linear(d_model, d_model, bias=False)
-        self.wv = nn.Linear(d_model, d_model, bias=False)
-        self.wo = nn.Linear(d_model, d_model, bias=False)
+        self.wq = nn.Linear(d_model, d_model, bias=bias)
+        self.wk = nn.Linear(d_model, d_model, bias=bias)
+        self.wv = nn.Linear(d_model, d_model, bias=bias)
+        self.wo = nn.Linear(d_model, d_model, bias=bias)
         self.dropout = dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -36,22 +42,25 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, d_model: int, d_ff: int):
+    def __init__(self, d_model: int, d_ff: int, *, bias: bool = False, activation: str = "gelu"):
         super().__init__()
-        self.w1 = nn.Linear(d_model, d_ff, bias=False)
-        self.w2 = nn.Linear(d_ff, d_model, bias=False)
+        self.w1 = nn.Linear(d_model, d_ff, bias=bias)
+        self.w2 = nn.Linear(d_ff, d_model, bias=bias)
+        self.approximate = ACTIVATIONS[activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.gelu(self.w1(x)))
+        return self.w2(F.gelu(self.w1(x), approximate=self.approximate))
 
 
 class Block(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float):
+    def __init__(
+        self, d_model: int, n_heads: int, d_ff: int, dropout: float, *, bias: bool, activation: str, norm_eps: float
+    ):
         super().__init__()
-        self.attention_norm = nn.LayerNorm(d_model)
-        self.attention = Attention(d_model, n_heads, dropout)
-        self.ffn_norm = nn.LayerNorm(d_model)
-        self.feed_forward = FeedForward(d_model, d_ff)
+        self.attention_norm = nn.LayerNorm(d_model, eps=norm_eps)
+        self.attention = Attention(d_model, n_heads, dropout, bias=bias)
+        self.ffn_norm = nn.LayerNorm(d_model, eps=norm_eps)
+        self.feed_forward = FeedForward(d_model, d_ff, bias=bias, activation=activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x))
@@ -70,21 +79,34 @@ class GPT(nn.Module):
         layer_d_ff: list[int] | None = None,
         max_seq_len: int = 128,
         dropout: float = 0.0,
+        bias: bool = False,
+        activation: str = "gelu",
+        tie_embeddings: bool = False,
+        norm_eps: float = 1e-5,
         name: str = "gpt",
     ):
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"model.d_model={d_model} must be divisible by model.n_heads={n_heads}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"model.activation={activation}: use one of {sorted(ACTIVATIONS)}")
         widths = list(layer_d_ff or []) or [d_ff or 4 * d_model] * n_layers
         if len(widths) != n_layers:
             raise ValueError(f"model.layer_d_ff has {len(widths)} entries for model.n_layers={n_layers}")
         self.n_layers = n_layers
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(vocab_size, d_model)
         self.pos_embeddings: nn.Embedding | None = nn.Embedding(max_seq_len, d_model)
-        self.layers = nn.ModuleDict({str(i): Block(d_model, n_heads, widths[i], dropout) for i in range(n_layers)})
-        self.norm: nn.LayerNorm | None = nn.LayerNorm(d_model)
+        self.layers = nn.ModuleDict(
+            {
+                str(i): Block(d_model, n_heads, widths[i], dropout, bias=bias, activation=activation, norm_eps=norm_eps)
+                for i in range(n_layers)
+            }
+        )
+        self.norm: nn.LayerNorm | None = nn.LayerNorm(d_model, eps=norm_eps)
         self.output: nn.Linear | None = nn.Linear(d_model, vocab_size, bias=False)
         self.apply(_init_weights)
+        if tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x

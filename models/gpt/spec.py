@@ -6,13 +6,16 @@ from typing import Any
 
 from models.gpt.config import GPTConfig, GPTDescriptionConfig
 from models.shape import ModelShape
-from models.spec import ModelSpec, PipelineUnits, transformer_problems, transformer_tp_problems
+from models.spec import ModelSpec, PipelineUnits, tied_tp_problems, transformer_problems, transformer_tp_problems
+
+#: ``model.activation`` -> the GELU variant (``approximate`` of ``F.gelu``): exact, or GPT-2's tanh approximation
+ACTIVATIONS = {"gelu": "none", "gelu_tanh": "tanh"}
 
 
 def ffn_widths(model: Any) -> list[int]:
     """Per-block feed-forward widths: ``layer_d_ff``, else ``d_ff``, else 4 x d_model."""
-    n = int(model.n_layers)
-    d_ff = int(model.get("d_ff") or 0) or 4 * int(model.d_model)
+    n = int(model["n_layers"])
+    d_ff = int(model.get("d_ff") or 0) or 4 * int(model["d_model"])
     return [int(w) for w in (model.get("layer_d_ff") or [])] or [d_ff] * n
 
 
@@ -25,6 +28,8 @@ def gpt_shape(model: Any) -> ModelShape:
         vocab_size=int(model.vocab_size),
         max_seq_len=int(model.max_seq_len),
         layer_d_ff=tuple(ffn_widths(model)),
+        bias=bool(model.get("bias", False)),
+        tied_embeddings=bool(model.get("tie_embeddings", False)),
     )
 
 
@@ -35,11 +40,14 @@ def gpt_problems(model: Any) -> list[str]:
         out.append(
             f"model.layer_d_ff has {len(widths)} entries for model.n_layers={model.n_layers}; give one width per block"
         )
+    activation = model.get("activation", "gelu")
+    if activation not in ACTIVATIONS:
+        out.append(f"model.activation={activation}: use one of {', '.join(ACTIVATIONS)} (gelu_tanh: GPT-2's)")
     return out
 
 
 def gpt_tp_problems(model: Any, tp: int) -> list[str]:
-    return transformer_tp_problems(model, tp, widths=ffn_widths(model))
+    return transformer_tp_problems(model, tp, widths=ffn_widths(model)) + tied_tp_problems(model, tp)
 
 
 SPEC = ModelSpec(
@@ -54,5 +62,6 @@ SPEC = ModelSpec(
     shape=gpt_shape,
     check=gpt_problems,
     tp_check=gpt_tp_problems,
+    hf_adapter="models.gpt.hf_adapter:ADAPTER",
     description="GPT-2-style decoder: learned positions, LayerNorm, GELU MLP, multi-head attention",
 )

@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from models.spec import ModelConfig
+
+
+@dataclass
+class RopeScaling:
+    """Llama 3.1's rotary frequency scaling (transformers' ``rope_type: llama3``): low frequencies are divided by
+    ``factor``, high ones kept, the band between blended (``models/llama/model.py: llama3_scaled``). A struct, not
+    an optional one, so that ``model.rope_scaling.factor=8`` works on the command line (OmegaConf 2.3 cannot merge
+    a dict into a null structured node)."""
+
+    factor: float = 0.0
+    """0: no scaling (Llama 3); Llama 3.1: 8, Llama 3.2: 32."""
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_seq_len: int = 8192
+    """The context length the model was pre-trained with before the scaling (``original_max_position_embeddings``)."""
 
 
 @dataclass
@@ -23,6 +38,8 @@ class LlamaConfig(ModelConfig):
     """SwiGLU hidden width; 0 means the Llama rule: 8/3 x d_model rounded up to a multiple of 64."""
     max_seq_len: int = 128
     rope_theta: float = 10000.0
+    rope_scaling: RopeScaling = field(default_factory=RopeScaling)
+    """Llama 3.1 / 3.2's frequency scaling; ``factor: 0``: none (Llama 3)."""
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
     """Output projection shares the token embedding's weight (Llama 3.2 1B/3B do; 8B/70B/405B do not)."""

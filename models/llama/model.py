@@ -8,19 +8,48 @@ Same layout as the GPT: blocks in ``layers`` (a ``ModuleDict`` keyed "0", "1", .
 top-level parts set to ``None``, separate ``nn.Linear`` projections (wq, wk, wv, wo, w1, w2, w3) whose
 outputs are reshaped with ``-1`` heads so a tensor-parallel shard works unchanged. The rotary table is a
 non-persistent buffer of the top-level module (not in checkpoints; every stage keeps it), recomputed by
-``init_weights`` after a meta-device build.
+``init_weights`` (or ``init_buffers``, when the weights come from a checkpoint) after a meta-device build.
+
+Two options serve published checkpoints: Llama 3.1's rotary frequency scaling (``rope_scaling``, the
+"llama3" rule) and, for the Qwen3 family built on these classes (``models/qwen3``), a head width set on its
+own (``head_dim``) and RMSNorm of each query and key head before the rotation (``qk_norm``).
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 
-def rotary_table(head_dim: int, max_seq_len: int, theta: float, device: torch.device | None = None) -> torch.Tensor:
-    """(max_seq_len, head_dim / 2, 2): cos and sin of position x frequency, frequencies theta^(-2i/d)."""
+def llama3_scaled(freqs: torch.Tensor, scaling: Mapping[str, Any]) -> torch.Tensor:
+    """Llama 3.1's frequency scaling: wavelengths longer than ``original_max_seq_len / low_freq_factor`` are
+    stretched by ``factor``, shorter than ``original_max_seq_len / high_freq_factor`` kept, and the band
+    between blended smoothly (Meta's reference code and transformers' "llama3" rope type)."""
+    factor, low, high = float(scaling["factor"]), float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    original = float(scaling["original_max_seq_len"])
+    wavelen = 2 * math.pi / freqs
+    smooth = ((original / wavelen - low) / (high - low)).clamp(0.0, 1.0)
+    return (1 - smooth) * freqs / factor + smooth * freqs
+
+
+def rotary_table(
+    head_dim: int,
+    max_seq_len: int,
+    theta: float,
+    device: torch.device | None = None,
+    *,
+    scaling: Mapping[str, Any] | None = None,
+) -> torch.Tensor:
+    """(max_seq_len, head_dim / 2, 2): cos and sin of position x frequency, frequencies theta^(-2i/d)
+    (with ``scaling``: Llama 3.1's, ``llama3_scaled``)."""
     freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    if scaling and float(scaling["factor"]):  # factor 0: no scaling
+        freqs = llama3_scaled(freqs, scaling)
     angles = torch.outer(torch.arange(max_seq_len, device=device, dtype=torch.float32), freqs)
     return torch.stack((angles.cos(), angles.sin()), dim=-1)
 
@@ -35,19 +64,34 @@ def apply_rotary(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int):
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        n_kv_heads: int,
+        *,
+        head_dim: int = 0,
+        qk_norm: bool = False,
+        eps: float = 1e-6,
+    ):
         super().__init__()
-        self.head_dim = d_model // n_heads
+        self.head_dim = head_dim or d_model // n_heads
         self.n_rep = n_heads // n_kv_heads
         self.wq = nn.Linear(d_model, n_heads * self.head_dim, bias=False)
         self.wk = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(n_heads * self.head_dim, d_model, bias=False)
+        # Qwen3: each query and key head normalised over its channels before the rotation
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=eps) if qk_norm else None
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=eps) if qk_norm else None
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
-        q = apply_rotary(self.wq(x).view(b, t, -1, self.head_dim), rope)
-        k = apply_rotary(self.wk(x).view(b, t, -1, self.head_dim), rope)
+        q = self.wq(x).view(b, t, -1, self.head_dim)
+        k = self.wk(x).view(b, t, -1, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, rope), apply_rotary(k, rope)
         v = self.wv(x).view(b, t, -1, self.head_dim)
         if self.n_rep > 1:  # each key/value head serves n_rep query heads (also on a tp shard: both are split)
             k = k.repeat_interleave(self.n_rep, dim=2)
@@ -68,10 +112,12 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, d_ff: int, norm_eps: float):
+    def __init__(
+        self, d_model: int, n_heads: int, n_kv_heads: int, d_ff: int, norm_eps: float, *, head_dim: int, qk_norm: bool
+    ):
         super().__init__()
         self.attention_norm = nn.RMSNorm(d_model, eps=norm_eps)
-        self.attention = Attention(d_model, n_heads, n_kv_heads)
+        self.attention = Attention(d_model, n_heads, n_kv_heads, head_dim=head_dim, qk_norm=qk_norm, eps=norm_eps)
         self.ffn_norm = nn.RMSNorm(d_model, eps=norm_eps)
         self.feed_forward = FeedForward(d_model, d_ff)
 
@@ -92,31 +138,39 @@ class Llama(nn.Module):
         d_ff: int = 0,
         max_seq_len: int = 128,
         rope_theta: float = 10000.0,
+        rope_scaling: Mapping[str, Any] | None = None,
         norm_eps: float = 1e-5,
         tie_embeddings: bool = False,
+        head_dim: int = 0,
+        qk_norm: bool = False,
     ):
         super().__init__()
         from models.llama.spec import ffn_width
 
         n_kv_heads = n_kv_heads or n_heads
-        if d_model % n_heads or n_heads % n_kv_heads or (d_model // n_heads) % 2:
+        head_dim = head_dim or (d_model // n_heads if d_model % n_heads == 0 else 0)
+        if not head_dim or n_heads % n_kv_heads or head_dim % 2:
             raise ValueError(
                 f"model.d_model={d_model}, model.n_heads={n_heads}, model.n_kv_heads={n_kv_heads}: heads must "
-                "divide d_model into an even head width, and n_kv_heads must divide n_heads"
+                "divide d_model (or head_dim be set) into an even head width, and n_kv_heads must divide n_heads"
             )
         d_ff = ffn_width({"d_ff": d_ff, "d_model": d_model})
         self.n_layers = n_layers
-        self.head_dim = d_model // n_heads
+        self.head_dim = head_dim
         self.max_seq_len = max_seq_len
         self.rope_theta = rope_theta
+        self.rope_scaling = dict(rope_scaling) if rope_scaling and float(rope_scaling["factor"]) else None
         self.tie_embeddings = tie_embeddings
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(vocab_size, d_model)
         self.layers = nn.ModuleDict(
-            {str(i): Block(d_model, n_heads, n_kv_heads, d_ff, norm_eps) for i in range(n_layers)}
+            {
+                str(i): Block(d_model, n_heads, n_kv_heads, d_ff, norm_eps, head_dim=head_dim, qk_norm=qk_norm)
+                for i in range(n_layers)
+            }
         )
         self.norm: nn.RMSNorm | None = nn.RMSNorm(d_model, eps=norm_eps)
         self.output: nn.Linear | None = nn.Linear(d_model, vocab_size, bias=False)
-        self.register_buffer("rope", rotary_table(self.head_dim, max_seq_len, rope_theta), persistent=False)
+        self.register_buffer("rope", self._rotary_table(), persistent=False)
         self.apply(_init_weights)
         if tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
@@ -132,11 +186,20 @@ class Llama(nn.Module):
             h = self.output(h)
         return h
 
+    def _rotary_table(self, device: torch.device | None = None) -> torch.Tensor:
+        return rotary_table(self.head_dim, self.max_seq_len, self.rope_theta, device, scaling=self.rope_scaling)
+
     @torch.no_grad()
     def init_weights(self) -> None:
         """Initialise whatever this (possibly sharded, possibly pruned) module holds, after ``to_empty``."""
         self.apply(_init_weights)
-        self.rope = rotary_table(self.head_dim, self.max_seq_len, self.rope_theta, device=self.rope.device)
+        self.init_buffers()
+
+    @torch.no_grad()
+    def init_buffers(self) -> None:
+        """Recompute what no checkpoint holds (the rotary table), leaving the weights alone: after ``to_empty``
+        when the weights are then read from a checkpoint (``model.init_from``)."""
+        self.rope = self._rotary_table(device=self.rope.device)
 
 
 def _init_weights(module: nn.Module) -> None:

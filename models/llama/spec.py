@@ -6,7 +6,7 @@ from typing import Any
 
 from models.llama.config import LlamaConfig
 from models.shape import ModelShape
-from models.spec import ModelSpec, PipelineUnits, transformer_problems, transformer_tp_problems
+from models.spec import ModelSpec, PipelineUnits, tied_tp_problems, transformer_problems, transformer_tp_problems
 
 
 def ffn_width(model: Any) -> int:
@@ -19,7 +19,7 @@ def ffn_width(model: Any) -> int:
 
 
 def kv_heads(model: Any) -> int:
-    return int(model.get("n_kv_heads") or 0) or int(model.n_heads)
+    return int(model.get("n_kv_heads") or 0) or int(model["n_heads"])
 
 
 def llama_shape(model: Any) -> ModelShape:
@@ -40,7 +40,7 @@ def llama_shape(model: Any) -> ModelShape:
 
 
 def llama_problems(model: Any) -> list[str]:
-    out = transformer_problems(model, kv_heads=True)
+    out = transformer_problems(model, kv_heads=True) + rope_scaling_problems(model)
     heads, d_model = int(model.n_heads), int(model.d_model)
     if heads and d_model % heads == 0 and (d_model // heads) % 2:
         out.append(
@@ -50,14 +50,23 @@ def llama_problems(model: Any) -> list[str]:
     return out
 
 
+def rope_scaling_problems(model: Any) -> list[str]:
+    """Llama 3.1's scaling blends between two wavelengths: both factors positive, low below high, factor >= 1."""
+    scaling = model.get("rope_scaling")
+    if not scaling or not float(scaling["factor"]):
+        return []
+    factor, low, high = float(scaling["factor"]), float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    if factor >= 1 and 0 < low < high and int(scaling["original_max_seq_len"]) > 0:
+        return []
+    return [
+        f"model.rope_scaling={dict(scaling)}: needs factor >= 1, 0 < low_freq_factor < high_freq_factor and a positive "
+        "original_max_seq_len (Llama 3.1: factor 8, low 1, high 4, original 8192); or model.rope_scaling.factor=0 "
+        "(no scaling)"
+    ]
+
+
 def llama_tp_problems(model: Any, tp: int) -> list[str]:
-    out = transformer_tp_problems(model, tp, widths=[ffn_width(model)], kv_heads=True)
-    if model.get("tie_embeddings", False):
-        out.append(
-            f"model.tie_embeddings=true with tp.size={tp}: the output projection is sharded over the vocabulary "
-            "while the token embedding stays whole, so they cannot share one weight; set model.tie_embeddings=false"
-        )
-    return out
+    return transformer_tp_problems(model, tp, widths=[ffn_width(model)], kv_heads=True) + tied_tp_problems(model, tp)
 
 
 SPEC = ModelSpec(
@@ -72,5 +81,6 @@ SPEC = ModelSpec(
     shape=llama_shape,
     check=llama_problems,
     tp_check=llama_tp_problems,
+    hf_adapter="models.llama.hf_adapter:ADAPTER",
     description="Llama-3-style decoder: RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention",
 )

@@ -68,9 +68,12 @@ class WorkerContext:
 
     def init_device(self) -> str:
         """``model.init_device`` resolved: ``meta`` or ``cpu`` (auto: meta when the full fp32 weights exceed
-        the rank's budget, topology.device_memory_gb x planner.memory_fraction)."""
+        the rank's budget, topology.device_memory_gb x planner.memory_fraction). Always meta with
+        ``model.init_from``: each rank then reads only the weights it holds."""
         from models.spec import resolve_init_device
 
+        if self.weights_from_checkpoint:
+            return "meta"
         budget = float(self.cfg.topology.device_memory_gb) * 1e9 * float(self.cfg.planner.memory_fraction)
         requested = str(self.cfg.model.get("init_device", "auto"))
         return resolve_init_device(requested, full_fp32_bytes=self.full_fp32_bytes(), budget_bytes=budget)
@@ -113,20 +116,30 @@ class WorkerContext:
         self.model_init["materialised_bytes_max"] = max(self.model_init.get("materialised_bytes_max", 0), held)
         self.model_init["build_peak_growth_bytes"] = self._build_peak.read()
 
+    @property
+    def weights_from_checkpoint(self) -> bool:
+        """``model.init_from`` is set: the weights are read after the build (``Trainer.resume``), not drawn."""
+        return bool(self.cfg.model.get("init_from"))
+
     def place(self, module: nn.Module) -> nn.Module:
         """Put ``module`` (whole, a stage or a shard) on this rank's device: moved, or, when built on the meta
-        device, given storage there (``to_empty``) and initialised (``init_weights()`` when the module has
-        one, else each submodule's ``reset_parameters()``)."""
+        device, given storage there (``to_empty``, tied weights tied again) and initialised (``init_weights()``
+        when the module has one, else each submodule's ``reset_parameters()``). With ``model.init_from`` only
+        what no checkpoint holds is computed (``init_buffers()``): the weights are read next, never drawn."""
         tensors = [*module.parameters(), *module.buffers()]
         if not any(t.is_meta for t in tensors):
             module = module.to(self.device)
             self._build_peak.read()
             self.model_init["build_peak_growth_bytes"] = self._build_peak.growth
             return module
+        ties = tied_parameters(module)
         module.to_empty(device=self.device)
+        retie(module, ties)
         torch.manual_seed(self.cfg.trainer.seed)
         with torch.no_grad():
             init = getattr(module, "init_weights", None)
+            if self.weights_from_checkpoint:  # a family with non-persistent buffers computes them here
+                init = getattr(module, "init_buffers", None) or (lambda: None)
             if callable(init):
                 init()
             else:
@@ -162,6 +175,27 @@ class WorkerContext:
         """Forward passes per step on one replica, from ``data.micro_batch_size``."""
         mbs = self.cfg.data.get("micro_batch_size")
         return self.per_replica_batch() // int(mbs) if mbs else 1
+
+
+def tied_parameters(module: nn.Module) -> list[tuple[str, str]]:
+    """(alias, original) names of parameters registered under two names (a tied embedding and head)."""
+    first: dict[int, str] = {}
+    pairs = []
+    for name, p in module.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            pairs.append((name, first[id(p)]))
+        else:
+            first[id(p)] = name
+    return pairs
+
+
+def retie(module: nn.Module, pairs: list[tuple[str, str]]) -> None:
+    """Share the parameters again that ``to_empty`` gave separate storage (FSDP2 keeps them shared itself)."""
+    for alias, original in pairs:
+        owner, _, attr = alias.rpartition(".")
+        target = module.get_parameter(original)
+        if module.get_parameter(alias) is not target:
+            setattr(module.get_submodule(owner), attr, target)
 
 
 class Engine(ABC):

@@ -109,7 +109,8 @@ def _stage_plan(model, c: Candidate, *, split_points: tuple[int, ...] | None):
 
 
 def _fake_parameters(module, *, dtype) -> None:
-    """Replace meta parameters by fake CPU ones (inside FakeTensorMode: nothing is allocated), DTensors kept."""
+    """Replace meta parameters and buffers by fake CPU ones (inside FakeTensorMode: nothing is allocated), DTensors
+    kept."""
     import torch
     from torch import nn
     from torch.distributed.tensor import DTensor
@@ -124,6 +125,9 @@ def _fake_parameters(module, *, dtype) -> None:
             else:
                 new = torch.empty(p.shape, dtype=dtype, device="cpu")
             sub._parameters[name] = nn.Parameter(new, requires_grad=p.requires_grad)
+        for name, b in list(sub._buffers.items()):  # a meta rotary table would meet cpu activations
+            if b is not None and b.is_meta:
+                sub._buffers[name] = torch.empty(b.shape, dtype=b.dtype, device="cpu")
 
 
 def _tp_stage(meta_model, spec, *, mesh, c: Candidate, sequence_parallel: bool, tp_plan):

@@ -6,7 +6,8 @@ and HF_HUB_OFFLINE=1), then
 
 1. splits the documents into train and validation (a seeded draw of ``--val-fraction`` of them);
 2. trains a byte-level BPE tokenizer of ``--vocab-size`` on the train documents with HF ``tokenizers``
-   (or loads ``--tokenizer tokenizer.json``), with an end-of-text token that separates documents;
+   (or loads ``--tokenizer tokenizer.json``, or a Hugging Face model folder's, whose ``tokenizer_config.json``
+   then names the end-of-text token), with an end-of-text token that separates documents;
 3. writes each split as memory-mappable shards of uint16 (vocabulary <= 65536) or uint32 tokens,
    every document followed by the EOS id, and ``metadata.json`` last (``trainer/data/shards.py``).
 
@@ -160,6 +161,31 @@ def train_bpe(docs: Iterator[str], *, vocab_size: int, count: int, eos: str, sho
     return tok
 
 
+def tokenizer_file(tokenizer: str) -> Path:
+    """``--tokenizer``: a ``tokenizer.json``, or a Hugging Face model folder holding one (the tokenizer its weights
+    were trained with, so a fine-tune from ``model.init_from`` reads the ids it knows)."""
+    path = Path(tokenizer).expanduser().resolve()
+    if path.is_dir():
+        path = path / "tokenizer.json"
+        if not path.is_file():
+            raise PrepareError(
+                f"--tokenizer {tokenizer}: the folder has no tokenizer.json (a fast tokenizer, as save_pretrained "
+                "writes it); give a folder with one, or a tokenizer.json"
+            )
+    if not path.is_file():
+        raise PrepareError(f"--tokenizer {tokenizer}: no such file (a HF tokenizers tokenizer.json, or its folder)")
+    return path
+
+
+def hf_eos_token(tok_file: Path) -> str | None:
+    """The end-of-text token a Hugging Face folder's ``tokenizer_config.json`` names beside ``tok_file``."""
+    config = tok_file.parent / "tokenizer_config.json"
+    if not config.is_file():
+        return None
+    eos = json.loads(config.read_text()).get("eos_token")
+    return eos.get("content") if isinstance(eos, dict) else eos
+
+
 def _eos_id(tok, eos: str | None) -> tuple[str, int]:
     names = [eos] if eos else list(EOS_CANDIDATES)
     for name in names:
@@ -257,9 +283,8 @@ def prepare(
         raise PrepareError(f"--val-fraction {val_fraction}: must be in [0, 1)")
     if shard_tokens < 1:
         raise PrepareError(f"--shard-tokens {shard_tokens}: must be positive")
-    tok_file = Path(tokenizer).expanduser().resolve() if tokenizer else None
-    if tok_file is not None and not tok_file.is_file():
-        raise PrepareError(f"--tokenizer {tokenizer}: no such file (a HF tokenizers tokenizer.json)")
+    tok_file = tokenizer_file(tokenizer) if tokenizer else None
+    eos_token = eos_token or (hf_eos_token(tok_file) if tok_file else None)
     if tok_file is None and vocab_size < 257:
         raise PrepareError(f"--vocab-size {vocab_size}: a byte-level BPE needs at least 257 (256 bytes + EOS)")
     out = Path(output).expanduser().resolve()
@@ -404,7 +429,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--output", "-o", required=True, help="dataset folder to write (then data.path=...)")
     p.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary to train (default 4096)")
-    p.add_argument("--tokenizer", help="use this HF tokenizer.json instead of training a BPE")
+    p.add_argument(
+        "--tokenizer", help="use this HF tokenizer.json (or a Hugging Face model folder's) instead of training a BPE"
+    )
     p.add_argument("--eos-token", help="end-of-text token separating documents (default <|endoftext|>)")
     p.add_argument("--text-field", default="text", help="column holding the text in jsonl/parquet (default text)")
     p.add_argument(

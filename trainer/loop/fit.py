@@ -412,9 +412,20 @@ class Trainer:
         # a restarted or re-launched run continues from its own newest checkpoint, whatever it started from
         path = own[-1][1] if own and resume != "never" else resolve_resume(resume, self.ctx.run_dir)
         if path is None:
-            return 0
+            return self._init_from() if self.ctx.weights_from_checkpoint else 0
         self.resumed_from = str(path)
         return self.checkpointer.load(path)
+
+    def _init_from(self) -> int:
+        """A fresh run from Hugging Face weights: each rank reads the slices it holds (trainer/hf/load.py)."""
+        from trainer.checkpoint.checkpointer import state_view
+        from trainer.hf.load import load_hf_weights
+
+        folder = str(self.cfg.model.init_from)
+        info = load_hf_weights(state_view(self.engine.model_parts), folder=folder, model_cfg=self.cfg.model)
+        self.ctx.model_init["hf_load"] = info
+        self.ctx.log.info("weights read from %s: %s", folder, info)
+        return 0
 
     def _checkpoint_due(self, step: int) -> bool:
         every = int(self.cfg.trainer.checkpoint_every)
@@ -470,6 +481,7 @@ class Trainer:
                 "local_param_bytes_per_rank": [i.get("local_param_bytes") for i in inits],
                 "materialised_bytes_max_per_rank": [i.get("materialised_bytes_max") for i in inits],
                 "build_peak_growth_bytes_per_rank": [i.get("build_peak_growth_bytes") for i in inits],
+                **({"hf_load_per_rank": [i.get("hf_load") for i in inits]} if ctx.weights_from_checkpoint else {}),
             },
             **perf,
             **extras,

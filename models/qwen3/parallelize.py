@@ -1,0 +1,25 @@
+"""Qwen3's tensor-parallel plan: Llama's (``models/llama/parallelize.py``) plus its per-head q/k norms.
+
+A tp rank holds whole query and key heads, so each head's norm runs locally; the norm weights are replicated,
+and each rank's gradient for them covers only its own heads. The plan therefore treats the norms' input as
+sharded over the heads dimension (``SequenceParallel(sequence_dim=2)``, local output, on ``(batch, seq, heads, head_dim)``):
+the weights become replicated DTensors whose gradients are summed over the tp group, as torchtitan does.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from models.tensor_parallel import DecoderBlockTP, parallelize_decoder
+
+QWEN3_BLOCK = DecoderBlockTP(ffn_in=("w1", "w3"), extra_inputs=1, head_norms=("q_norm", "k_norm"))
+
+
+def parallelize_qwen3(
+    model: nn.Module, *, tp_mesh: DeviceMesh, sequence_parallel: bool = False, loss_parallel: bool = False
+) -> nn.Module:
+    """Apply the tensor-parallel plan in place; returns ``model``."""
+    return parallelize_decoder(
+        model, tp_mesh=tp_mesh, block=QWEN3_BLOCK, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel
+    )

@@ -1,0 +1,78 @@
+"""The Qwen3 family's ``ModelSpec``: Llama's checks and formulas with its own head width and q/k norms. No torch
+import."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from models.llama.spec import ffn_width, kv_heads, rope_scaling_problems
+from models.qwen3.config import Qwen3Config
+from models.shape import ModelShape
+from models.spec import ModelSpec, PipelineUnits, tied_tp_problems, transformer_tp_problems
+
+
+def head_dim(model: Any) -> int:
+    """``head_dim``, or d_model / n_heads when it is 0."""
+    return int(model.get("head_dim") or 0) or int(model["d_model"]) // int(model["n_heads"])
+
+
+def qwen3_shape(model: Any) -> ModelShape:
+    return ModelShape(
+        name=str(model.get("name", "qwen3")),
+        n_layers=int(model.n_layers),
+        d_model=int(model.d_model),
+        n_heads=int(model.n_heads),
+        n_kv_heads=kv_heads(model),
+        vocab_size=int(model.vocab_size),
+        max_seq_len=int(model.max_seq_len),
+        layer_d_ff=(ffn_width(model),) * int(model.n_layers),
+        tied_embeddings=bool(model.get("tie_embeddings", False)),
+        gated_mlp=True,
+        norm_params=1,
+        learned_positions=False,
+        head_dim=head_dim(model),
+        qk_norm=True,
+    )
+
+
+def qwen3_problems(model: Any) -> list[str]:
+    out = rope_scaling_problems(model)
+    heads, kv = int(model.n_heads), kv_heads(model)
+    if heads < 1 or kv < 1 or heads % kv:
+        ok = [d for d in range(1, max(heads, 1) + 1) if heads % d == 0]
+        out.append(
+            f"model.n_kv_heads={kv} does not divide model.n_heads={heads}: each key/value head serves a whole "
+            f"group of query heads; use model.n_kv_heads in {ok}"
+        )
+    if not int(model.get("head_dim") or 0) and (heads < 1 or int(model.d_model) % heads):
+        out.append(
+            f"model.d_model={model.d_model} is not divisible by model.n_heads={heads} and model.head_dim is 0; "
+            "set model.head_dim (Qwen3: 128) or choose heads dividing d_model"
+        )
+    elif heads >= 1 and head_dim(model) % 2:
+        out.append(
+            f"model.head_dim={head_dim(model)}: rotary embeddings rotate pairs of channels, so the head width "
+            "must be even; change model.head_dim"
+        )
+    return out
+
+
+def qwen3_tp_problems(model: Any, tp: int) -> list[str]:
+    return transformer_tp_problems(model, tp, widths=[ffn_width(model)], kv_heads=True) + tied_tp_problems(model, tp)
+
+
+SPEC = ModelSpec(
+    family="qwen3",
+    builder="models.qwen3.model.Qwen3",
+    config=Qwen3Config,
+    schemas={"qwen3_schema": Qwen3Config},
+    parallelize="models.qwen3.parallelize:parallelize_qwen3",
+    pipeline=PipelineUnits(pre=("tok_embeddings",), post=("norm", "output")),
+    blocks=lambda model: int(model.n_layers),
+    max_seq_len=lambda model: int(model.max_seq_len),
+    shape=qwen3_shape,
+    check=qwen3_problems,
+    tp_check=qwen3_tp_problems,
+    hf_adapter="models.qwen3.hf_adapter:ADAPTER",
+    description="Qwen3 dense decoder: Llama's blocks with per-head q/k RMSNorm and its own head width",
+)

@@ -1,0 +1,99 @@
+"""Tiny transformers models written locally (random weights, no download) and their meshtrain twins, for the
+Hugging Face tests in tests/unit and tests/integration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+#: case -> (meshtrain family, transformers config keywords): every family and every option the adapters map
+CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama_gqa": ("llama", {"num_key_value_heads": 2}),
+    "llama_mha": ("llama", {"num_key_value_heads": 4}),
+    "llama_tied": ("llama", {"num_key_value_heads": 2, "tie_word_embeddings": True}),
+    "llama_rope_scaling": (
+        "llama",
+        {
+            "num_key_value_heads": 2,
+            "rope_theta": 500000.0,
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
+        },
+    ),
+    "qwen3_gqa": ("qwen3", {"num_key_value_heads": 2, "head_dim": 32}),
+    "qwen3_tied_mha": ("qwen3", {"num_key_value_heads": 4, "head_dim": 8, "tie_word_embeddings": True}),
+    "gpt2": ("gpt", {}),
+    "gpt_exact_gelu_untied": ("gpt", {"activation_function": "gelu", "tie_word_embeddings": False}),
+}
+
+VOCAB, WIDTH, LAYERS, HEADS, FFN, POSITIONS = 96, 64, 2, 4, 96, 64
+
+
+def hf_config(family: str, **overrides: Any):
+    """A tiny transformers config of ``family`` (rms_norm_eps 1e-5, as meshtrain's Llama defaults to)."""
+    from transformers import GPT2Config, LlamaConfig, Qwen3Config
+
+    if family == "gpt":
+        keys = {"n_positions": POSITIONS, "n_embd": WIDTH, "n_layer": LAYERS, "n_head": HEADS, "n_inner": FFN}
+        return GPT2Config(**{"vocab_size": VOCAB, "bos_token_id": 0, "eos_token_id": 0, **keys, **overrides})
+    shared = {
+        "vocab_size": VOCAB,
+        "hidden_size": WIDTH,
+        "intermediate_size": FFN,
+        "num_hidden_layers": LAYERS,
+        "num_attention_heads": HEADS,
+        "max_position_embeddings": POSITIONS,
+        "rms_norm_eps": 1e-5,
+    }
+    return (LlamaConfig if family == "llama" else Qwen3Config)(**{**shared, **overrides})
+
+
+def hf_model(family: str, *, seed: int = 0, **overrides: Any):
+    """A random transformers model whose norm weights and biases are random too (at their defaults of 1 and 0 a
+    wrongly mapped or unpermuted norm or bias would go unnoticed)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(hf_config(family, **overrides)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or "ln_" in name:
+                p.normal_(1.0, 0.2)
+            elif name.endswith("bias"):
+                p.normal_(0.0, 0.1)
+    return model
+
+
+def save_folder(model, folder: Path, *, max_shard_size: str | None = None) -> Path:
+    """``save_pretrained`` into ``folder`` (safetensors; shards and an index past ``max_shard_size``)."""
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(folder, **kwargs)
+    return folder
+
+
+def meshtrain_twin(family: str, hf, *, max_seq_len: int = 32):
+    """(meshtrain module with ``hf``'s weights through the family's adapter, its model config)."""
+    from hydra.utils import instantiate
+
+    from models.registry import REGISTRY
+    from models.spec import builder_kwargs
+
+    spec = REGISTRY[family]
+    adapter = spec.hf_adapter_obj()
+    model_cfg = {"_target_": spec.builder, **adapter.model_config(hf.config.to_dict())}
+    if family != "gpt":  # the GPT's position table is the checkpoint's; the rotary table is any length
+        model_cfg["max_seq_len"] = max_seq_len
+    module = instantiate(builder_kwargs(model_cfg)).eval()
+    shapes = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    module.load_state_dict(adapter.from_hf(hf.state_dict(), model_cfg, shapes))
+    return module, model_cfg
+
+
+def max_logit_difference(a, b) -> float:
+    return (a.double() - b.double()).abs().max().item()

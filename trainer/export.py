@@ -1,0 +1,130 @@
+"""``python -m trainer.export SRC --hf OUT`` (also ``meshtrain export SRC --hf OUT``): a meshtrain checkpoint, saved
+under any layout, as a Hugging Face model folder that ``transformers.AutoModelForCausalLM.from_pretrained`` loads.
+
+SRC is a run folder (its newest complete checkpoint) or a ``checkpoints/step_N`` folder. One process, no workers:
+DCP reassembles every full tensor from whichever shards hold it (any dp/tp/pp layout wrote them); the model
+family's adapter (``ModelSpec.hf_adapter``) names them and writes ``config.json`` (over the config.json the run
+started from, if it did: token ids and context length kept). OUT gets ``config.json``, ``generation_config.json``,
+``model.safetensors`` (shards and an index past ``--max-shard-size``) and the run's tokenizer
+(``trainer/hf/tokenizer.py``). Weights are written in fp32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from models.hf_adapter import HFConfigError
+from models.registry import spec_for
+from trainer.checkpoint.files import MARKER, CheckpointError, checkpoints_root, complete_checkpoints, read_marker
+from trainer.hf.folder import CONFIG, GENERATION_CONFIG, MAX_SHARD_BYTES, HFFolderError, write_weights
+from trainer.hf.tokenizer import write_tokenizer
+
+
+class ExportError(ValueError):
+    """SRC or OUT cannot be used; the message names the path and the fix."""
+
+
+def find_checkpoint(src: str | Path) -> Path:
+    """``src`` itself when it is a checkpoint, else the newest complete checkpoint of the run folder ``src``."""
+    path = Path(src).expanduser()
+    if (path / MARKER).is_file():
+        return path
+    found = complete_checkpoints(checkpoints_root(path))
+    if found:
+        return found[-1][1]
+    raise ExportError(
+        f"{src}: neither a checkpoint (no {MARKER}) nor a run folder with a complete checkpoint under "
+        f"{checkpoints_root(path)}; give a run folder trained with trainer.checkpoint_every > 0, or a checkpoints/step_N "
+        "folder"
+    )
+
+
+def run_config(checkpoint: Path) -> Any:
+    """The Hydra config of the run that wrote ``checkpoint`` (``<run>/.hydra/config.yaml``), or None."""
+    path = checkpoint.parent.parent / ".hydra" / "config.yaml"
+    return OmegaConf.load(path) if path.is_file() else None
+
+
+def full_state(checkpoint: Path) -> dict[str, Any]:
+    """Every model tensor of ``checkpoint``, whole, by FQN (in the dtype it was saved in)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    entries = dcp.FileSystemReader(str(checkpoint)).read_metadata().state_dict_metadata
+    state = {
+        key[len("model.") :]: torch.empty(tuple(md.size), dtype=md.properties.dtype)
+        for key, md in entries.items()
+        if key.startswith("model.") and isinstance(md, TensorStorageMetadata)
+    }
+    with warnings.catch_warnings():  # "torch.distributed is disabled ... load in a single process": intended
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load({"model": state}, checkpoint_id=str(checkpoint), no_dist=True)
+    return state
+
+
+def starting_config(model: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """A JSON file of the folder the run started from (``model.init_from``), when it is still there."""
+    start = model.get("init_from")
+    path = Path(str(start)).expanduser() / name if start else None
+    return json.loads(path.read_text()) if path is not None and path.is_file() else None
+
+
+def export(src: str | Path, out: str | Path, *, max_shard_bytes: int = MAX_SHARD_BYTES, log=print) -> Path:
+    """Write the Hugging Face folder ``out`` from the checkpoint ``src`` names; returns ``out``."""
+    checkpoint = find_checkpoint(src)
+    model = read_marker(checkpoint)["model"]
+    adapter = spec_for(model).hf_adapter_obj()
+    config = adapter.hf_config(model, base=starting_config(model, CONFIG))
+    state = {k: v.float() for k, v in full_state(checkpoint).items()}
+    tensors = adapter.to_hf(state, model)
+    target = Path(out).expanduser()
+    target.mkdir(parents=True, exist_ok=True)
+    run = run_config(checkpoint)
+    tokenizer = write_tokenizer(target, data=run.data if run is not None else None, model=model)
+    if tokenizer and tokenizer["eos_token_id"] is not None and config.get("eos_token_id") is None:
+        config["eos_token_id"] = tokenizer["eos_token_id"]
+    generation = starting_config(model, GENERATION_CONFIG) or {
+        k: config.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+    }
+    (target / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    (target / GENERATION_CONFIG).write_text(json.dumps(generation, indent=2) + "\n")
+    files = write_weights(target, tensors, max_shard_bytes=max_shard_bytes)
+    log(f"exported {checkpoint} ({model.get('name')}, {adapter.architecture}) to {target}: {', '.join(files)}")
+    log(f"tokenizer: {tokenizer['source'] if tokenizer else 'none (the run data names no tokenizer meshtrain knows)'}")
+    return target
+
+
+def parse_size(text: str) -> int:
+    """``5GB``, ``500MB``, ``2000000`` -> bytes (decimal units, as transformers' max_shard_size)."""
+    units = {"KB": 10**3, "MB": 10**6, "GB": 10**9}
+    text = text.strip().upper()
+    for unit, scale in units.items():
+        if text.endswith(unit):
+            return int(float(text[: -len(unit)]) * scale)
+    return int(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m trainer.export", description=__doc__.split("\n\n")[0])
+    p.add_argument("src", help="a run folder (its newest checkpoint) or a checkpoints/step_N folder")
+    p.add_argument("--hf", required=True, metavar="OUT", help="the Hugging Face model folder to write")
+    p.add_argument("--max-shard-size", default="5GB", help="split the weights into shards past this size (5GB)")
+    args = p.parse_args(argv)
+    try:
+        export(args.src, args.hf, max_shard_bytes=parse_size(args.max_shard_size))
+    except (ExportError, CheckpointError, HFConfigError, HFFolderError, ValueError) as exc:
+        print(f"export: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

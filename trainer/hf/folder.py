@@ -1,0 +1,125 @@
+"""A Hugging Face model folder on disk: ``config.json`` and ``model.safetensors``, or shards listed by
+``model.safetensors.index.json``.
+
+Opening one reads the JSON headers only (no torch): names, dtypes and shapes for the checks before any worker
+starts. ``read(key, index)`` returns just the requested slice of one tensor (safetensors reads the bytes of
+those rows and columns from the file, opened for that read and closed after it, so a rank never maps more than
+the tensor it is reading). ``write_weights`` is the other direction: one file, or shards and an index past a
+size limit, as ``save_pretrained`` writes them.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CONFIG = "config.json"
+GENERATION_CONFIG = "generation_config.json"
+WEIGHTS = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+#: shard size past which the exporter splits the weights (transformers' save_pretrained default)
+MAX_SHARD_BYTES = 5 * 10**9
+
+
+class HFFolderError(ValueError):
+    """Not a readable Hugging Face model folder; the message names the path and what it should hold."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    file: Path
+    dtype: str
+    shape: tuple[int, ...]
+
+
+def read_header(path: Path) -> dict[str, Any]:
+    """The JSON header of a safetensors file (8-byte little-endian length, then the JSON)."""
+    try:
+        with open(path, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            return json.loads(f.read(length))
+    except (OSError, struct.error, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise HFFolderError(f"{path}: not a readable safetensors file ({type(exc).__name__}: {exc})") from None
+
+
+class HFFolder:
+    """The config and the tensors' names, dtypes and shapes of one folder; slices read on demand."""
+
+    def __init__(self, path: str | Path, *, what: str = "model.init_from"):
+        self.path = Path(path).expanduser()
+        hint = f"give a Hugging Face model folder holding {CONFIG} and {WEIGHTS} (or shards with {INDEX})"
+        if not self.path.is_dir():
+            raise HFFolderError(f"{what}={path}: no such folder; {hint}")
+        if not (self.path / CONFIG).is_file():
+            raise HFFolderError(f"{what}={path}: no {CONFIG} in it; {hint}")
+        self.tensors = self._tensors(what, hint)
+
+    def _tensors(self, what: str, hint: str) -> dict[str, TensorInfo]:
+        if (self.path / INDEX).is_file():
+            weight_map = json.loads((self.path / INDEX).read_text())["weight_map"]
+            files = sorted(set(weight_map.values()))
+        elif (self.path / WEIGHTS).is_file():
+            files = [WEIGHTS]
+        else:
+            other = sorted(p.name for p in self.path.glob("*.bin"))
+            extra = (
+                f" (it has {', '.join(other)}: re-save it with save_pretrained(safe_serialization=True))"
+                if other
+                else ""
+            )
+            raise HFFolderError(f"{what}={self.path}: no {WEIGHTS} or {INDEX}{extra}; {hint}")
+        out: dict[str, TensorInfo] = {}
+        for name in files:
+            path = self.path / name
+            if not path.is_file():
+                raise HFFolderError(
+                    f"{what}={self.path}: {INDEX} lists {name}, which is missing; the copy is incomplete"
+                )
+            for key, info in read_header(path).items():
+                if key != "__metadata__":
+                    out[key] = TensorInfo(file=path, dtype=info["dtype"], shape=tuple(info["shape"]))
+        return out
+
+    def config(self) -> dict[str, Any]:
+        return json.loads((self.path / CONFIG).read_text())
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {key: info.shape for key, info in self.tensors.items()}
+
+    def read(self, key: str, index: tuple[slice, ...]):
+        """``tensor[index]`` of the stored tensor ``key``, reading only those bytes."""
+        from safetensors import safe_open
+
+        with safe_open(str(self.tensors[key].file), framework="pt") as f:
+            return f.get_slice(key)[index]
+
+
+def write_weights(out: Path, tensors: dict[str, Any], *, max_shard_bytes: int = MAX_SHARD_BYTES) -> list[str]:
+    """``model.safetensors``, or ``model-0000i-of-0000n.safetensors`` shards and their index when the tensors
+    exceed ``max_shard_bytes``; returns the files written."""
+    from safetensors.torch import save_file
+
+    sizes = {k: t.numel() * t.element_size() for k, t in tensors.items()}
+    shards: list[dict[str, Any]] = [{}]
+    filled = 0
+    for key, tensor in tensors.items():
+        if shards[-1] and filled + sizes[key] > max_shard_bytes:
+            shards.append({})
+            filled = 0
+        shards[-1][key] = tensor.contiguous()
+        filled += sizes[key]
+    if len(shards) == 1:
+        save_file(shards[0], str(out / WEIGHTS), metadata={"format": "pt"})
+        return [WEIGHTS]
+    names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    for name, shard in zip(names, shards):
+        save_file(shard, str(out / name), metadata={"format": "pt"})
+    index = {
+        "metadata": {"total_size": sum(sizes.values())},
+        "weight_map": {k: name for name, shard in zip(names, shards) for k in shard},
+    }
+    (out / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+    return [*names, INDEX]
