@@ -10,12 +10,12 @@ where numbers belong, contradicting layouts and topologies.
 from __future__ import annotations
 
 import contextlib
-import copy
 import re
 from pathlib import Path
 
 from hypothesis import strategies as st
 
+from tests.composing import Composer
 from tests.helpers import CONF
 
 #: coherent layouts (parallel, sizes): most draws start from one of these
@@ -138,10 +138,8 @@ def overrides(draw) -> list[str]:
 @contextlib.contextmanager
 def composer():
     """Compose conf/ as train.py does, many times, in this process."""
-    from hydra import compose, initialize_config_dir
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from conf.resolvers import register_resolvers
     from conf.schema import register_configs
@@ -149,21 +147,8 @@ def composer():
     register_resolvers()
     register_configs()
     GlobalHydra.instance().clear()
-    bases: dict[tuple[str, ...], object] = {}
-
-    def _compose(ovs: list[str]):
-        """Hydra's compose of the group choices (cached: it takes ~0.3 s here), then Hydra's own code
-        applying the key=value overrides, as compose does after merging the defaults."""
-        groups = tuple(o for o in ovs if "." not in o.split("=")[0])  # config group choices: model=cnn_bn ...
-        if groups not in bases:
-            bases[groups] = compose("config", overrides=list(groups))
-        cfg = copy.deepcopy(bases[groups])
-        rest = OverridesParser.create().parse_overrides([o for o in ovs if o not in groups])
-        ConfigLoaderImpl._apply_overrides_to_config(rest, cfg)
-        return cfg
-
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        yield _compose
+        yield Composer()  # group choices composed once, key=value overrides by Hydra's own code
     GlobalHydra.instance().clear()
 
 

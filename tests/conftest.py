@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import pytest
 
+from tests.composing import Composer
 from tests.helpers import CONF, run_train
 
 
+@pytest.fixture(scope="session")
+def _composer():
+    return Composer()
+
+
 @pytest.fixture
-def compose_cfg():
-    """Compose conf/ with overrides, as Hydra would for train.py (no process started)."""
+def compose_cfg(_composer):
+    """Compose conf/ with overrides, as Hydra would for train.py (no process started); each set of group
+    choices is composed once per session (tests/composing.py), every call gets its own copy."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -19,10 +26,15 @@ def compose_cfg():
     register_resolvers()
     register_configs()
 
-    def _compose(*overrides: str, return_hydra_config: bool = False):
+    def initialize():
         GlobalHydra.instance().clear()
-        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            return compose("config", overrides=list(overrides), return_hydra_config=return_hydra_config)
+        return initialize_config_dir(config_dir=str(CONF), version_base="1.3")
+
+    def _compose(*overrides: str, return_hydra_config: bool = False):
+        if not return_hydra_config:
+            return _composer(overrides, initialize=initialize)
+        with initialize():
+            return compose("config", overrides=list(overrides), return_hydra_config=True)
 
     yield _compose
     GlobalHydra.instance().clear()
