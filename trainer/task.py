@@ -17,7 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from trainer.observe.metrics import write_json
+from trainer.observe.durable import write_json
 from trainer.sweeps.jobs import sweep_name
 from trainer.validate import ConfigError, ValidatedRun, resolved_container, validate
 
