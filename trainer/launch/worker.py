@@ -29,6 +29,7 @@ from parallel.core.layout import MESH_DIMS, ParallelLayout
 from parallel.core.memory import tensor_bytes
 from trainer.launch.attempts import previous_attempt_report, restart_count, write_exit_record
 from trainer.launch.environment import rendezvous_port
+from trainer.launch.loopback import tcp_store
 from trainer.launch.preemption import PreemptionFlag
 from trainer.loop.fit import Trainer
 from trainer.observe.rank_logs import TRACE_LOGGER_NAME, setup_rank_logging, teardown_rank_logging
@@ -78,10 +79,11 @@ def _store(env: DistEnv, timeout: timedelta) -> dist.Store:
     if env.in_process:
         return dist.HashStore()
     agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    store = dist.TCPStore(
+    # rank 0 hosts it when the agent does not (a single-node job: at 127.0.0.1, served on loopback only)
+    store = tcp_store(
         os.environ.get("MASTER_ADDR", "localhost"),
         int(os.environ["MASTER_PORT"]),
-        env.world_size,
+        world_size=env.world_size,
         is_master=not agent_hosts and env.rank == 0,
         timeout=timeout,
         multi_tenant=True,
