@@ -11,7 +11,14 @@ from datetime import timedelta
 import pytest
 
 from tests.listeners import listeners_of
-from trainer.launch.loopback import LOOPBACK, local_only_env, local_rendezvous, loopback_interface, tcp_store
+from trainer.launch.loopback import (
+    LOOPBACK,
+    WORKER_STORE,
+    local_only_env,
+    local_rendezvous,
+    loopback_interface,
+    tcp_store,
+)
 
 
 def mine(port: int) -> set[str]:
@@ -54,10 +61,13 @@ def test_the_workers_environment_pins_gloo_to_loopback_and_is_restored(monkeypat
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
     monkeypatch.delenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", raising=False)
     assert loopback_interface() == "lo"  # Linux
-    with local_only_env():
+    monkeypatch.delenv(WORKER_STORE, raising=False)
+    with local_only_env(worker_store="127.0.0.1:4242"):
         assert os.environ["GLOO_SOCKET_IFNAME"] == "lo"
-        assert os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
-    assert "GLOO_SOCKET_IFNAME" not in os.environ and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in os.environ
+        assert os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"  # no second store in the agent
+        assert os.environ[WORKER_STORE] == "127.0.0.1:4242"  # the workers join the launcher's
+    for key in ("GLOO_SOCKET_IFNAME", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", WORKER_STORE):
+        assert key not in os.environ, key
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")  # the user's own choice stands
     with local_only_env():
         assert os.environ["GLOO_SOCKET_IFNAME"] == "eth7"

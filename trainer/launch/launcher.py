@@ -159,7 +159,7 @@ def _elastic(cfg: DictConfig, cfg_dict: dict, *, layout: ParallelLayout, run_dir
     # time-limit warnings (SIGUSR1, submitit's signal): the agent does not handle them, so pass them on
     previous = {sig: signal.signal(sig, lambda signum, frame: forward_to_children(signum)) for sig in warning_signals()}
     try:
-        with contextlib.nullcontext() if multi_node else local_only_env():
+        with contextlib.nullcontext() if multi_node else local_only_env(worker_store=rdzv["rdzv_endpoint"]):
             results = elastic_launch(config, worker.main)(cfg_dict, str(run_dir), layout, run_meta)
     except (RendezvousError, DistNetworkError, DistStoreError) as exc:
         if not multi_node:

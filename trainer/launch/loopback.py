@@ -5,10 +5,12 @@ is_master=True)``) listens on every interface whatever host it is given, and so 
 agent starts for its workers (TCPStore sharing, on a free port); gloo binds the address the host name
 resolves to, a LAN address on most machines. None of them has any authentication. For a single-node job:
 
-- the rendezvous store is served here, from a socket bound to 127.0.0.1 (TCPStore's ``master_listen_fd``),
-  and the agent joins it as a client (``rdzv_configs={"is_host": False}``);
-- torch's second store is switched off (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, its documented opt-out):
-  global rank 0's worker serves the workers' store instead, also from a loopback socket (``tcp_store``);
+- the rendezvous store is served by the launching process, from a socket bound to 127.0.0.1 (TCPStore's
+  ``master_listen_fd``), and the agent joins it as a client (``rdzv_configs={"is_host": False}``);
+- torch's second store is switched off (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, its opt-out) and the
+  workers join the launcher's store instead (``MESHTRAIN_WORKER_STORE``; trainer/launch/worker.py), as
+  they joined the agent's: no second listener, and no free port picked now and bound later (the race
+  torch's opt-out path has);
 - gloo binds the loopback interface (``GLOO_SOCKET_IFNAME``, unless the user set it).
 
 Multi-node jobs keep torch's defaults: their stores and gloo must be reachable from the other nodes.
@@ -25,6 +27,8 @@ from datetime import timedelta
 from typing import Any
 
 LOOPBACK = "127.0.0.1"
+#: host:port of the store a single-node job's workers join (the launcher's), in the workers' environment
+WORKER_STORE = "MESHTRAIN_WORKER_STORE"
 
 
 def loopback_interface() -> str | None:
@@ -37,9 +41,12 @@ def loopback_interface() -> str | None:
 
 
 @contextlib.contextmanager
-def local_only_env() -> Iterator[None]:
-    """The environment a single-node job's workers start with (and an in-process run uses), restored after."""
+def local_only_env(*, worker_store: str | None = None) -> Iterator[None]:
+    """The environment a single-node job's workers start with (and an in-process run uses), restored after;
+    ``worker_store``: the ``host:port`` of the launcher's store, for the workers to join."""
     wanted = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    if worker_store:
+        wanted[WORKER_STORE] = worker_store
     interface = loopback_interface()
     if interface and "GLOO_SOCKET_IFNAME" not in os.environ:
         wanted["GLOO_SOCKET_IFNAME"] = interface
