@@ -5,6 +5,7 @@ launches the workers and returns the objective (tokens/s by default) for sweeper
 """
 
 import sys
+import traceback
 
 import hydra
 from omegaconf import DictConfig
@@ -30,13 +31,19 @@ def main(cfg: DictConfig) -> float | None:
 
 def cli() -> None:
     """``main()`` with one exit code for every refused config: Hydra ends a run whose overrides do not
-    compose (unknown key, wrong type) with exit code 1 before the task starts; that is bad input (2)."""
+    compose (unknown key, wrong type) with exit code 1 before the task starts, or with
+    ``HYDRA_FULL_ERROR=1`` lets the error itself escape; either is bad input (2)."""
     try:
         main()
     except SystemExit as exc:
         if exc.code == 1 and not _task_started:
             sys.exit(2)
         raise
+    except Exception:
+        if _task_started:
+            raise
+        traceback.print_exc()  # the full trace HYDRA_FULL_ERROR=1 asks for, then the documented code
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """The Hydra task: validate → prepare data → launch → return the objective for sweepers.
 
-Errors end a single run with a clear message and a non-zero exit code (2: bad config, 1: a worker
-failed), never a traceback from deep inside torch. In a multirun the failing job is recorded in its
-folder (``status.json``) and the sweep goes on.
+Errors end a single run with a clear message and a non-zero exit code (2: bad config or a run folder
+another job holds, 1: a worker failed), never a traceback from deep inside torch. In a multirun the
+failing job is recorded in its folder (``status.json``) and the sweep goes on.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from trainer.observe.metrics import write_json
+from trainer.observe.durable import write_json
 from trainer.sweeps.jobs import sweep_name
 from trainer.validate import ConfigError, ValidatedRun, resolved_container, validate
 
@@ -55,6 +55,26 @@ def hydra_run_meta() -> tuple[Path, dict[str, Any]]:
 
 def run_task(cfg: DictConfig) -> float | None:
     run_dir, meta = hydra_run_meta()
+    from trainer.launch.ownership import FolderBusy, hold, owns_folders, release
+
+    # the job's folder, held until it ends (a single run's callback took it already; hold is re-entrant)
+    owner = owns_folders(node_rank=int(OmegaConf.select(cfg, "topology.node_rank", default=0) or 0))
+    if owner:
+        try:
+            hold(run_dir, fix="hydra.sweep.dir" if meta["multirun"] else "hydra.run.dir")
+        except FolderBusy as exc:
+            print(f"meshtrain: {exc}", file=sys.stderr, flush=True)
+            if meta["multirun"]:  # another job's folder: nothing written into it, the sweep goes on
+                return None
+            raise SystemExit(EXIT_CONFIG) from None
+    try:
+        return _run_owned(cfg, run_dir=run_dir, meta=meta)
+    finally:
+        if owner:
+            release(run_dir)
+
+
+def _run_owned(cfg: DictConfig, *, run_dir: Path, meta: dict[str, Any]) -> float | None:
     try:
         summary = train(cfg, run_dir=run_dir, run_meta=meta)
     except ConfigError as exc:

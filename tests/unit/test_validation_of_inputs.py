@@ -171,8 +171,18 @@ def test_multi_node_contradictions(compose_cfg):
         validate(compose_cfg("topology=multi_node", f"topology.master_port={port}", "topology.node_rank=1"), environ={})
 
 
-def test_override_that_does_not_compose_exits_2(tmp_path):
-    run = run_train("debug.fial_at_step=3", "optim.lr=fast", run_dir=tmp_path / "run", expect_ok=False, timeout=60)
+@pytest.mark.parametrize("full_error", ["", "1"], ids=["plain", "HYDRA_FULL_ERROR"])
+def test_override_that_does_not_compose_exits_2(tmp_path, full_error):
+    run = run_train(
+        "debug.fial_at_step=3",
+        "optim.lr=fast",
+        run_dir=tmp_path / "run",
+        expect_ok=False,
+        timeout=60,
+        env={"HYDRA_FULL_ERROR": full_error},
+    )
     assert run.proc.returncode == 2, run.output
     assert "fial_at_step" in run.output and "no worker" not in run.output
     assert not (run.run_dir / "logs").exists()
+    # HYDRA_FULL_ERROR=1 is what users set to debug: the whole trace, and still the documented code
+    assert ("Traceback (most recent call last)" in run.proc.stderr) == bool(full_error), run.proc.stderr[-2000:]

@@ -11,7 +11,6 @@ of (seed, step).
 from __future__ import annotations
 
 import copy
-import json
 import random
 import shutil
 import time
@@ -36,6 +35,7 @@ from trainer.checkpoint.files import (
     read_marker,
     step_dir_name,
 )
+from trainer.observe.durable import write_json
 
 
 def state_view(parts: list[nn.Module]) -> nn.Module:
@@ -242,7 +242,7 @@ class Checkpointer:
             "scheduler": sched,
             "files": files,
         }
-        (tmp / MARKER).write_text(json.dumps(marker, indent=2, default=str))
+        write_json(tmp / MARKER, marker)  # fsynced before the folder is renamed into place
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)

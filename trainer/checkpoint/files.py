@@ -9,9 +9,10 @@ each file's size, so a truncated copy is caught before any worker loads it.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+from trainer.observe.durable import read_whole_json, warn_torn
 
 MARKER = "meshtrain.json"
 PREFIX = "step_"
@@ -43,17 +44,42 @@ def step_dir_name(step: int) -> str:
 
 
 def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
-    """(step, path) of every complete checkpoint under ``root``, oldest first."""
+    """(step, path) of every complete checkpoint under ``root``, oldest first.
+
+    Complete: its marker is there and whole, and every file it lists has the size it records. One whose
+    marker is torn or whose files were cut short (a damaged copy, a disk that filled) is passed over with one
+    warning, so ``trainer.resume=auto`` continues from the newest checkpoint that can be loaded."""
     if not root.is_dir():
         return []
     out = []
     for p in root.iterdir():
         if p.is_dir() and p.name.startswith(PREFIX) and (p / MARKER).is_file():
             try:
-                out.append((int(p.name[len(PREFIX) :]), p))
+                step = int(p.name[len(PREFIX) :])
             except ValueError:
                 continue
+            _, problem = _marker_and_problem(p)
+            if problem:
+                warn_torn(p / MARKER, None, f"checkpoint {p.name} {problem}: skipped")
+                continue
+            out.append((step, p))
     return sorted(out)
+
+
+def _marker_and_problem(path: Path) -> tuple[dict[str, Any], str | None]:
+    """A checkpoint folder's marker and what makes the checkpoint unusable (None: nothing)."""
+    meta, why = read_whole_json(path / MARKER)
+    if why is not None:
+        return {}, f"has a marker {MARKER} that is {why}"
+    if not isinstance(meta, dict):
+        return {}, f"has a marker {MARKER} that is not a JSON object"
+    for name, size in (meta.get("files") or {}).items():
+        f = path / name
+        if not f.is_file():
+            return meta, f"is missing {name}; the copy is incomplete"
+        if f.stat().st_size != size:
+            return meta, f"is truncated: {name} has {f.stat().st_size} bytes, expected {size}"
+    return meta, None
 
 
 def read_marker(path: Path) -> dict[str, Any]:
@@ -77,18 +103,12 @@ def read_marker(path: Path) -> dict[str, Any]:
             f"checkpoint {path} is incomplete: no {MARKER} marker ({hint}); "
             f"resume from an earlier checkpoint or use trainer.resume=never"
         )
-    try:
-        meta = json.loads(marker.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"checkpoint {path}: marker {MARKER} is unreadable ({exc})") from None
-    for name, size in meta.get("files", {}).items():
-        f = path / name
-        if not f.is_file():
-            raise CheckpointError(f"checkpoint {path} is missing {name}; the copy is incomplete")
-        if f.stat().st_size != size:
-            raise CheckpointError(
-                f"checkpoint {path} is truncated: {name} has {f.stat().st_size} bytes, expected {size}"
-            )
+    meta, problem = _marker_and_problem(path)
+    if problem:
+        raise CheckpointError(
+            f"checkpoint {path} {problem}; resume from an earlier checkpoint "
+            "(trainer.resume=auto picks the newest whole one) or use trainer.resume=never"
+        )
     return meta
 
 

@@ -8,10 +8,11 @@ without one (died abruptly) or, if all wrote one, the first to fail.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
+
+from trainer.observe.durable import read_json, write_json
 
 
 def restart_count() -> int:
@@ -26,7 +27,7 @@ def write_exit_record(run_dir: Path, rank: int, *, error: BaseException | None) 
     folder = _folder(run_dir, restart_count())
     folder.mkdir(parents=True, exist_ok=True)
     record = {"rank": rank, "time": time.time(), "error": f"{type(error).__name__}: {error}" if error else None}
-    (folder / f"rank{rank}.json").write_text(json.dumps(record))
+    write_json(folder / f"rank{rank}.json", record)
 
 
 def previous_attempt_report(run_dir: Path, world_size: int) -> str | None:
@@ -37,9 +38,9 @@ def previous_attempt_report(run_dir: Path, world_size: int) -> str | None:
     folder = _folder(run_dir, attempt - 1)
     records = {}
     for r in range(world_size):
-        f = folder / f"rank{r}.json"
-        if f.exists():
-            records[r] = json.loads(f.read_text())
+        record = read_json(folder / f"rank{r}.json")  # a torn record counts as none: the rank died writing it
+        if isinstance(record, dict) and {"rank", "time", "error"} <= record.keys():
+            records[r] = record
     missing = [r for r in range(world_size) if r not in records]
     if missing:
         cause = f"rank(s) {missing} died without an exit record (killed by a signal, OOM or a crash)"

@@ -8,6 +8,7 @@ job of a multirun gets its own worker group, port and store. Worker failures com
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import signal
@@ -21,6 +22,7 @@ from omegaconf import DictConfig
 
 from parallel.core.layout import ParallelLayout
 from trainer.launch.environment import ExternalLaunch
+from trainer.launch.loopback import local_only_env, local_rendezvous
 from trainer.launch.preemption import forward_to_children, warning_signals
 
 log = logging.getLogger("meshtrain.launch")
@@ -59,7 +61,8 @@ def launch(
         summary = worker.run(cfg_dict, run_dir, layout, run_meta, worker.DistEnv.from_environ())
     elif layout.world_size == 1 and layout.nnodes == 1:
         env = worker.DistEnv(rank=0, local_rank=0, world_size=1, in_process=True)
-        summary = worker.run(cfg_dict, run_dir, layout, run_meta, env)
+        with local_only_env():  # gloo on loopback
+            summary = worker.run(cfg_dict, run_dir, layout, run_meta, env)
     else:
         summary = _elastic(cfg, cfg_dict, layout=layout, run_dir=run_dir, run_meta=run_meta)
     if summary is not None and summary.get("status") == "preempted":
@@ -96,6 +99,16 @@ def _wait_for_master(addr: str, port: int, wait_s: float, *, node: int, nnodes: 
             time.sleep(0.5)
 
 
+def _rendezvous(topo: Any, *, multi_node: bool, port: int, wait_s: int) -> tuple[Any, dict[str, Any]]:
+    """LaunchConfig's rendezvous arguments, and the store this process serves for them (None: the agent's).
+    Nodes meet at topology.master_addr:master_port, node 0 hosting; a single node's rendezvous is served on
+    127.0.0.1 by this process, so that nothing the job opens listens beyond the machine (loopback.py)."""
+    if not multi_node:
+        return local_rendezvous(port=port, timeout_s=wait_s)
+    configs = {"is_host": int(topo.node_rank) == 0, "join_timeout": wait_s, "read_timeout": wait_s}
+    return None, {"rdzv_endpoint": f"{topo.master_addr}:{port}", "rdzv_configs": configs}
+
+
 def _elastic(cfg: DictConfig, cfg_dict: dict, *, layout: ParallelLayout, run_dir: Path, run_meta: dict) -> dict | None:
     from torch.distributed import DistNetworkError, DistStoreError
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
@@ -126,7 +139,7 @@ def _elastic(cfg: DictConfig, cfg_dict: dict, *, layout: ParallelLayout, run_dir
             ", ".join(map(str, others)),
             wait_s,
         )
-    endpoint = f"{topo.master_addr}:{port}" if (multi_node or port) else "localhost:0"
+    served, rdzv = _rendezvous(topo, multi_node=multi_node, port=port, wait_s=wait_s)
     # all nodes of one job must agree on the run id; a single node gets a fresh one per job
     run_id = f"meshtrain-{topo.master_addr}-{port}" if multi_node else f"meshtrain-{uuid.uuid4().hex[:8]}"
     # rank 0 keeps the console (the rich progress bar); other local ranks write to files
@@ -137,10 +150,7 @@ def _elastic(cfg: DictConfig, cfg_dict: dict, *, layout: ParallelLayout, run_dir
         nproc_per_node=nproc,
         run_id=run_id,
         rdzv_backend="c10d",
-        rdzv_endpoint=endpoint,
-        rdzv_configs=(
-            {"is_host": int(topo.node_rank) == 0, "join_timeout": wait_s, "read_timeout": wait_s} if multi_node else {}
-        ),
+        **rdzv,
         max_restarts=int(topo.max_restarts),
         monitor_interval=0.1,
         start_method=start_method,
@@ -154,7 +164,8 @@ def _elastic(cfg: DictConfig, cfg_dict: dict, *, layout: ParallelLayout, run_dir
     previous = {sig: signal.signal(sig, lambda signum, frame: forward_to_children(signum)) for sig in warning_signals()}
     try:
         meta = {**run_meta, "start_method": start_method}
-        results = elastic_launch(config, worker.main)(cfg_dict, str(run_dir), layout, meta)
+        with contextlib.nullcontext() if multi_node else local_only_env(worker_store=rdzv["rdzv_endpoint"]):
+            results = elastic_launch(config, worker.main)(cfg_dict, str(run_dir), layout, meta)
     except (RendezvousError, DistNetworkError, DistStoreError) as exc:
         if not multi_node:
             raise
@@ -183,5 +194,6 @@ def _elastic(cfg: DictConfig, cfg_dict: dict, *, layout: ParallelLayout, run_dir
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        del served  # a single node's rendezvous store: it stops listening with its last reference
     # rank 0's summary: this node's only non-None result (the agent keys results by its own join order)
     return next((v for v in (results or {}).values() if v is not None), None)

@@ -29,6 +29,7 @@ from parallel.core.layout import MESH_DIMS, ParallelLayout
 from parallel.core.memory import tensor_bytes
 from trainer.launch.attempts import previous_attempt_report, restart_count, write_exit_record
 from trainer.launch.environment import rendezvous_port
+from trainer.launch.loopback import WORKER_STORE
 from trainer.launch.preemption import PreemptionFlag
 from trainer.loop.fit import Trainer
 from trainer.observe.rank_logs import TRACE_LOGGER_NAME, setup_rank_logging, teardown_rank_logging
@@ -77,6 +78,11 @@ def _store(env: DistEnv, timeout: timedelta) -> dist.Store:
     """
     if env.in_process:
         return dist.HashStore()
+    served = os.environ.get(WORKER_STORE)
+    if served:  # a single-node job: the launcher's own store, served on loopback (trainer/launch/loopback.py)
+        host, port = served.rsplit(":", 1)
+        store = dist.TCPStore(host, int(port), env.world_size, is_master=False, timeout=timeout, multi_tenant=True)
+        return dist.PrefixStore(f"meshtrain/attempt{restart_count()}", store)
     agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = dist.TCPStore(
         os.environ.get("MASTER_ADDR", "localhost"),

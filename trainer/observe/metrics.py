@@ -1,70 +1,68 @@
-"""Metric files of a run: metrics.jsonl (one object per logged step) and summary.json."""
+"""metrics.jsonl: one object per logged step, appended by rank 0, cut back to whole records on resume."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import statistics
-import tempfile
 from pathlib import Path
 from typing import Any
 
-
-def _clean(obj: Any) -> Any:
-    """JSON-safe values: NaN/inf become null, numpy scalars become Python numbers."""
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
-        try:
-            obj = obj.item()
-        except (TypeError, ValueError):
-            pass
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
-
-
-def write_json(path: Path, obj: Any) -> None:
-    """Write atomically: a reader never sees half a file, a crash never leaves one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(_clean(obj), f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+from trainer.observe.durable import json_line, read_jsonl, scan_jsonl, write_text
 
 
 class MetricsFile:
     """Appends one JSON line per logged step, flushed so a crash keeps what was logged.
 
-    A resumed run (``keep_through_step`` > 0) keeps the lines up to the step it resumes from and drops
-    later ones (they were logged after the checkpoint and are about to be recomputed).
+    A resumed run (``keep_through_step`` > 0) keeps the whole records up to the step it resumes from and
+    drops the rest (logged after the checkpoint and about to be recomputed, or torn by a crash): the file is
+    truncated back to the end of its last kept record, then appended to. Where a torn line sits among the
+    kept ones (a file edited or damaged in the middle), the kept records are rewritten atomically instead.
     """
 
     def __init__(self, path: Path, *, keep_through_step: int = 0):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        kept = []
         if keep_through_step > 0 and path.exists():
-            kept = [r for r in read_metrics(path) if r.get("step", 0) <= keep_through_step]
-        self._f = open(path, "w")
-        for record in kept:
-            self.write(record)
+            _keep_through(path, keep_through_step)
+            self._f = open(path, "a")
+        else:
+            self._f = open(path, "w")
 
     def write(self, record: dict[str, Any]) -> None:
-        self._f.write(json.dumps(_clean(record)) + "\n")
+        self._f.write(json_line(record))
         self._f.flush()
 
     def close(self) -> None:
         self._f.close()
 
 
+def _keep_through(path: Path, step: int) -> None:
+    """Cut ``path`` back to its whole records with ``step`` <= ``step``, each ending in a newline."""
+    scan = scan_jsonl(path)
+    kept = [i for i, r in enumerate(scan.records) if _step(r) <= step]
+    # the kept records are the file's first lines, with nothing torn among them: truncate
+    if kept == list(range(len(kept))) and (not kept or scan.lines[kept[-1]] == len(kept)):
+        end = scan.ends[kept[-1]] if kept else 0
+        with open(path, "r+b") as f:
+            f.truncate(end)
+            f.seek(max(end - 1, 0))
+            if end and f.read(1) != b"\n":
+                f.write(b"\n")  # a whole last record that lost only its newline
+            f.flush()
+            os.fsync(f.fileno())
+        return
+    write_text(path, "".join(json_line(scan.records[i]) for i in kept))
+
+
+def _step(record: dict[str, Any]) -> float:
+    value = record.get("step", 0)
+    return value if isinstance(value, (int, float)) else math.inf
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """metrics.jsonl's whole records (a torn line is skipped, with one warning naming it)."""
+    return read_jsonl(path)
 
 
 class StepStats:

@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from parallel.core.base import WorkerContext
-from trainer.observe.metrics import MetricsFile, write_json
+from trainer.observe.durable import write_json, write_text
+from trainer.observe.metrics import MetricsFile
 
 
 class RankZeroSinks:
@@ -54,7 +55,7 @@ class RankZeroSinks:
         from omegaconf import OmegaConf
 
         path = self.run_dir / "resolved_config.yaml"
-        OmegaConf.save(OmegaConf.create(cfg_dict), path)
+        write_text(path, OmegaConf.to_yaml(OmegaConf.create(cfg_dict)))  # rewritten by every resume: atomically
         hydra_dir = self.run_dir / ".hydra"
         return [path] + [hydra_dir / n for n in ("config.yaml", "overrides.yaml", "hydra.yaml")]
 

@@ -12,16 +12,15 @@ id; ``wandb sync`` appends them to one run. No torch, no wandb import here.
 
 from __future__ import annotations
 
-import json
-import os
 import secrets
 import shlex
 import string
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
+
+from trainer.observe.durable import read_json, write_json
 
 ID_FILE = "wandb_run.json"
 
@@ -102,12 +101,10 @@ class RunIdentity:
 
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / ID_FILE
-        data: dict[str, Any] = {}
-        if self.path.exists():
-            try:
-                data = json.loads(self.path.read_text())
-            except (OSError, ValueError):
-                data = {}
+        # a torn file keeps its whole members: the id survives a cut that only took the last step
+        data = read_json(self.path, default={})
+        if not isinstance(data, dict):
+            data = {}
         self.id: str = str(data.get("id") or new_run_id())
         self.last_step: int = int(data.get("last_step") or 0)
         self.resumed = bool(data.get("id"))
@@ -134,16 +131,11 @@ class RunIdentity:
         self._write()
 
     def _write(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # W&B's init thread and the training loop may both write: one temporary file each
-        tmp = self.path.with_suffix(f".json.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(
-            json.dumps(
-                {"id": self.id, "last_step": self.last_step, "segments": self.segments, "best_loss": self.best_loss}
-            )
-            + "\n"
+        # atomic; W&B's init thread and the training loop may both write: each gets its own temporary file
+        write_json(
+            self.path,
+            {"id": self.id, "last_step": self.last_step, "segments": self.segments, "best_loss": self.best_loss},
         )
-        os.replace(tmp, self.path)
 
 
 # ---- provenance ---------------------------------------------------------------------------------

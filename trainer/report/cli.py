@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from trainer.observe.durable import write_text
 from trainer.report.plots import draw_all
 from trainer.report.rows import MIB, RANK_KEYS, ReportRow, build_rows
 from trainer.sweeps.jobs import SweepJob, count_statuses, counts_line, read_sweep, sweep_name, write_counts
@@ -279,7 +280,7 @@ def write_report(
     rows = build_rows(jobs, rank_by=rank_by)
     plots = draw_all(sorted(rows, key=lambda r: r.job), sweep_dir)
     report_path = sweep_dir / "report.md"
-    report_path.write_text(markdown(sweep_dir=sweep_dir, jobs=jobs, rows=rows, plots=plots, rank_by=rank_by))
+    write_text(report_path, markdown(sweep_dir=sweep_dir, jobs=jobs, rows=rows, plots=plots, rank_by=rank_by))
     wandb_dir = log_to_wandb(
         sweep_dir=sweep_dir, jobs=jobs, rows=rows, plots=plots, report_path=report_path, mode=wandb_mode
     )

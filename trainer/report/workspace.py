@@ -17,6 +17,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from trainer.observe.durable import write_text
 from trainer.observe.metrics import read_metrics
 from trainer.sweeps.jobs import SweepJob
 
@@ -152,7 +153,7 @@ def write_workspace(
     """Build the workspace, write its JSON spec, save it to W&B when an account is configured."""
     workspace = build_workspace(jobs=jobs, group=group, entity=entity, project=project)
     path = Path(sweep_dir) / WORKSPACE_FILE
-    path.write_text(json.dumps(workspace_spec(workspace), indent=1) + "\n")
+    write_text(path, json.dumps(workspace_spec(workspace), indent=1) + "\n")
     out: dict[str, Any] = {"path": path, "url": None}
     if save is None:
         save = account_configured()

@@ -11,13 +11,14 @@ counts jobs at the end of every sweep uses it.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from trainer.observe.durable import read_json, write_json
 
 #: the statuses a job can end with, in report order
 STATUSES = ("completed", "skipped", "failed", "preempted")
@@ -47,13 +48,6 @@ def sweep_name(sweep_dir: Path) -> str:
     return "sweep-" + "-".join(Path(sweep_dir).resolve().parts[-2:])
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def _read_yaml(path: Path) -> Any:
     try:
         return yaml.safe_load(path.read_text())
@@ -62,17 +56,24 @@ def _read_yaml(path: Path) -> Any:
 
 
 def read_job(path: Path) -> SweepJob:
-    overrides = _read_yaml(path / ".hydra" / "overrides.yaml") or []
-    config = _read_yaml(path / ".hydra" / "config.yaml") or {}
-    summary = _read_json(path / "summary.json")
-    status_file = _read_json(path / "status.json")
+    # Hydra writes these in place: a torn one may parse as something else than a list / mapping
+    overrides = _read_yaml(path / ".hydra" / "overrides.yaml")
+    overrides = [str(o) for o in overrides] if isinstance(overrides, list) else []
+    config = _read_yaml(path / ".hydra" / "config.yaml")
+    config = config if isinstance(config, dict) else {}
+    # torn files give their whole members (trainer/observe/durable.py); a summary torn before its status is none
+    summary = _dict_or_none(read_json(path / "summary.json"))
+    if summary is not None and "status" not in summary:
+        summary = None
+    status_file = _dict_or_none(read_json(path / "status.json"))
     if summary is not None:
         status, reason = str(summary.get("status", "completed")), ""
         if status != "completed" and status_file is not None:
             reason = str(status_file.get("reason", ""))
     elif status_file is not None:
         status, reason = str(status_file.get("status", "failed")), str(status_file.get("reason", ""))
-        overrides = status_file.get("overrides", overrides)
+        if isinstance(status_file.get("overrides"), list):
+            overrides = status_file["overrides"]
     else:
         status, reason = (
             "failed",
@@ -86,8 +87,12 @@ def read_job(path: Path) -> SweepJob:
         overrides=list(overrides),
         config=config,
         summary=summary,
-        requeues=list(_read_json(path / "requeues.json") or []),
+        requeues=[r for r in read_json(path / "requeues.json", default=[]) or [] if isinstance(r, dict)],
     )
+
+
+def _dict_or_none(value: Any) -> dict[str, Any] | None:
+    return value if isinstance(value, dict) else None
 
 
 def read_sweep(sweep_dir: Path) -> list[SweepJob]:
@@ -128,5 +133,5 @@ def write_counts(sweep_dir: Path, jobs: list[SweepJob]) -> dict[str, Any]:
             for j in jobs
         ],
     }
-    (Path(sweep_dir) / COUNTS_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    write_json(Path(sweep_dir) / COUNTS_FILE, record)
     return record

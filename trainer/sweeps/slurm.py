@@ -23,7 +23,6 @@ hydra_plugins.meshtrain_launcher.meshtrain_launcher.SlurmLauncher``: Hydra takes
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import subprocess
 import sys
@@ -38,7 +37,7 @@ from hydra_plugins.hydra_submitit_launcher import submitit_launcher as plugin
 from omegaconf import OmegaConf, open_dict
 
 from trainer.launch.preemption import PreemptionFlag
-from trainer.observe.metrics import write_json
+from trainer.observe.durable import read_json, write_json
 
 log = logging.getLogger("meshtrain.slurm")
 
@@ -47,11 +46,11 @@ REQUEUES_FILE = "requeues.json"
 PREEMPTION_SIGNALS = ("SIGTERM",)
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+def _read_json(path: Path, default: dict | list) -> Any:
+    """One of the job's own files, ``default`` when missing or of another shape; a torn one gives its whole
+    members (trainer/observe/durable.py)."""
+    value = read_json(path, default=default)
+    return value if isinstance(value, type(default)) else default
 
 
 def stop_kind(signals: Sequence[str]) -> str:
@@ -117,13 +116,13 @@ class RequeueingSlurmLauncher(plugin.SlurmLauncher):
         # only this attempt's outcome counts: a requeued job that completes leaves the first one's file behind
         if not status_file.exists() or status_file.stat().st_mtime < since - 1:
             return False
-        status = _read_json(status_file) or {}
+        status = _read_json(status_file, {})
         if status.get("status") != "preempted":
             return False
-        summary = _read_json(run_dir / "summary.json") or {}
+        summary = _read_json(run_dir / "summary.json", {})
         signals = list(summary.get("stop_signals") or [])
         kind = stop_kind(signals)
-        history = _read_json(run_dir / REQUEUES_FILE) or []
+        history = [r for r in _read_json(run_dir / REQUEUES_FILE, []) if isinstance(r, dict)]
         used = {k: sum(1 for r in history if r.get("kind") == k) for k in ("timeout", "preemption")}
         limits = {"timeout": int(self.params.get("max_num_timeout", 0)), "preemption": self.max_num_preemption}
         found = complete_checkpoints(checkpoints_root(run_dir))

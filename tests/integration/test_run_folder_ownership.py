@@ -1,0 +1,212 @@
+"""A run folder that survives anything, on real jobs (issue 24). One default-layout job (DDP on 2 workers, W&B
+offline) serves three tests: while it trains, its listening sockets are read from /proc (all loopback) and
+a second job naming its folder is refused; once it is done, copies of its folder with every product-written
+file cut at seeded random offsets resume, in one multirun, to its final loss, and the report reads them.
+The readers themselves are cut at many more offsets in-process: tests/unit/test_torn_files.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import FAST, ROOT
+from tests.listeners import listeners_of, process_tree
+from trainer.observe.durable import write_json
+
+pytestmark = pytest.mark.slow
+
+STEPS = 6
+#: the job of every run here: FAST with W&B offline (for wandb_run.json), checkpoints at 2, 4 and 6
+JOB = (
+    *(o for o in FAST if not o.startswith("logger=")),
+    "logger.wandb.mode=offline",
+    f"trainer.max_steps={STEPS}",
+    "trainer.checkpoint_every=2",
+    "trainer.keep_checkpoints=3",
+    "trainer.seed=7",
+)
+COPIES = 3  # cut copies resumed in one multirun: 3 offsets per file
+
+
+def train_cmd(*overrides: str) -> list[str]:
+    return [sys.executable, str(ROOT / "train.py"), *overrides]
+
+
+ENV = {**os.environ, "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
+
+
+def workers_of(pid: int) -> list[int]:
+    """The elastic agent's worker processes: the launcher's children running multiprocessing's spawn."""
+    out = []
+    for child in process_tree(pid)[1:]:
+        try:
+            stat = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat[1]) == pid and b"multiprocessing.spawn" in cmdline:
+            out.append(child)
+    return out
+
+
+@pytest.fixture(scope="module")
+def held(tmp_path_factory):
+    """Job A, and what was seen while it ran: its listeners, and job B started on its folder while A's workers
+    were paused mid-training (SIGSTOP, so that A surely holds the folder while B asks for it)."""
+    root = tmp_path_factory.mktemp("runfolder")
+    run_dir = root / "run"
+    log_a = open(root / "a.out", "w")
+    a = subprocess.Popen(
+        train_cmd(*JOB, f"hydra.run.dir={run_dir}"), stdout=log_a, stderr=subprocess.STDOUT, cwd=ROOT, env=ENV
+    )
+    seen: set = set()
+    pids: set[int] = set()
+    b, paused = None, []
+    deadline = time.monotonic() + 300
+    while a.poll() is None and time.monotonic() < deadline:
+        tree = process_tree(a.pid)
+        pids.update(tree)
+        seen |= listeners_of(tree)
+        metrics = run_dir / "metrics.jsonl"
+        workers = workers_of(a.pid)
+        if b is None and metrics.exists() and metrics.read_text().strip() and len(workers) == 2:
+            paused = workers
+            for w in workers:
+                os.kill(w, signal.SIGSTOP)
+            seen |= listeners_of(process_tree(a.pid))
+            t0 = time.perf_counter()
+            b = subprocess.run(
+                train_cmd(*JOB, "trainer.max_steps=7", f"hydra.run.dir={run_dir}"),
+                capture_output=True,
+                text=True,
+                cwd=ROOT,
+                env=ENV,
+                timeout=120,
+            )
+            b_seconds = time.perf_counter() - t0
+            print(f"\nsecond job refused after {b_seconds:.2f} s (wall clock, process start to exit)")
+            for w in workers:
+                os.kill(w, signal.SIGCONT)
+        time.sleep(0.1)
+    a.wait(timeout=60)
+    log_a.close()
+    output = (root / "a.out").read_text()
+    assert a.returncode == 0, output[-4000:]
+    assert b is not None, f"job A ended before its workers were seen training:\n{output[-3000:]}"
+    return {"a": a, "b": b, "run_dir": run_dir, "listeners": seen, "workers": paused, "pids": pids}
+
+
+def test_a_second_job_on_a_held_folder_is_refused_before_any_worker_starts(held):
+    a, b, run_dir = held["a"], held["b"], held["run_dir"]
+    assert b.returncode == 2, b.stdout[-2000:] + b.stderr[-2000:]
+    assert f"run folder {run_dir.resolve()} is in use by another job: pid {a.pid} on host {socket.gethostname()}" in (
+        b.stderr
+    )
+    assert (
+        re.search(r"started \d{4}-\d\d-\d\d \d\d:\d\d:\d\d", b.stderr)
+        and f"kill {a.pid}" in b.stderr
+        and "hydra.run.dir=<another folder>" in b.stderr
+    )
+    assert "Traceback" not in b.stderr + b.stdout
+    # refused before Hydra wrote into the folder and before any worker: A's files are A's alone
+    assert f"trainer.max_steps={STEPS}" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+    assert "trainer.max_steps=7" not in (run_dir / ".hydra" / "overrides.yaml").read_text()
+    assert len(list((run_dir / "logs" / "elastic").iterdir())) == 1, "a second agent started"
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, STEPS + 1))
+
+
+def test_a_single_node_job_listens_on_loopback_only(held):
+    listeners, everything = held["listeners"], sorted(map(str, held["listeners"]))
+    # the scan saw what the job opens (the launcher's rendezvous store, each worker's gloo), so it could fail
+    assert held["a"].pid in {ln.pid for ln in listeners}, f"the launcher's store was not seen: {everything}"
+    assert set(held["workers"]) <= {ln.pid for ln in listeners}, f"a worker's listeners were not seen: {everything}"
+    exposed = sorted(str(ln) for ln in listeners if not ln.loopback)
+    assert not exposed, f"listening beyond the machine: {exposed} (all: {everything})"
+    print(f"\nlisteners of the job's {len(held['pids'])} processes: {everything}")
+
+
+def cut(path: Path, rng: random.Random) -> int:
+    data = path.read_bytes()
+    offset = rng.randrange(len(data))
+    path.write_bytes(data[:offset])
+    return offset
+
+
+def test_copies_cut_at_random_offsets_resume_to_the_final_loss(held, tmp_path):
+    src = held["run_dir"]
+    ref_losses = {m["step"]: m["loss"] for m in map(json.loads, (src / "metrics.jsonl").read_text().splitlines())}
+    ref_final = json.loads((src / "summary.json").read_text())["final_loss"]
+    ref_id = json.loads((src / "wandb_run.json").read_text())["id"]
+    sweep = tmp_path / "sweep"
+    id_spared = {}
+    for k in range(COPIES):
+        job = sweep / str(k)
+        shutil.copytree(src, job)
+        shutil.rmtree(job / "checkpoints" / "step_0000006")  # as if killed before its last checkpoint
+        # files only a multirun job (status.json) or a Slurm requeue (requeues.json) writes, as they write them
+        write_json(
+            job / "status.json", {"status": "preempted", "reason": "preempted: checkpoint step 4", "overrides": []}
+        )
+        write_json(job / "requeues.json", [{"kind": "timeout", "signals": ["SIGUSR2"], "stopped_at_step": 4}] * 2)
+        rng = random.Random(24 + k)
+        for name in ("metrics.jsonl", "summary.json", "status.json", "requeues.json", "wandb_run.json"):
+            offset = cut(job / name, rng)
+            if name == "wandb_run.json":
+                text = (src / name).read_text()
+                id_spared[k] = offset >= text.index(f'"{ref_id}"') + len(ref_id) + 3  # the id, its quote and comma
+        cut(job / "checkpoints" / "step_0000004" / "meshtrain.json", rng)  # auto falls back to step 2
+
+    resumed = subprocess.run(
+        # one job per copy; only the first opens W&B (and so reads wandb_run.json): W&B costs seconds per job
+        train_cmd(
+            "-m",
+            *(o for o in JOB if not o.startswith("logger.wandb.mode=")),
+            f"logger.wandb.mode=offline{',disabled' * (COPIES - 1)}",
+            f"hydra.sweep.dir={sweep}",
+        ),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=ENV,
+        timeout=600,
+    )
+    out = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0 and f"{COPIES} jobs: {COPIES} completed" in out, out[-5000:]
+    for k in range(COPIES):
+        job = sweep / str(k)
+        log0 = (job / "logs" / "rank0.log").read_text()
+        assert "has a marker meshtrain.json that is torn or truncated at line" in log0
+        assert f"resumed from {job}/checkpoints/step_0000002 at step 2" in log0
+        summary = json.loads((job / "summary.json").read_text())
+        assert summary["final_loss"] == ref_final, (k, summary["final_loss"], ref_final)
+        records = [json.loads(line) for line in (job / "metrics.jsonl").read_text().splitlines()]  # all whole
+        steps = [r["step"] for r in records]
+        assert steps == sorted(set(steps)) and steps[-STEPS + 2 :] == list(range(3, STEPS + 1)), (k, steps)
+        assert all(r["loss"] == ref_losses[r["step"]] for r in records), k
+    run_id = json.loads((sweep / "0" / "wandb_run.json").read_text())["id"]  # rewritten whole by the resume
+    assert (run_id == ref_id) == id_spared[0], (run_id, ref_id, id_spared[0])
+
+    report = subprocess.run(
+        [sys.executable, "-m", "trainer.report", str(sweep), "--wandb", "disabled"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=ENV,
+        timeout=300,
+    )
+    assert report.returncode == 0, report.stdout[-3000:] + report.stderr[-3000:]
+    assert f"{COPIES} jobs: {COPIES} completed" in report.stdout
+    assert "requeues.json line" in report.stderr or "status.json line" in report.stderr  # torn, read, warned
+    assert (sweep / "report.md").exists()
