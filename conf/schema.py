@@ -212,6 +212,8 @@ class DebugConfig:
     wait_at_step: Optional[int] = None
     """Every rank waits before this step until a stop signal arrives (at most 600 s): tests signal a run at a
     point it waits for instead of racing its last steps."""
+    wait_file: Optional[str] = None
+    """With ``wait_at_step``: the wait also ends when this file exists (the run then goes on, unsignalled)."""
     wandb_crash_at_step: Optional[int] = None
     """Rank 0 tears W&B's service down at this step (its calls then raise): training must go on."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -66,7 +67,10 @@ def run_train(
         from tests.warm_runner import runner
 
         outputs = Path(tempfile.mkdtemp(prefix="warm-run-"))
-        proc = runner().run(args, cwd=cwd, env=full_env, timeout=timeout, tmp=outputs)
+        try:
+            proc = runner().run(args, cwd=cwd, env=full_env, timeout=timeout, tmp=outputs)
+        finally:
+            shutil.rmtree(outputs, ignore_errors=True)
     else:
         cmd = [sys.executable, *interpreter_args, str(ROOT / "train.py"), *args]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd)

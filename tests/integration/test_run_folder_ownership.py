@@ -11,7 +11,6 @@ import os
 import random
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -47,7 +46,8 @@ ENV = {**os.environ, "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
 
 
 def workers_of(pid: int) -> list[int]:
-    """The elastic agent's worker processes: the launcher's children running multiprocessing's spawn."""
+    """The elastic agent's worker processes: the launcher's children (forked, or spawned by multiprocessing),
+    not multiprocessing's resource tracker."""
     out = []
     for child in process_tree(pid)[1:]:
         try:
@@ -55,7 +55,7 @@ def workers_of(pid: int) -> list[int]:
             cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
         except OSError:
             continue
-        if int(stat[1]) == pid and b"multiprocessing.spawn" in cmdline:
+        if int(stat[1]) == pid and b"resource_tracker" not in cmdline:
             out.append(child)
     return out
 
@@ -63,27 +63,26 @@ def workers_of(pid: int) -> list[int]:
 @pytest.fixture(scope="module")
 def held(tmp_path_factory):
     """Job A, and what was seen while it ran: its listeners, and job B started on its folder while A's workers
-    were paused mid-training (SIGSTOP, so that A surely holds the folder while B asks for it)."""
+    waited before step 3 (``+debug.wait_at_step=3`` until the file ``go`` exists: A surely holds the folder
+    while B asks for it, and A then finishes unsignalled)."""
     root = tmp_path_factory.mktemp("runfolder")
-    run_dir = root / "run"
+    run_dir, go = root / "run", root / "go"
     log_a = open(root / "a.out", "w")
+    gate = ("+debug.wait_at_step=3", f"+debug.wait_file={go}")
     a = subprocess.Popen(
-        train_cmd(*JOB, f"hydra.run.dir={run_dir}"), stdout=log_a, stderr=subprocess.STDOUT, cwd=ROOT, env=ENV
+        train_cmd(*JOB, *gate, f"hydra.run.dir={run_dir}"), stdout=log_a, stderr=subprocess.STDOUT, cwd=ROOT, env=ENV
     )
     seen: set = set()
     pids: set[int] = set()
-    b, paused = None, []
+    b, waiting = None, []
     deadline = time.monotonic() + 300
     while a.poll() is None and time.monotonic() < deadline:
         tree = process_tree(a.pid)
         pids.update(tree)
         seen |= listeners_of(tree)
-        metrics = run_dir / "metrics.jsonl"
-        workers = workers_of(a.pid)
-        if b is None and metrics.exists() and metrics.read_text().strip() and len(workers) == 2:
-            paused = workers
-            for w in workers:
-                os.kill(w, signal.SIGSTOP)
+        logs = [run_dir / "logs" / f"rank{r}.log" for r in (0, 1)]
+        if b is None and all(p.exists() and "debug.wait_at_step" in p.read_text() for p in logs):
+            waiting = workers_of(a.pid)
             seen |= listeners_of(process_tree(a.pid))
             t0 = time.perf_counter()
             b = subprocess.run(
@@ -96,15 +95,14 @@ def held(tmp_path_factory):
             )
             b_seconds = time.perf_counter() - t0
             print(f"\nsecond job refused after {b_seconds:.2f} s (wall clock, process start to exit)")
-            for w in workers:
-                os.kill(w, signal.SIGCONT)
+            go.touch()
         time.sleep(0.1)
     a.wait(timeout=60)
     log_a.close()
     output = (root / "a.out").read_text()
     assert a.returncode == 0, output[-4000:]
-    assert b is not None, f"job A ended before its workers were seen training:\n{output[-3000:]}"
-    return {"a": a, "b": b, "run_dir": run_dir, "listeners": seen, "workers": paused, "pids": pids}
+    assert b is not None, f"job A ended before its workers were seen waiting:\n{output[-3000:]}"
+    return {"a": a, "b": b, "run_dir": run_dir, "listeners": seen, "workers": waiting, "pids": pids}
 
 
 def test_a_second_job_on_a_held_folder_is_refused_before_any_worker_starts(held):
@@ -131,6 +129,7 @@ def test_a_single_node_job_listens_on_loopback_only(held):
     listeners, everything = held["listeners"], sorted(map(str, held["listeners"]))
     # the scan saw what the job opens (the launcher's rendezvous store, each worker's gloo), so it could fail
     assert held["a"].pid in {ln.pid for ln in listeners}, f"the launcher's store was not seen: {everything}"
+    assert len(held["workers"]) == 2, held["workers"]
     assert set(held["workers"]) <= {ln.pid for ln in listeners}, f"a worker's listeners were not seen: {everything}"
     exposed = sorted(str(ln) for ln in listeners if not ln.loopback)
     assert not exposed, f"listening beyond the machine: {exposed} (all: {everything})"

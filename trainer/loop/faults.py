@@ -4,8 +4,8 @@ default rank 0).
 Kinds: ``fail`` raises in the worker (every attempt), ``kill`` sends SIGKILL to it, ``hang`` stops it
 answering, ``nan`` makes the loss and one gradient NaN; all but ``fail`` fire in the first attempt only,
 so an elastic restart does not repeat them. ``wait`` (every rank, ``+debug.wait_at_step=N``) holds the run
-before step N until a stop signal arrives (at most ``WAIT_MAX_S``): a test that preempts a run signals it at a
-point the run waits for, instead of racing its last steps. The loop asks only when some
+before step N until a stop signal arrives or ``+debug.wait_file`` exists (at most ``WAIT_MAX_S``): a test that
+signals a run, or acts while it runs, does so at a point the run waits for instead of racing its last steps. The loop asks only when some
 ``+debug.*_at_step`` is set.
 """
 
@@ -16,6 +16,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -48,12 +49,14 @@ class FaultInjector:
         return kind == "fail" or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0
 
     def wait_for_stop(self, step: int, stop_requested: Callable[[], bool]) -> None:
-        """wait: every rank holds before ``step`` until ``stop_requested()`` (a stop signal arrived)."""
+        """wait: every rank holds before ``step`` until ``stop_requested()`` (a stop signal arrived) or the file
+        ``debug.wait_file`` exists."""
         if self.debug.get("wait_at_step") != step or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")):
             return
+        go = Path(self.debug["wait_file"]) if self.debug.get("wait_file") else None
         self.log.info("debug.wait_at_step: rank %d waits before step %d for a stop signal", self.rank, step)
         deadline = time.monotonic() + WAIT_MAX_S
-        while not stop_requested() and time.monotonic() < deadline:
+        while not stop_requested() and not (go and go.exists()) and time.monotonic() < deadline:
             time.sleep(0.05)
 
     def before_step(self, step: int) -> None:
