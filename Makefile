@@ -5,7 +5,7 @@ TORCH  ?= torch==2.13.0
 PY      = $(VENV)/bin/python
 ARGS   ?=
 
-.PHONY: train test lint bench clean
+.PHONY: train test test-unit lint bench clean
 
 # torch first (pinned CPU build by default, overridable: make train TORCH="torch==2.6.0"), then the
 # project with its own range, which the installed torch satisfies, so pip keeps it.
@@ -21,6 +21,10 @@ train: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest $(ARGS)
+
+# the fast tier (in-process tests) on both cores
+test-unit: $(VENV)/.installed
+	$(PY) -m pytest tests/unit -n 2 --dist worksteal $(ARGS)
 
 # ruff: lint and formatting, configured in pyproject.toml; .ci/run runs it before the tests
 lint: $(VENV)/.installed

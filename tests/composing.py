@@ -29,7 +29,7 @@ class Composer:
         from hydra._internal.config_loader_impl import ConfigLoaderImpl
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
-        groups = tuple(o for o in overrides if is_composition(o))
+        groups = tuple(sorted(o for o in overrides if is_composition(o)))  # Hydra takes group choices in any order
         if groups not in self.bases:
             if initialize is None:
                 self.bases[groups] = compose("config", overrides=list(groups))
