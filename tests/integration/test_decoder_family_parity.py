@@ -1,7 +1,8 @@
-"""The Llama family under every strategy reproduces parallel=single (losses within 1e-4 relative).
+"""The decoder families under every strategy reproduce parallel=single (losses within 1e-4 relative): Llama and
+Qwen3 (Llama's blocks with per-head q/k RMSNorm and a head width set on its own).
 
-One multirun through train.py runs every case as its own job (its own workers, process group and output
-folder), so Python, Hydra and torch start once for all of them: single, ddp, fsdp, tp (vocabulary-sharded
+One multirun per family through train.py runs every case as its own job (its own workers, process group and
+output folder), so Python, Hydra and torch start once for all of them: single, ddp, fsdp, tp (vocabulary-sharded
 loss), mp, pp under each of the seven schedules, and a 4-rank hybrid (pp 2 x tp 2, sequence parallel).
 The cases are written as a config group into a temporary search path: nothing under conf/ is added.
 """
@@ -16,10 +17,21 @@ import yaml
 from parallel.pipeline.schedules import available_schedules
 from tests.helpers import FAST, assert_losses_close, run_train
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # one multirun of 13 jobs in its fixture
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # one multirun of 13 jobs per family in its fixture
 
-#: a smaller llama_debug: 4 blocks (4 stages for the looped / V schedules), grouped-query attention
-TINY = ("model=llama_debug", "model.d_model=64", "model.n_heads=4", "model.n_kv_heads=2", "model.d_ff=192")
+#: smaller debug sizes: 4 blocks (4 stages for the looped / V schedules), grouped-query attention; Qwen3's heads
+#: are 32 wide on a 64-wide model (q/k/v widths differ from d_model, as in the published Qwen3 sizes)
+FAMILIES = {
+    "llama": ("model=llama_debug", "model.d_model=64", "model.n_heads=4", "model.n_kv_heads=2", "model.d_ff=192"),
+    "qwen3": (
+        "model=qwen3_debug",
+        "model.d_model=64",
+        "model.n_heads=4",
+        "model.n_kv_heads=2",
+        "model.head_dim=32",
+        "model.d_ff=192",
+    ),
+}
 STEPS = ("trainer.max_steps=4", "trainer.checkpoint_every=0", "pp.trace_step=0")
 
 
@@ -53,20 +65,20 @@ CASES: dict[str, dict] = {
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "zero_bubble", "zbv", "dualpipev")
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """case -> (summary, metrics) of each job of one multirun."""
-    base = tmp_path_factory.mktemp("llama")
-    group = base / "conf" / "llama_case"
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def runs(request, tmp_path_factory):
+    """case -> (summary, metrics) of each job of one multirun of the family."""
+    base = tmp_path_factory.mktemp(request.param)
+    group = base / "conf" / "parity_case"
     group.mkdir(parents=True)
     names = [c for c in CASES if c not in SCHEDULES or c in available_schedules()]
     for name in names:
         (group / f"{name}.yaml").write_text("# @package _global_\n" + yaml.safe_dump(CASES[name]))
     sweep = base / "sweep"
     run = run_train(
-        f"+llama_case={','.join(names)}",
+        f"+parity_case={','.join(names)}",
         f"hydra.searchpath=[file://{base / 'conf'}]",
-        *TINY,
+        *FAMILIES[request.param],
         *FAST,
         *STEPS,
         run_dir=sweep,
@@ -79,20 +91,20 @@ def runs(tmp_path_factory):
         overrides = job / ".hydra" / "overrides.yaml"
         if not overrides.is_file():
             continue
-        case = next(o.split("=", 1)[1] for o in yaml.safe_load(overrides.read_text()) if o.startswith("+llama_case="))
+        case = next(o.split("=", 1)[1] for o in yaml.safe_load(overrides.read_text()) if o.startswith("+parity_case="))
         metrics = [json.loads(line) for line in (job / "metrics.jsonl").read_text().splitlines() if line.strip()]
         out[case] = (json.loads((job / "summary.json").read_text()), metrics)
     return out
 
 
-def test_single_llama_trains(runs):
+def test_single_trains(runs):
     summary, metrics = runs["single"]
     assert summary["final_loss"] < summary["first_loss"]
     assert len(metrics) == 4
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c != "single"])
-def test_llama_matches_single(case, runs):
+def test_matches_single(case, runs):
     if case in SCHEDULES and case not in available_schedules():
         pytest.skip(f"the installed torch has no {case} schedule")
     summary, metrics = runs[case]
