@@ -30,7 +30,7 @@ from parallel.core.memory import tensor_bytes
 from trainer.launch.attempts import previous_attempt_report, restart_count, write_exit_record
 from trainer.launch.environment import rendezvous_port
 from trainer.launch.loopback import WORKER_STORE
-from trainer.launch.preemption import PreemptionFlag
+from trainer.launch.preemption import EXIT_PREEMPTED, PreemptionFlag
 from trainer.loop.fit import Trainer
 from trainer.observe.rank_logs import TRACE_LOGGER_NAME, setup_rank_logging, teardown_rank_logging
 from trainer.observe.sinks import RankZeroSinks, output_listing
@@ -160,16 +160,33 @@ def main(cfg_dict: dict, run_dir: str, layout: ParallelLayout, run_meta: dict[st
     env = DistEnv.from_environ()
     if layout.nnodes > 1:
         env = env.by_node_rank(node_rank=int(cfg_dict["topology"]["node_rank"]), nproc_per_node=layout.nproc_per_node)
-    return run(cfg_dict, Path(run_dir), layout, run_meta, env)
+    preemption = PreemptionFlag(grace_s=float(cfg_dict["trainer"]["stop_grace_s"]))
+    summary = run(cfg_dict, Path(run_dir), layout, run_meta, env, preemption=preemption)
+    if "SIGTERM" in preemption.received:
+        # SIGTERM reaches a worker when the agent shuts the group down (it was signalled too). The agent then waits
+        # up to 30 s for each worker to exit, while a worker that returns waits for the agent's "finished" event,
+        # which a shutdown never sets: measured, every preemption ended 30 s after the checkpoint was saved. The
+        # checkpoint and summary.json are written; leave now.
+        logging.shutdown()
+        os._exit(EXIT_PREEMPTED)
+    return summary
 
 
-def run(cfg_dict: dict, run_dir: Path, layout: ParallelLayout, run_meta: dict[str, Any], env: DistEnv) -> dict | None:
+def run(
+    cfg_dict: dict,
+    run_dir: Path,
+    layout: ParallelLayout,
+    run_meta: dict[str, Any],
+    env: DistEnv,
+    *,
+    preemption: PreemptionFlag | None = None,
+) -> dict | None:
     cfg = OmegaConf.create(cfg_dict)
     torch.set_num_threads(int(cfg.topology.threads_per_rank))
     log, handlers = setup_rank_logging(run_dir, env.rank, hydra_logging=run_meta.get("logging"))
     trainer = engine = sinks = summary = error = None
     exit_code = 1
-    preemption = PreemptionFlag(grace_s=float(cfg.trainer.stop_grace_s)).install()
+    preemption = (preemption or PreemptionFlag(grace_s=float(cfg.trainer.stop_grace_s))).install()
     try:
         from torch.distributed.device_mesh import init_device_mesh
 
