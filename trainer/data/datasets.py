@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.data.shards import DataError, TokenStream, atomic_write_bytes, check_shards, open_split, read_metadata
+from trainer.data.shards import DataError, TokenStream, check_shards, open_split, read_metadata
+from trainer.observe.durable import write_bytes_atomic
 
 __all__ = ["DataError", "SyntheticImages", "TextCorpus", "TokenShards"]
 
@@ -155,7 +156,7 @@ class TextCorpus(WindowBatches):
     def prepare(self) -> None:
         """Build the stdlib token cache once (launcher process, before workers start)."""
         if self.path is None and not self.source.exists():
-            atomic_write_bytes(self.source, _stdlib_sources(self.max_bytes))
+            write_bytes_atomic(self.source, _stdlib_sources(self.max_bytes))
 
     @property
     def tokens(self) -> np.ndarray:

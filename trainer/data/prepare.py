@@ -43,12 +43,12 @@ from trainer.data.shards import (  # noqa: E402
     METADATA,
     VERSION,
     DataError,
-    atomic_write_bytes,
     check_shards,
     dtype_for_vocab,
     read_metadata,
     sha256_file,
 )
+from trainer.observe.durable import write_bytes_atomic
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text", ".py")
 JSON_SUFFIXES = (".jsonl", ".json")
@@ -227,7 +227,7 @@ class ShardWriter:
 
     def _write(self, tokens: np.ndarray) -> None:
         name = f"{self.split}_{len(self.shards):05d}.bin"
-        atomic_write_bytes(self.folder / name, tokens.astype(self.dtype).tobytes())
+        write_bytes_atomic(self.folder / name, tokens.astype(self.dtype).tobytes())
         self.shards.append({"file": name, "tokens": int(len(tokens))})
         self.tokens += int(len(tokens))
 
@@ -374,7 +374,7 @@ def _tokenize_and_write(
         source = "trained byte-level BPE"
     eos_name, eos_id = _eos_id(tok, eos_token or (None if tok_file else DEFAULT_EOS))
     tok_path = out / "tokenizer.json"
-    atomic_write_bytes(tok_path, tok.to_str().encode())
+    write_bytes_atomic(tok_path, tok.to_str().encode())
     vocab = int(tok.get_vocab_size(with_added_tokens=True))
     dtype = dtype_for_vocab(vocab)
     writers = {
@@ -411,7 +411,7 @@ def _tokenize_and_write(
     }
     if meta["splits"]["train"]["tokens"] == 0:
         raise PrepareError("no training tokens: every document went to validation; lower --val-fraction")
-    atomic_write_bytes(out / METADATA, (json.dumps(meta, indent=2) + "\n").encode())
+    write_bytes_atomic(out / METADATA, (json.dumps(meta, indent=2) + "\n").encode())
     s = meta["splits"]
     log(
         f"wrote {out}: vocabulary {vocab} (EOS {eos_name!r} = {eos_id}), {dtype}, "
