@@ -69,7 +69,7 @@ def _child(request: dict) -> int:
     for fd, target in ((null, 0), (out, 1), (err, 2)):
         os.dup2(fd, target)
         os.close(fd)
-    sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the process's own stdin, closed at exit
+    sys.stdin = open(0, closefd=False)  # the process's own stdin (devnull)
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True)
     sys.argv = [str(TRAIN_PY), *request["args"]]

@@ -24,12 +24,13 @@ WORKER_IMPORTS = (
 
 
 def resolve_start_method(topology: Any) -> str:
-    """``topology.start_method``, with ``auto`` made concrete: fork for CPU workers on Linux, else spawn."""
+    """``topology.start_method``, with ``auto`` made concrete: fork for CPU workers on Linux, else spawn (and after
+    a calibration in this process)."""
     wanted = str(topology.start_method)
     if wanted != "auto":
         return wanted
-    if not sys.platform.startswith("linux"):
-        return "spawn"
+    if not sys.platform.startswith("linux") or topology.get("calibrate", False):
+        return "spawn"  # topology.calibrate=true timed torch kernels in this process: its OpenMP pool is in use
     device = str(topology.device)
     if device == "cpu":
         return "fork"
