@@ -89,6 +89,17 @@ def imported_modules(importtime_stderr: str) -> set[str]:
     return names
 
 
+def refused_before_torch(*overrides: str, run_dir: Path) -> TrainRun:
+    """``python train.py OVERRIDES`` in a cold interpreter that must refuse with exit code 2 before importing torch
+    (what keeps a refusal fast; read from ``-X importtime``, not from a clock)."""
+    run = run_train(
+        *overrides, run_dir=run_dir, expect_ok=False, timeout=60, cold=True, interpreter_args=("-X", "importtime")
+    )
+    assert run.proc.returncode == 2, run.output[-3000:]
+    assert "torch" not in imported_modules(run.proc.stderr), "the refusal imported torch"
+    return run
+
+
 def log_time(log: Path, needle: str) -> float:
     """Unix time of the first line of a rank log (``2026-12-03 16:08:13,139 [rank0] ...``) that holds ``needle``."""
     from datetime import datetime

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from models.llama.spec import ffn_width, kv_heads, rope_scaling_problems
+from models.llama.spec import ffn_width, kv_heads, llama_tp_problems, rope_scaling_problems
 from models.qwen3.config import Qwen3Config
 from models.shape import ModelShape
-from models.spec import ModelSpec, PipelineUnits, tied_tp_problems, transformer_tp_problems
+from models.spec import ModelSpec, PipelineUnits
 
 
 def head_dim(model: Any) -> int:
@@ -57,10 +57,6 @@ def qwen3_problems(model: Any) -> list[str]:
     return out
 
 
-def qwen3_tp_problems(model: Any, tp: int) -> list[str]:
-    return transformer_tp_problems(model, tp, widths=[ffn_width(model)], kv_heads=True) + tied_tp_problems(model, tp)
-
-
 SPEC = ModelSpec(
     family="qwen3",
     builder="models.qwen3.model.Qwen3",
@@ -72,7 +68,7 @@ SPEC = ModelSpec(
     max_seq_len=lambda model: int(model.max_seq_len),
     shape=qwen3_shape,
     check=qwen3_problems,
-    tp_check=qwen3_tp_problems,
+    tp_check=llama_tp_problems,  # Llama's blocks: the same TP plan and rules
     hf_adapter="models.qwen3.hf_adapter:ADAPTER",
     description="Qwen3 dense decoder: Llama's blocks with per-head q/k RMSNorm and its own head width",
 )

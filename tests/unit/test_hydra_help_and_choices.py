@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 
-from tests.helpers import CONF, ROOT, imported_modules, run_train
+from tests.helpers import CONF, ROOT, refused_before_torch
 
 
 @pytest.fixture(scope="module")
@@ -74,16 +74,7 @@ def test_typo_in_a_choice_fails_at_compose_time(compose_cfg, override, message):
 
 def test_typo_on_the_command_line_starts_nothing(tmp_path):
     """Refused as Hydra composes: exit 2, no worker, and before torch is imported (what keeps a refusal fast)."""
-    run = run_train(
-        "optim.decay=linearr",
-        run_dir=tmp_path / "run",
-        expect_ok=False,
-        timeout=60,
-        cold=True,
-        interpreter_args=("-X", "importtime"),
-    )
-    assert run.proc.returncode == 2
-    assert "torch" not in imported_modules(run.proc.stderr)
+    run = refused_before_torch("optim.decay=linearr", run_dir=tmp_path / "run")
     assert "Invalid value 'linearr', expected one of [cosine, linear, constant]" in run.output
     assert "full_key: optim.decay" in run.output and not (tmp_path / "run" / "logs").exists()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import imported_modules, run_train
+from tests.helpers import refused_before_torch, run_train
 from trainer.validate import ConfigError, validate
 
 
@@ -97,16 +97,7 @@ def test_torchrun_world_size_checked(compose_cfg):
 
 def test_bad_config_exits_fast_without_workers(tmp_path):
     """Refused before any worker and before torch is imported (what keeps a refusal fast), with the fix."""
-    run = run_train(
-        "data.global_batch_size=15",
-        run_dir=tmp_path / "run",
-        expect_ok=False,
-        timeout=60,
-        cold=True,
-        interpreter_args=("-X", "importtime"),
-    )
-    assert run.proc.returncode == 2
-    assert "torch" not in imported_modules(run.proc.stderr)
+    run = refused_before_torch("data.global_batch_size=15", run_dir=tmp_path / "run")
     assert "data.global_batch_size=15 is not divisible by dp.size=2" in run.proc.stderr
     assert "no worker was started" in run.proc.stderr
     assert "Traceback" not in run.output
