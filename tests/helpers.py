@@ -80,6 +80,35 @@ def run_train(
     return run
 
 
+def case_multirun(
+    cases: dict[str, dict], *overrides: str, base: Path, group: str, timeout: float = 1500
+) -> dict[str, Path]:
+    """Each case (a ``# @package _global_`` config) written as an option of config group ``group`` in a search
+    path under ``base`` (nothing added under conf/), all of them run as one multirun; returns case -> job folder."""
+    import yaml
+
+    folder = base / "conf" / group
+    folder.mkdir(parents=True)
+    for name, case in cases.items():
+        (folder / f"{name}.yaml").write_text("# @package _global_\n" + yaml.safe_dump(case))
+    run = run_train(
+        f"+{group}={','.join(cases)}",
+        f"hydra.searchpath=[file://{base / 'conf'}]",
+        *overrides,
+        run_dir=base / "sweep",
+        multirun=True,
+        timeout=timeout,
+    )
+    assert f"{len(cases)} jobs: {len(cases)} completed" in run.output, run.output[-4000:]
+    jobs = {}
+    for job in (base / "sweep").iterdir():
+        chosen = job / ".hydra" / "overrides.yaml"
+        if chosen.is_file():
+            picked = yaml.safe_load(chosen.read_text())
+            jobs[next(o.split("=", 1)[1] for o in picked if o.startswith(f"+{group}="))] = job
+    return jobs
+
+
 def imported_modules(importtime_stderr: str) -> set[str]:
     """The modules a ``python -X importtime`` run imported, read from its stderr."""
     names = set()

@@ -3,9 +3,10 @@ import."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from models.llama.spec import ffn_width, kv_heads, llama_tp_problems, rope_scaling_problems
+from models.llama.spec import kv_heads, llama_shape, llama_tp_problems, rope_scaling_problems
 from models.qwen3.config import Qwen3Config
 from models.shape import ModelShape
 from models.spec import ModelSpec, PipelineUnits
@@ -17,22 +18,8 @@ def head_dim(model: Any) -> int:
 
 
 def qwen3_shape(model: Any) -> ModelShape:
-    return ModelShape(
-        name=str(model.get("name", "qwen3")),
-        n_layers=int(model.n_layers),
-        d_model=int(model.d_model),
-        n_heads=int(model.n_heads),
-        n_kv_heads=kv_heads(model),
-        vocab_size=int(model.vocab_size),
-        max_seq_len=int(model.max_seq_len),
-        layer_d_ff=(ffn_width(model),) * int(model.n_layers),
-        tied_embeddings=bool(model.get("tie_embeddings", False)),
-        gated_mlp=True,
-        norm_params=1,
-        learned_positions=False,
-        head_dim=head_dim(model),
-        qk_norm=True,
-    )
+    """Llama's formulas, with the head width set on its own and the per-head q/k norms."""
+    return replace(llama_shape(model), name=str(model.get("name", "qwen3")), head_dim=head_dim(model), qk_norm=True)
 
 
 def qwen3_problems(model: Any) -> list[str]:

@@ -12,10 +12,9 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 
 from parallel.pipeline.schedules import available_schedules
-from tests.helpers import FAST, assert_losses_close, run_train
+from tests.helpers import FAST, assert_losses_close, case_multirun
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # one multirun of 13 jobs per family in its fixture
 
@@ -68,30 +67,17 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "zero_bubble", "
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def runs(request, tmp_path_factory):
     """case -> (summary, metrics) of each job of one multirun of the family."""
-    base = tmp_path_factory.mktemp(request.param)
-    group = base / "conf" / "parity_case"
-    group.mkdir(parents=True)
     names = [c for c in CASES if c not in SCHEDULES or c in available_schedules()]
-    for name in names:
-        (group / f"{name}.yaml").write_text("# @package _global_\n" + yaml.safe_dump(CASES[name]))
-    sweep = base / "sweep"
-    run = run_train(
-        f"+parity_case={','.join(names)}",
-        f"hydra.searchpath=[file://{base / 'conf'}]",
+    jobs = case_multirun(
+        {name: CASES[name] for name in names},
         *FAMILIES[request.param],
         *FAST,
         *STEPS,
-        run_dir=sweep,
-        multirun=True,
-        timeout=1500,
+        base=tmp_path_factory.mktemp(request.param),
+        group="parity_case",
     )
-    assert f"{len(names)} jobs: {len(names)} completed" in run.output, run.output[-4000:]
     out = {}
-    for job in sweep.iterdir():
-        overrides = job / ".hydra" / "overrides.yaml"
-        if not overrides.is_file():
-            continue
-        case = next(o.split("=", 1)[1] for o in yaml.safe_load(overrides.read_text()) if o.startswith("+parity_case="))
+    for case, job in jobs.items():
         metrics = [json.loads(line) for line in (job / "metrics.jsonl").read_text().splitlines() if line.strip()]
         out[case] = (json.loads((job / "summary.json").read_text()), metrics)
     return out

@@ -14,9 +14,8 @@ import json
 
 import pytest
 import torch
-import yaml
 
-from tests.helpers import FAST, assert_losses_close, run_train
+from tests.helpers import FAST, assert_losses_close, case_multirun
 from tests.hf_helpers import hf_model, max_logit_difference, save_folder
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -56,35 +55,15 @@ def folders(tmp_path_factory):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, folders):
     """case -> run folder, from one multirun."""
-    base = tmp_path_factory.mktemp("hf_runs")
-    group = base / "conf" / "hf_case"
-    group.mkdir(parents=True)
+    cases = {}
     for name, (family, layout) in CASES.items():
         model_name, _, sizes = FAMILIES[family]
-        case = {
+        cases[name] = {
             **layout,
             "defaults": [*layout["defaults"], {"override /model": model_name}],
             "model": {**sizes, "init_from": str(folders[family])},
         }
-        (group / f"{name}.yaml").write_text("# @package _global_\n" + yaml.safe_dump(case))
-    sweep = base / "sweep"
-    run = run_train(
-        f"+hf_case={','.join(CASES)}",
-        f"hydra.searchpath=[file://{base / 'conf'}]",
-        *FAST,
-        *STEPS,
-        run_dir=sweep,
-        multirun=True,
-        timeout=800,
-    )
-    assert f"{len(CASES)} jobs: {len(CASES)} completed" in run.output, run.output[-4000:]
-    out = {}
-    for job in sweep.iterdir():
-        overrides = job / ".hydra" / "overrides.yaml"
-        if overrides.is_file():
-            case = next(o.split("=", 1)[1] for o in yaml.safe_load(overrides.read_text()) if o.startswith("+hf_case="))
-            out[case] = job
-    return out
+    return case_multirun(cases, *FAST, *STEPS, base=tmp_path_factory.mktemp("hf_runs"), group="hf_case", timeout=800)
 
 
 def metrics(job) -> list[dict]:
