@@ -1,0 +1,203 @@
+"""What every hand-written baseline loop (``benchmarks/bare_*.py``) shares with ``python train.py``'s defaults.
+
+The model shape (``conf/model/gpt_small.yaml``), the byte data (``TextCorpus``, the same global batch per step
+as meshtrain's), AdamW with ``conf/optim/adamw.yaml``'s lr and betas, clipping at ``trainer.grad_clip``'s 1.0,
+one thread per rank, and the timing each loop prints: one JSON line with the median steady-state tokens/s
+(steps 3 on, as meshtrain's summary), the time from launch to the end of step 1, and the step-1 loss averaged
+over the ranks that compute one (meshtrain's ``first_loss``). Plain torch only: no meshtrain parallel or
+trainer code besides the model class and the data source.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from models.gpt.model import GPT
+from trainer.data.datasets import TextCorpus
+
+VOCAB = 256
+#: gpt_small's shape
+SHAPE = {"vocab_size": VOCAB, "n_layers": 4, "d_model": 128, "n_heads": 4, "d_ff": 512}
+#: steps whose times are left out of the median (meshtrain's StepStats warm-up)
+WARMUP_STEPS = 2
+
+
+def parse_args(**defaults) -> argparse.Namespace:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--batch", type=int, default=32, help="global batch (sequences)")
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--clip", type=float, default=1.0)
+    ap.add_argument("--launch-time", type=float, default=time.time())
+    for key, value in defaults.items():
+        ap.add_argument(f"--{key.replace('_', '-')}", type=type(value), default=value)
+    return ap.parse_args()
+
+
+def init(args: argparse.Namespace) -> tuple[int, int]:
+    """One thread, the gloo process group torchrun set up; returns (rank, world size)."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def build_gpt(args: argparse.Namespace) -> GPT:
+    torch.manual_seed(0)
+    return GPT(**SHAPE, max_seq_len=args.seq)
+
+
+def corpus(args: argparse.Namespace) -> TextCorpus:
+    data = TextCorpus(global_batch_size=args.batch, seq_len=args.seq, cache_dir=os.path.expanduser("~/.cache/meshtrain"))
+    data.prepare()
+    return data
+
+
+def adamw(params: Iterable[torch.nn.Parameter], args: argparse.Namespace) -> torch.optim.AdamW:
+    return torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+
+
+def replica_rows(*, replica: int, replicas: int, batch: int) -> slice:
+    """This data-parallel replica's contiguous share of the global batch (as meshtrain's ``local_batch``)."""
+    n = batch // replicas
+    return slice(replica * n, (replica + 1) * n)
+
+
+def module_train_step(
+    *,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    data: TextCorpus,
+    rows: slice,
+    clip: Callable[[], object],
+) -> Callable[[int], torch.Tensor]:
+    """The step of a loop that runs one whole (wrapped) module: this rank's rows, forward, loss, backward,
+    ``clip()``, update."""
+
+    def train_step(step: int) -> torch.Tensor:
+        x, y = data.global_batch(step)
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x[rows]).reshape(-1, VOCAB), y[rows].reshape(-1))
+        loss.backward()
+        clip()
+        opt.step()
+        return loss.detach()
+
+    return train_step
+
+
+def pipeline_stage_module(args: argparse.Namespace, *, stage: int, stages: int) -> GPT:
+    """The whole GPT with what other stages own removed: an equal share of the blocks, the embeddings on
+    the first stage, the final norm and head on the last (the model's forward skips parts set to None)."""
+    model = build_gpt(args)
+    per = SHAPE["n_layers"] // stages
+    for key in list(model.layers.keys()):
+        if not stage * per <= int(key) < (stage + 1) * per:
+            del model.layers[key]
+    if stage > 0:
+        model.tok_embeddings = model.pos_embeddings = None
+    if stage < stages - 1:
+        model.norm = model.output = None
+    return model
+
+
+def pipeline_train_step(
+    *,
+    schedule,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    data: TextCorpus,
+    rows: slice,
+    first: bool,
+    last: bool,
+    max_norm: float,
+) -> Callable[[int], torch.Tensor | None]:
+    """The step of a loop around a torch pipelining schedule: the first stage feeds inputs, the last the
+    targets; the global norm sums every rank's local squares (stages hold disjoint parameters and, under
+    FSDP2, each replica a disjoint shard of them)."""
+
+    def train_step(step: int) -> torch.Tensor | None:
+        x, y = data.global_batch(step)
+        opt.zero_grad(set_to_none=True)
+        losses: list[torch.Tensor] = []
+        schedule.step(*((x[rows],) if first else ()), target=y[rows] if last else None, losses=losses)
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+        sq = torch.nn.utils.get_total_norm(local, foreach=True).double() ** 2
+        dist.all_reduce(sq)
+        clip_by_squared_norm_(grads, sq, max_norm)
+        opt.step()
+        return torch.stack(losses).sum().detach() if last else None
+
+    return train_step
+
+
+def microbatch_loss(micro_batches: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Cross-entropy divided by the micro-batch count, so with ``scale_grads=False`` the accumulated
+    gradient is the gradient of the mean loss (meshtrain's pipeline engine does the same)."""
+
+    def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1)) / micro_batches
+
+    return loss_fn
+
+
+def timed_loop(args: argparse.Namespace, train_step: Callable[[int], torch.Tensor | None], *, report: bool) -> None:
+    """Run ``train_step(step)`` (batch, forward, backward, clip, update; returns the loss or None) for
+    ``args.steps`` steps; the ``report`` rank prints the JSON line."""
+    times, first_step_end, first_loss = [], None, None
+    for step in range(1, args.steps + 1):
+        t0 = time.perf_counter()
+        loss = train_step(step)
+        times.append(time.perf_counter() - t0)
+        if first_step_end is None:
+            first_step_end = time.time()
+            first_loss = mean_loss(loss)
+        elif step % 10 == 0 and loss is not None:
+            loss.item()
+    if report:
+        median = statistics.median(times[WARMUP_STEPS:])
+        result = {
+            "tokens_per_s": args.batch * args.seq / median,
+            "median_step_time_s": median,
+            "launch_to_first_step_s": first_step_end - args.launch_time,
+            "first_loss": first_loss,
+        }
+        print(json.dumps(result), flush=True)
+
+
+def close() -> None:
+    """After the caller dropped its model and optimizer: freeing a DDP module while the group is torn down
+    can hang (STACK-NOTES), so collect first."""
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def mean_loss(loss: torch.Tensor | None) -> float:
+    """The loss averaged over the ranks that hold one (all ranks: a collective)."""
+    acc = torch.tensor([0.0, 0.0], dtype=torch.float64)
+    if loss is not None:
+        acc += torch.tensor([float(loss), 1.0], dtype=torch.float64)
+    dist.all_reduce(acc)
+    return float(acc[0] / acc[1])
+
+
+def clip_by_squared_norm_(grads: list[torch.Tensor], squared_norm: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """Scale local gradient storage (plain tensors or DTensors' local shards) by torch's clip coefficient for
+    the global norm ``sqrt(squared_norm)``; returns the norm."""
+    norm = squared_norm.sqrt().float()
+    coef = float(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+    if coef < 1.0:
+        torch._foreach_mul_([g.to_local() if hasattr(g, "to_local") else g for g in grads], coef)
+    return norm

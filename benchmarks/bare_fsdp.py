@@ -1,0 +1,35 @@
+"""A hand-written torch FSDP2 loop: ``fully_shard`` on each block, then the root (torchtitan's order, as
+``parallel=fsdp``), 2 ranks under torchrun. Shared parts: ``benchmarks/bare_common.py``."""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from benchmarks import bare_common as bare
+
+
+def main() -> None:
+    args = bare.parse_args()
+    rank, world = bare.init(args)
+    mesh = init_device_mesh("cpu", (world,))
+    model = bare.build_gpt(args)
+    for block in model.layers.values():
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = bare.adamw(model.parameters(), args)
+    step = bare.module_train_step(
+        model=model,
+        opt=opt,
+        data=bare.corpus(args),
+        rows=bare.replica_rows(replica=rank, replicas=world, batch=args.batch),
+        clip=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip, foreach=True),
+    )
+    bare.timed_loop(args, step, report=rank == 0)
+    del model, opt, step
+    bare.close()
+
+
+if __name__ == "__main__":
+    main()
