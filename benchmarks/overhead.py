@@ -1,10 +1,18 @@
-"""meshtrain's overhead: train.py vs a hand-written torch DDP loop, side by side in one run.
+"""meshtrain's overhead: ``python train.py`` against a hand-written torch loop, strategy by strategy.
 
-Both run the same GPT, data, global batch, AdamW and threads on 2 local gloo workers; runs alternate
-(bare, train.py, train.py without W&B, bare, ...) so machine noise hits both. Reports the ratio of
-median steady-state throughput (target >= 0.97) and of launch-to-first-step time (target <= 1.2).
+Each pair trains the same GPT (gpt_small's shape), byte data, global batch, AdamW, clipping and thread count;
+the hand-written side (``benchmarks/bare_*.py``, plain torch) is started as a torch user starts it,
+``torchrun --nproc_per_node=N script.py``, and meshtrain as its user starts it, ``python train.py
+parallel=...`` (its launcher forks the workers on CPU: ``topology.start_method=auto``), both from a new
+interpreter. Rounds alternate the order inside each pair (bare first, then meshtrain first, ...) so machine
+noise hits both. Per strategy: the median (and range) over rounds of each round's ratio meshtrain / bare of
+median steady-state tokens/s (steps 3 on) and of the time from launch to the end of step 1; the step-1
+losses side by side (the same seed, model and batch: they should agree to about 1e-6).
 
-    python benchmarks/overhead.py [--steps 60] [--repeats 2]
+    python benchmarks/overhead.py --strategy all            # every pair, 3 rounds of 40 steps
+    python benchmarks/overhead.py --strategy tp --rounds 5 --overrides tp.measure_comm=false
+
+Targets: tokens/s ratio >= 1.0 and time-to-first-step ratio <= 1.0.
 """
 
 from __future__ import annotations
@@ -18,80 +26,160 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_bare(steps: int) -> dict:
+@dataclass(frozen=True)
+class Pair:
+    """One strategy: its hand-written loop, its ranks, and the train.py overrides that run the same layout."""
+
+    script: str
+    nproc: int
+    overrides: tuple[str, ...]
+    describe: str
+
+
+PAIRS = {
+    "ddp": Pair("bare_ddp.py", 2, ("parallel=ddp",), "DDP, dp=2"),
+    "fsdp": Pair("bare_fsdp.py", 2, ("parallel=fsdp",), "FSDP2, dp=2"),
+    "tp": Pair("bare_tp.py", 2, ("parallel=tp",), "tensor parallel, tp=2"),
+    "pp": Pair("bare_pp.py", 2, ("parallel=pp",), "pipeline 1F1B, pp=2, 4 micro-batches"),
+    "hybrid": Pair(
+        "bare_hybrid.py", 4, ("parallel=hybrid", "tp.size=1"), "hybrid dp=2 x pp=2 (FSDP2 + 1F1B, 4 micro-batches)"
+    ),
+}
+
+
+def run_bare(pair: Pair, *, steps: int, batch: int, seq: int) -> dict:
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
-    launch = time.time()
-    out = subprocess.run(
-        [
-            torchrun,
-            "--nproc_per_node=2",
-            "--log-dir",
-            tempfile.mkdtemp(),
-            str(ROOT / "benchmarks" / "bare_ddp.py"),
-            f"--steps={steps}",
-            f"--launch-time={launch}",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    ).stdout
-    return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+    with tempfile.TemporaryDirectory(prefix="bench_bare_") as logs:
+        launch = time.time()
+        out = subprocess.run(
+            [
+                torchrun,
+                f"--nproc_per_node={pair.nproc}",
+                "--log-dir",
+                logs,
+                str(ROOT / "benchmarks" / pair.script),
+                f"--steps={steps}",
+                f"--batch={batch}",
+                f"--seq={seq}",
+                f"--launch-time={launch}",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not lines:
+        raise RuntimeError(f"{pair.script} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
+    return json.loads(lines[-1])
 
 
-def run_meshtrain(steps: int, *extra: str) -> dict:
-    run_dir = Path(tempfile.mkdtemp()) / "run"
-    launch = time.time()
-    subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "train.py"),
-            f"trainer.max_steps={steps}",
-            f"trainer.log_every={steps}",
-            f"hydra.run.dir={run_dir}",
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=ROOT,
-        env={**os.environ, "WANDB_SILENT": "true"},
-    )
-    summary = json.loads((run_dir / "summary.json").read_text())
-    summary["launch_to_first_step_s"] = summary["first_step_end_unix"] - launch
-    shutil.rmtree(run_dir.parent, ignore_errors=True)
-    return summary
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--repeats", type=int, default=2)
-    args = ap.parse_args()
-    variants = {
-        "hand-written DDP (torchrun)": lambda: run_bare(args.steps),
-        "train.py (W&B offline)": lambda: run_meshtrain(args.steps),
-        "train.py (logger=none)": lambda: run_meshtrain(args.steps, "logger=none"),
+def run_meshtrain(pair: Pair, *, steps: int, batch: int, seq: int, extra: list[str]) -> dict:
+    with tempfile.TemporaryDirectory(prefix="bench_meshtrain_") as tmp:
+        run_dir = Path(tmp) / "run"
+        launch = time.time()
+        out = subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "train.py"),
+                *pair.overrides,
+                f"trainer.max_steps={steps}",
+                "trainer.checkpoint_every=0",
+                f"data.global_batch_size={batch}",
+                f"data.seq_len={seq}",
+                f"hydra.run.dir={run_dir}",
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "WANDB_SILENT": "true"},
+        )
+        if out.returncode != 0:
+            raise RuntimeError(f"train.py {' '.join(pair.overrides)} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
+        summary = json.loads((run_dir / "summary.json").read_text())
+    return {
+        "tokens_per_s": summary["tokens_per_s"],
+        "launch_to_first_step_s": summary["first_step_end_unix"] - launch,
+        "first_loss": summary["first_loss"],
     }
-    results: dict[str, list[dict]] = {k: [] for k in variants}
-    for _ in range(args.repeats):
-        for name, fn in variants.items():
-            results[name].append(fn())
-    base = "hand-written DDP (torchrun)"
-    base_tps = statistics.median(r["tokens_per_s"] for r in results[base])
-    base_first = statistics.median(r["launch_to_first_step_s"] for r in results[base])
-    print(f"{'variant':<30} {'tokens/s':>10} {'ratio':>7} {'launch→1st step':>16} {'ratio':>7}")
-    for name, runs in results.items():
-        tps = statistics.median(r["tokens_per_s"] for r in runs)
-        first = statistics.median(r["launch_to_first_step_s"] for r in runs)
-        print(f"{name:<30} {tps:>10,.0f} {tps / base_tps:>7.3f} {first:>15.2f}s {first / base_first:>7.2f}")
+
+
+def spread(values: list[float], fmt: str) -> str:
+    return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}–{max(values):{fmt}})"
+
+
+def loadavg() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--strategy", choices=[*PAIRS, "all"], default="all")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--batch", type=int, default=32, help="global batch (sequences)")
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--overrides", nargs="*", default=[], help="extra train.py overrides (meshtrain side)")
+    args = ap.parse_args(argv)
+    names = list(PAIRS) if args.strategy == "all" else [args.strategy]
+    shape = {"steps": args.steps, "batch": args.batch, "seq": args.seq}
+    got: dict[str, dict[str, list[dict]]] = {n: {"bare": [], "meshtrain": []} for n in names}
+    load_before, started = loadavg(), time.perf_counter()
+    for r in range(args.rounds):
+        for name in names:
+            pair = PAIRS[name]
+            sides = ("bare", "meshtrain") if r % 2 == 0 else ("meshtrain", "bare")
+            for side in sides:
+                if side == "bare":
+                    got[name][side].append(run_bare(pair, **shape))
+                else:
+                    got[name][side].append(run_meshtrain(pair, **shape, extra=args.overrides))
+            b, m = got[name]["bare"][-1], got[name]["meshtrain"][-1]
+            print(
+                f"[round {r + 1}/{args.rounds}, {time.perf_counter() - started:.0f} s] {name}: "
+                f"tokens/s {m['tokens_per_s']:,.0f} / {b['tokens_per_s']:,.0f}, "
+                f"first step {m['launch_to_first_step_s']:.2f} s / {b['launch_to_first_step_s']:.2f} s "
+                f"(meshtrain / bare; load {loadavg()})",
+                flush=True,
+            )
+    print(f"\nload average before: {load_before}; after: {loadavg()}; {time.perf_counter() - started:.0f} s in all")
+    print(
+        f"{args.rounds} rounds of {args.steps} steps, global batch {args.batch} x {args.seq} tokens, 1 thread per rank"
+        + (f"; train.py overrides: {' '.join(args.overrides)}" if args.overrides else "")
+    )
+    print(
+        "\n| strategy | tokens/s bare | tokens/s meshtrain | tokens/s ratio | first step bare | "
+        "first step meshtrain | first-step ratio | step-1 loss bare / meshtrain |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    targets = []
+    for name in names:
+        bare, mesh = got[name]["bare"], got[name]["meshtrain"]
+        tps = [m["tokens_per_s"] / b["tokens_per_s"] for b, m in zip(bare, mesh)]
+        first = [m["launch_to_first_step_s"] / b["launch_to_first_step_s"] for b, m in zip(bare, mesh)]
+        print(
+            f"| {PAIRS[name].describe} | {spread([b['tokens_per_s'] for b in bare], ',.0f')} "
+            f"| {spread([m['tokens_per_s'] for m in mesh], ',.0f')} | {spread(tps, '.3f')} "
+            f"| {spread([b['launch_to_first_step_s'] for b in bare], '.2f')} s "
+            f"| {spread([m['launch_to_first_step_s'] for m in mesh], '.2f')} s | {spread(first, '.2f')} "
+            f"| {bare[0]['first_loss']:.6f} / {mesh[0]['first_loss']:.6f} |"
+        )
+        targets.append(
+            f"- {name}: tokens/s ratio {statistics.median(tps):.3f} >= 1.0 "
+            f"{'met' if statistics.median(tps) >= 1.0 else 'missed'}; first-step ratio "
+            f"{statistics.median(first):.2f} <= 1.0 {'met' if statistics.median(first) <= 1.0 else 'missed'}"
+        )
+    print("\nTargets (medians over rounds):")
+    print("\n".join(targets))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
