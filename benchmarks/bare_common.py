@@ -58,7 +58,9 @@ def build_gpt(args: argparse.Namespace) -> GPT:
 
 
 def corpus(args: argparse.Namespace) -> TextCorpus:
-    data = TextCorpus(global_batch_size=args.batch, seq_len=args.seq, cache_dir=os.path.expanduser("~/.cache/meshtrain"))
+    data = TextCorpus(
+        global_batch_size=args.batch, seq_len=args.seq, cache_dir=os.path.expanduser("~/.cache/meshtrain")
+    )
     data.prepare()
     return data
 
@@ -71,6 +73,12 @@ def replica_rows(*, replica: int, replicas: int, batch: int) -> slice:
     """This data-parallel replica's contiguous share of the global batch (as meshtrain's ``local_batch``)."""
     n = batch // replicas
     return slice(replica * n, (replica + 1) * n)
+
+
+def torch_clip(params: Iterable[torch.nn.Parameter], max_norm: float) -> Callable[[], torch.Tensor]:
+    """``torch.nn.utils.clip_grad_norm_`` over ``params`` (all plain tensors, or all DTensors of one mesh)."""
+    params = list(params)
+    return lambda: torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
 
 
 def module_train_step(

@@ -3,7 +3,6 @@ under torchrun, 2 ranks). What it shares with the other baselines: ``benchmarks/
 
 from __future__ import annotations
 
-import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from benchmarks import bare_common as bare
@@ -19,7 +18,7 @@ def main() -> None:
         opt=opt,
         data=bare.corpus(args),
         rows=bare.replica_rows(replica=rank, replicas=world, batch=args.batch),
-        clip=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip, foreach=True),
+        clip=bare.torch_clip(model.parameters(), args.clip),
     )
     bare.timed_loop(args, step, report=rank == 0)
     del model, opt, step

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
@@ -24,7 +23,7 @@ def main() -> None:
         opt=opt,
         data=bare.corpus(args),
         rows=bare.replica_rows(replica=rank, replicas=world, batch=args.batch),
-        clip=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip, foreach=True),
+        clip=bare.torch_clip(model.parameters(), args.clip),
     )
     bare.timed_loop(args, step, report=rank == 0)
     del model, opt, step

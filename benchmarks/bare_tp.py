@@ -43,9 +43,7 @@ def main() -> None:
         sq = shard_sq + torch.nn.utils.get_total_norm(local, foreach=True).double() ** 2
         return bare.clip_by_squared_norm_([p.grad for p in params], sq, args.clip)
 
-    step = bare.module_train_step(
-        model=model, opt=opt, data=bare.corpus(args), rows=slice(0, args.batch), clip=clip
-    )
+    step = bare.module_train_step(model=model, opt=opt, data=bare.corpus(args), rows=slice(0, args.batch), clip=clip)
     bare.timed_loop(args, step, report=rank == 0)
     del model, opt, step
     bare.close()

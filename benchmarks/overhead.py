@@ -102,7 +102,9 @@ def run_meshtrain(pair: Pair, *, steps: int, batch: int, seq: int, extra: list[s
             env={**os.environ, "WANDB_SILENT": "true"},
         )
         if out.returncode != 0:
-            raise RuntimeError(f"train.py {' '.join(pair.overrides)} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
+            raise RuntimeError(
+                f"train.py {' '.join(pair.overrides)} failed (exit {out.returncode}):\n{out.stderr[-3000:]}"
+            )
         summary = json.loads((run_dir / "summary.json").read_text())
     return {
         "tokens_per_s": summary["tokens_per_s"],

@@ -228,7 +228,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if self.faults is not None:
             self.faults.before_step(step)
-        with self.instruments.step(step):  # saved activations; profiler at trainer.profile_steps
+        # saved activations on logged steps; profiler at trainer.profile_steps
+        with self.instruments.step(step, measure=self._should_log(step)):
             loss = self.engine.train_step(x, y)
         if self.faults is not None:
             loss = self.faults.after_backward(step, loss, self.engine.parameters())

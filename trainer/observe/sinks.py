@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from parallel.core.base import WorkerContext
+from parallel.core.rank_map import draw_announced
 from trainer.observe.durable import write_json, write_text
 from trainer.observe.metrics import MetricsFile
 
@@ -18,6 +19,7 @@ class RankZeroSinks:
         from trainer.observe.wandb_sink import WandbSink
 
         self.run_dir = ctx.run_dir
+        self.log = ctx.log
         self.layout = ctx.layout
         self.metrics = MetricsFile(ctx.run_dir / "metrics.jsonl", keep_through_step=start_step)
         w = ctx.cfg.logger.wandb
@@ -70,6 +72,14 @@ class RankZeroSinks:
                 out[key] = max(out.get(key, 0), int(peaks[rank]))
         return out
 
+    def _draw_rank_map(self) -> None:
+        """The rank-map grid announced at build, drawn now that no step waits for it; a failure to draw is
+        logged and loses only the picture."""
+        try:
+            draw_announced()
+        except Exception as exc:  # noqa: BLE001 - the summary and W&B run must still be written
+            self.log.warning("rank_map.png not drawn: %s: %s", type(exc).__name__, exc)
+
     def log_step(self, record: dict[str, Any]) -> None:
         self.metrics.write(record)
         self.wandb.log_metrics(record, step=int(record["step"]))
@@ -81,6 +91,7 @@ class RankZeroSinks:
 
     def finish(self, summary: dict[str, Any] | None, *, exit_code: int) -> None:
         try:
+            self._draw_rank_map()
             if summary is not None:
                 summary["wandb_dir"] = self.wandb.directory
                 write_json(self.run_dir / "summary.json", summary)
