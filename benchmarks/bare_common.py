@@ -179,6 +179,7 @@ def timed_loop(args: argparse.Namespace, train_step: Callable[[int], torch.Tenso
             "tokens_per_s": args.batch * args.seq / median,
             "median_step_time_s": median,
             "launch_to_first_step_s": first_step_end - args.launch_time,
+            "first_step_s": times[0],
             "first_loss": first_loss,
         }
         print(json.dumps(result), flush=True)

@@ -6,8 +6,9 @@ the hand-written side (``benchmarks/bare_*.py``, plain torch) is started as a to
 parallel=...`` (its launcher forks the workers on CPU: ``topology.start_method=auto``), both from a new
 interpreter. Rounds alternate the order inside each pair (bare first, then meshtrain first, ...) so machine
 noise hits both. Per strategy: the median (and range) over rounds of each round's ratio meshtrain / bare of
-median steady-state tokens/s (steps 3 on) and of the time from launch to the end of step 1; the step-1
-losses side by side (the same seed, model and batch: they should agree to about 1e-6).
+median steady-state tokens/s (steps 3 on) and of the time from launch to the end of step 1 (split below the
+table into the start, launch to the loop, and step 1 itself); the step-1 losses side by side (the same seed,
+model and batch: they should agree to about 1e-6).
 
     python benchmarks/overhead.py --strategy all            # every pair, 3 rounds of 40 steps
     python benchmarks/overhead.py --strategy tp --rounds 5 --overrides tp.measure_comm=false
@@ -109,6 +110,7 @@ def run_meshtrain(pair: Pair, *, steps: int, batch: int, seq: int, extra: list[s
     return {
         "tokens_per_s": summary["tokens_per_s"],
         "launch_to_first_step_s": summary["first_step_end_unix"] - launch,
+        "first_step_s": summary["time_to_first_step_s"],
         "first_loss": summary["first_loss"],
     }
 
@@ -177,6 +179,15 @@ def main(argv: list[str] | None = None) -> int:
             f"- {name}: tokens/s ratio {statistics.median(tps):.3f} >= 1.0 "
             f"{'met' if statistics.median(tps) >= 1.0 else 'missed'}; first-step ratio "
             f"{statistics.median(first):.2f} <= 1.0 {'met' if statistics.median(first) <= 1.0 else 'missed'}"
+        )
+    print("\nTime to first step, split (medians): launch to the loop's start, then step 1 itself")
+    print("\n| strategy | start bare | start meshtrain | step 1 bare | step 1 meshtrain |\n|---|---:|---:|---:|---:|")
+    for name in names:
+        start = {k: [r["launch_to_first_step_s"] - r["first_step_s"] for r in v] for k, v in got[name].items()}
+        step1 = {k: [r["first_step_s"] for r in v] for k, v in got[name].items()}
+        print(
+            f"| {name} | {statistics.median(start['bare']):.2f} s | {statistics.median(start['meshtrain']):.2f} s "
+            f"| {statistics.median(step1['bare']):.2f} s | {statistics.median(step1['meshtrain']):.2f} s |"
         )
     print("\nTargets (medians over rounds):")
     print("\n".join(targets))

@@ -44,3 +44,28 @@ def test_single_process_gather_and_png(tmp_path):
     assert rows[0]["holds"] == "emb L0-1 head" and rows[0]["stages"] == [0]
     png = draw_rank_map(rows, nnodes=1, nproc_per_node=1, path=tmp_path / "rank_map.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_announce_prints_the_table_now_and_draws_the_png_when_asked(tmp_path):
+    """The PNG (matplotlib's import and the drawing, about a second) waits for ``draw_announced``, which rank 0's
+    sinks call as the run finishes: it must not delay the first step."""
+    import logging
+    from types import SimpleNamespace
+
+    from models.gpt.model import GPT
+    from parallel.core.rank_map import announce_rank_map, draw_announced
+
+    ctx = SimpleNamespace(
+        layout=ParallelLayout(strategy="tp", tp=1),
+        coords={"pp": 0},
+        rank=0,
+        mesh=None,
+        is_rank0=True,
+        log=logging.getLogger("test_rank_map"),
+        run_dir=tmp_path,
+    )
+    extras = announce_rank_map(ctx, stage_modules=[GPT(n_layers=2, d_model=16, n_heads=2)])
+    png = tmp_path / "rank_map.png"
+    assert extras["artifacts"]["images"]["rank_map"] == str(png) and not png.exists()
+    assert draw_announced() == [png] and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert draw_announced() == []  # drawn once
