@@ -4,7 +4,8 @@ The model shape (``conf/model/gpt_small.yaml``), the byte data (``TextCorpus``, 
 as meshtrain's), AdamW with ``conf/optim/adamw.yaml``'s lr and betas, clipping at ``trainer.grad_clip``'s 1.0,
 one thread per rank, and the timing each loop prints: one JSON line with the median steady-state tokens/s
 (steps 3 on, as meshtrain's summary), the time from launch to the end of step 1, and the step-1 loss averaged
-over the ranks that compute one (meshtrain's ``first_loss``). Plain torch only: no meshtrain parallel or
+over the ranks that compute one (meshtrain's ``first_loss``); and the end-to-end rate of steps 2 on (every
+second of the loop after step 1, logging included: meshtrain's steady median times the step alone). Plain torch only: no meshtrain parallel or
 trainer code besides the model class and the data source.
 """
 
@@ -164,6 +165,7 @@ def timed_loop(args: argparse.Namespace, train_step: Callable[[int], torch.Tenso
     """Run ``train_step(step)`` (batch, forward, backward, clip, update; returns the loss or None) for
     ``args.steps`` steps; the ``report`` rank prints the JSON line."""
     times, first_step_end, first_loss = [], None, None
+    started = time.perf_counter()
     for step in range(1, args.steps + 1):
         t0 = time.perf_counter()
         loss = train_step(step)
@@ -173,6 +175,7 @@ def timed_loop(args: argparse.Namespace, train_step: Callable[[int], torch.Tenso
             first_loss = mean_loss(loss)
         elif step % 10 == 0 and loss is not None:
             loss.item()
+    after_first = time.perf_counter() - started - times[0]
     if report:
         median = statistics.median(times[WARMUP_STEPS:])
         result = {
@@ -180,6 +183,7 @@ def timed_loop(args: argparse.Namespace, train_step: Callable[[int], torch.Tenso
             "median_step_time_s": median,
             "launch_to_first_step_s": first_step_end - args.launch_time,
             "first_step_s": times[0],
+            "end_to_end_tokens_per_s": args.batch * args.seq * (args.steps - 1) / after_first,
             "first_loss": first_loss,
         }
         print(json.dumps(result), flush=True)
