@@ -5,21 +5,22 @@ layers a rank holds is only known once its strategy has built its stage, so each
 (one ``all_gather_object`` after build) and rank 0 prints the table, draws the grid (nodes × local
 ranks, coloured by pipeline stage, labelled with dp/tp coordinates) and stores both in the run.
 
-The grid is drawn when the run ends (``draw_announced``, called by rank 0's sinks as they finish, whether the
-run completed or failed): matplotlib's import and the drawing took 0.9-1.4 s on rank 0 before the first step
-(measured on 2 busy cores), which every other rank spent waiting at the first collective.
+The grid is drawn when the run ends (``parallel/core/figures.py``): drawn at build, matplotlib's import and
+the drawing held rank 0 for 0.9-1.4 s before the first step, and every other rank with it.
 """
 
 from __future__ import annotations
 
 import io
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 from torch import nn
+
+from parallel.core.figures import draw_later
 
 
 def held_layers(modules: Sequence[nn.Module]) -> list[str]:
@@ -171,22 +172,9 @@ def draw_rank_map(rows: Sequence[dict[str, Any]], *, nnodes: int, nproc_per_node
     return path
 
 
-#: grids announced at build and not drawn yet, by the path they go to (drawn by ``draw_announced``)
-_UNDRAWN: dict[Path, Callable[[], Path]] = {}
-
-
-def draw_announced() -> list[Path]:
-    """Draw the grids ``announce_rank_map`` announced in this process (rank 0); returns their paths."""
-    drawn = []
-    while _UNDRAWN:
-        _, draw = _UNDRAWN.popitem()
-        drawn.append(draw())
-    return drawn
-
-
 def announce_rank_map(ctx, *, stage_modules: Sequence[nn.Module], stages: Sequence[int] | None = None) -> dict:
     """Gather the rank map (all ranks), then on rank 0 print it and announce its grid (``rank_map.png``, drawn
-    by ``draw_announced`` at the end of the run); returns summary extras."""
+    at the end of the run); returns summary extras."""
     stages = list(stages) if stages is not None else [ctx.coords["pp"]]
     rows = gather_rank_map(layout=ctx.layout, rank=ctx.rank, stages=stages, modules=stage_modules, mesh=ctx.mesh)
     extras: dict[str, Any] = {"rank_map": rows}
@@ -194,6 +182,6 @@ def announce_rank_map(ctx, *, stage_modules: Sequence[nn.Module], stages: Sequen
         print_rank_map(rows, log=ctx.log)
         png = ctx.run_dir / "rank_map.png"
         nnodes, nproc = ctx.layout.nnodes, ctx.layout.nproc_per_node
-        _UNDRAWN[png] = lambda: draw_rank_map(rows, nnodes=nnodes, nproc_per_node=nproc, path=png)
+        draw_later(png, lambda: draw_rank_map(rows, nnodes=nnodes, nproc_per_node=nproc, path=png))
         extras["artifacts"] = {"images": {"rank_map": str(png)}, "files": []}
     return extras

@@ -270,6 +270,7 @@ class PipelineEngine(Engine):
         return [t.tolist() for t in out]
 
     def _write_timeline(self, rec: StepRecord) -> None:
+        from parallel.core.figures import draw_later
         from parallel.pipeline.timeline import write_chrome_trace, write_gantt_png
 
         mine = {
@@ -292,10 +293,11 @@ class PipelineEngine(Engine):
             f"{self.pp} ranks, m={self.m}, step {self.steps}"
         )
         trace = write_chrome_trace(folder / f"pipeline_step{self.steps}.trace.json", ranks=gathered, title=title)
-        png = write_gantt_png(folder / f"pipeline_step{self.steps}.png", ranks=gathered, title=title)
+        path = folder / f"pipeline_step{self.steps}.png"
+        png = draw_later(path, lambda: write_gantt_png(path, ranks=gathered, title=title))  # at the end of the run
         self.artifacts["files"].append(str(trace))
         self.artifacts["images"]["pipeline_timeline"] = str(png)
-        self.ctx.log.info("pipeline timeline of step %d: %s, %s", self.steps, trace, png)
+        self.ctx.log.info("pipeline timeline of step %d: %s, %s (drawn when the run ends)", self.steps, trace, png)
 
     # ---- report ------------------------------------------------------------------------------------
 

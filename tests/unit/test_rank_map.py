@@ -53,7 +53,8 @@ def test_announce_prints_the_table_now_and_draws_the_png_when_asked(tmp_path):
     from types import SimpleNamespace
 
     from models.gpt.model import GPT
-    from parallel.core.rank_map import announce_rank_map, draw_announced
+    from parallel.core.figures import draw_announced
+    from parallel.core.rank_map import announce_rank_map
 
     ctx = SimpleNamespace(
         layout=ParallelLayout(strategy="tp", tp=1),

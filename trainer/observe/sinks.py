@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from parallel.core.base import WorkerContext
-from parallel.core.rank_map import draw_announced
+from parallel.core.figures import draw_announced
 from trainer.observe.durable import write_json, write_text
 from trainer.observe.metrics import MetricsFile
 
@@ -72,13 +72,13 @@ class RankZeroSinks:
                 out[key] = max(out.get(key, 0), int(peaks[rank]))
         return out
 
-    def _draw_rank_map(self) -> None:
-        """The rank-map grid announced at build, drawn now that no step waits for it; a failure to draw is
-        logged and loses only the picture."""
+    def _draw_figures(self) -> None:
+        """The figures announced during the run (rank map, pipeline timeline), drawn now that no step waits for
+        them; a failure to draw is logged and loses only the picture."""
         try:
             draw_announced()
         except Exception as exc:  # noqa: BLE001 - the summary and W&B run must still be written
-            self.log.warning("rank_map.png not drawn: %s: %s", type(exc).__name__, exc)
+            self.log.warning("a figure of the run was not drawn: %s: %s", type(exc).__name__, exc)
 
     def log_step(self, record: dict[str, Any]) -> None:
         self.metrics.write(record)
@@ -91,7 +91,7 @@ class RankZeroSinks:
 
     def finish(self, summary: dict[str, Any] | None, *, exit_code: int) -> None:
         try:
-            self._draw_rank_map()
+            self._draw_figures()
             if summary is not None:
                 summary["wandb_dir"] = self.wandb.directory
                 write_json(self.run_dir / "summary.json", summary)
