@@ -19,8 +19,9 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from conf.schema import AC_MODES, PRECISIONS, DebugConfig, Decay
+from parallel.core import dims
 from parallel.core.layout import ParallelLayout, describe_factorization, factorizations, why_dp_needs_fsdp
-from parallel.core.registry import DIMS, STRATEGIES, strategy_spec
+from parallel.core.registry import STRATEGIES, strategy_spec
 from trainer.hf.checks import check_init_from
 from trainer.launch.environment import ExternalLaunch, detect_external_launch
 
@@ -79,9 +80,15 @@ def split_points_of(cfg: DictConfig) -> tuple[int, ...] | None:
     raise ConfigError([f"{key}={raw!r}: expected a list of block indices like [2] or 'auto'"])
 
 
+def dim_sizes(cfg: DictConfig) -> dict[str, int]:
+    """Each mesh dimension's degree, read from its config key (``dp.size`` ...)."""
+    return {d.name: int(OmegaConf.select(cfg, d.key, throw_on_missing=True)) for d in dims.DIMENSIONS}
+
+
 def build_layout(cfg: DictConfig, external: ExternalLaunch | None = None) -> ParallelLayout:
-    dp, tp, pp = int(cfg.dp.size), int(cfg.tp.size), int(cfg.pp.size)
-    product = dp * tp * pp
+    sizes = dim_sizes(cfg)
+    dp, tp, pp = sizes["dp"], sizes["tp"], sizes["pp"]
+    product = math.prod(sizes.values())
     if external is not None:
         nnodes, nproc = external.nnodes, external.local_world_size
     else:
@@ -93,9 +100,7 @@ def build_layout(cfg: DictConfig, external: ExternalLaunch | None = None) -> Par
     pipelined = spec.pipelined(pp) if spec is not None else pp > 1
     return ParallelLayout(
         strategy=str(cfg.parallel.name),
-        dp=dp,
-        tp=tp,
-        pp=pp,
+        sizes=sizes,
         nnodes=nnodes,
         nproc_per_node=nproc,
         micro_batches=int(cfg.pp.micro_batches) if pipelined else 1,
@@ -111,9 +116,7 @@ def build_layout(cfg: DictConfig, external: ExternalLaunch | None = None) -> Par
 
 def check_positive(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
     keys = {
-        "dp.size": cfg.dp.size,
-        "tp.size": cfg.tp.size,
-        "pp.size": cfg.pp.size,
+        **{d.key: OmegaConf.select(cfg, d.key) for d in dims.DIMENSIONS},
         "pp.micro_batches": cfg.pp.micro_batches,
         "pp.stages_per_rank": cfg.pp.stages_per_rank,
         "topology.nnodes": cfg.topology.nnodes,
@@ -153,11 +156,11 @@ def check_strategy(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None
                 "parallel._target_ to your own Strategy class"
             )
         return
-    for dim in DIMS:
-        size = getattr(layout, dim)
+    for dim in dims.names():
+        size = layout.size(dim)
         if size > 1 and dim not in spec.dims:
             f.error(
-                f"{dim}.size={size} with parallel={name}: {name} does not use the {dim} dimension; "
+                f"{dims.dim(dim).key}={size} with parallel={name}: {name} does not use the {dim} dimension; "
                 + spec.dim_problem(dim)
             )
 

@@ -14,8 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-#: the mesh dimensions, in the order ``dp.size``, ``tp.size``, ``pp.size`` are written
-DIMS = ("dp", "tp", "pp")
+from parallel.core import dims
+
+#: the mesh dimension names in written order, as the table (``parallel/core/dims.py``) stood at import
+DIMS = dims.names()
 
 #: what the trainer can build of the planner's options: FSDP2 (ZeRO-3) or no sharding, no recomputation
 TRAINABLE_ZERO_STAGES = (0, 3)
@@ -27,7 +29,7 @@ class LayoutShape:
     """What the planner decides that picks a strategy: the dimensions > 1 and how they are used."""
 
     used: tuple[str, ...]
-    """Mesh dimensions of size > 1, in ``DIMS`` order."""
+    """Mesh dimensions of size > 1, in ``dims.names()`` order."""
     zero_stage: int = 0
     micro_batches: int | None = None
     """None when not decided (a layout described by its sizes alone)."""
@@ -69,7 +71,7 @@ class StrategySpec:
     def dim_problem(self, dim: str) -> str:
         if self.foreign_dim_hint:
             return self.foreign_dim_hint
-        return f"use parallel=hybrid to combine dimensions, or set {dim}.size=1"
+        return f"use parallel=hybrid to combine dimensions, or set {dims.dim(dim).key}=1"
 
 
 def _only(*dims: str, **when: object) -> Callable[[LayoutShape], bool]:
@@ -184,10 +186,11 @@ def register_resolver() -> None:
 
 
 def strategy_for(
-    *, dp: int, tp: int, pp: int, zero_stage: int = 0, micro_batches: int | None = None, schedule: str | None = None
+    *, zero_stage: int = 0, micro_batches: int | None = None, schedule: str | None = None, **sizes: int
 ) -> str:
-    """The ``parallel=`` option that trains this layout (``dp.size=4`` alone means ddp, and so on)."""
-    used = tuple(d for d, size in zip(DIMS, (dp, tp, pp)) if size > 1)
+    """The ``parallel=`` option that trains this layout, given its degrees by dimension name (``dp=4`` alone
+    means ddp, and so on; a dimension not given is 1)."""
+    used = tuple(d for d, size in dims.full_sizes(sizes).items() if size > 1)
     shape = LayoutShape(used=used, zero_stage=zero_stage, micro_batches=micro_batches, schedule=schedule)
     for spec in STRATEGIES.values():
         if spec.picked_for is not None and spec.picked_for(shape):

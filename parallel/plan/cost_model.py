@@ -10,8 +10,9 @@ cluster on a laptop.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
+from parallel.core.dims import Sized, with_dim_kwargs
 from parallel.pipeline.schedules import SCHEDULES, schedule_spec, stage_to_rank
 from parallel.plan.specs import HardwareSpec, Link, ModelSpec, Workload
 
@@ -20,13 +21,14 @@ MODELED_SCHEDULES = tuple(name for name, spec in SCHEDULES.items() if spec.model
 DDP_BUCKET_BYTES = 25 * 2**20
 
 
+@with_dim_kwargs
 @dataclass(frozen=True)
-class Candidate:
+class Candidate(Sized):
     """One layout the planner may choose: degrees, micro-batching, schedule, sharding, recomputation."""
 
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
+    sizes: dict[str, int] = field(default_factory=dict)
+    """Degree per mesh dimension (``parallel/core/dims.py``), read as ``c.dp``, ``c.tp`` ...;
+    ``Candidate(dp=2, tp=2)`` fills it."""
     micro_batches: int = 1
     schedule: str = "none"
     """``none`` when pp == 1 (gradient accumulation over micro_batches), else one of MODELED_SCHEDULES."""
@@ -37,10 +39,6 @@ class Candidate:
     recompute: str = "none"
     split_points: tuple[int, ...] | None = None
     """Block indices where a new (virtual) stage starts; None = uniform split."""
-
-    @property
-    def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
 
 
 @dataclass(frozen=True)
@@ -87,7 +85,7 @@ class Estimate:
 
     def to_dict(self) -> dict:
         return {
-            **asdict(self.candidate),
+            **self.candidate.flat_dict(),
             "memory_per_rank_bytes": {**asdict(self.memory), "total": self.memory.total},
             "step_time_s": self.step_time_s,
             "bubble_fraction": self.bubble_fraction,

@@ -23,6 +23,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from parallel.core import dims
 from parallel.core.state_bytes import model_state_bytes
 from parallel.plan.cost_model import Candidate, estimate
 from parallel.plan.specs import HardwareSpec, ModelSpec, Workload
@@ -238,7 +239,7 @@ def _measure_rank(
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     phase = "device mesh"
     try:
-        mesh = init_device_mesh("cpu", (c.pp, c.dp, c.tp), mesh_dim_names=("pp", "dp", "tp"))
+        mesh = init_device_mesh("cpu", c.mesh_shape, mesh_dim_names=dims.mesh_names())
         pp_rank = rank // (c.dp * c.tp)
         dtype = torch.bfloat16 if mixed else torch.float32
         b = workload.global_batch_size // (c.dp * c.micro_batches)

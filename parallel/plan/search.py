@@ -14,8 +14,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from parallel.core import dims
 from parallel.core.layout import ParallelLayout, factorizations
 from parallel.core.registry import STRATEGIES, TRAINABLE_RECOMPUTE, TRAINABLE_ZERO_STAGES, plannable, strategy_for
 from parallel.pipeline.schedules import SCHEDULES, schedule_spec
@@ -63,13 +64,11 @@ class Plan:
 
 def strategy_of(c: Candidate) -> str:
     """The ``parallel=`` option that trains ``c`` (the registry's ``picked_for`` rules)."""
-    return strategy_for(
-        dp=c.dp, tp=c.tp, pp=c.pp, zero_stage=c.zero_stage, micro_batches=c.micro_batches, schedule=c.schedule
-    )
+    return strategy_for(**c.sizes, zero_stage=c.zero_stage, micro_batches=c.micro_batches, schedule=c.schedule)
 
 
 def describe(c: Candidate) -> str:
-    parts = [strategy_of(c)] + [f"{d}={v}" for d, v in (("dp", c.dp), ("tp", c.tp), ("pp", c.pp)) if v > 1]
+    parts = [strategy_of(c)] + [f"{d}={v}" for d, v in c.sizes.items() if v > 1]
     parts.append(f"m={c.micro_batches}")
     if c.pp > 1:
         parts.append(c.schedule + (f"/v{c.stages_per_rank}" if c.stages_per_rank > 1 else ""))
@@ -142,7 +141,9 @@ def schedules_for(*, pp: int, m: int, n_layers: int) -> Iterator[tuple[str, int]
 
 def enumerate_candidates(*, model: ModelSpec, hardware: HardwareSpec, workload: Workload) -> Iterator[Candidate]:
     B = workload.global_batch_size
-    for dp, tp, pp in factorizations(hardware.world_size):
+    for degrees in factorizations(hardware.world_size):
+        sizes = dict(zip(dims.names(), degrees, strict=True))
+        dp, tp, pp = sizes["dp"], sizes["tp"], sizes["pp"]
         if B % dp or not model.tp_divides(tp) or tp > hardware.devices_per_node or pp > model.n_layers:
             continue
         for m in micro_batch_counts(B // dp):
@@ -151,9 +152,7 @@ def enumerate_candidates(*, model: ModelSpec, hardware: HardwareSpec, workload: 
                     for sp in (False, True) if tp > 1 else (False,):
                         for recompute in workload.recompute:
                             yield Candidate(
-                                dp=dp,
-                                tp=tp,
-                                pp=pp,
+                                sizes=sizes,
                                 micro_batches=m,
                                 schedule=schedule,
                                 stages_per_rank=v,
@@ -268,9 +267,7 @@ def candidate_of(cfg: DictConfig, layout: ParallelLayout) -> Candidate:
     else:
         m, schedule = (per_replica // int(mbs) if mbs else 1), "none"
     return Candidate(
-        dp=layout.dp,
-        tp=layout.tp,
-        pp=layout.pp,
+        sizes=layout.sizes,
         micro_batches=max(1, m),
         schedule=schedule if layout.pp > 1 else "none",
         stages_per_rank=layout.stages_per_rank,
@@ -302,7 +299,8 @@ def apply_candidate(cfg: DictConfig, c: Candidate, *, strategies: dict[str, str]
         cfg.trainer.ac_every = 1
     cfg.parallel._target_ = strategies[name]
     cfg.parallel.name = name
-    cfg.dp.size, cfg.tp.size, cfg.pp.size = c.dp, c.tp, c.pp
+    for name, size in c.sizes.items():
+        OmegaConf.update(cfg, dims.dim(name).key, size)
     # a strategy that always shards (fsdp) needs no dp.shard; hybrid shards when the candidate does
     cfg.dp.shard = c.zero_stage == 3 and not spec.shards_dp
     cfg.tp.sequence_parallel = c.sequence_parallel
