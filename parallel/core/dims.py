@@ -118,6 +118,29 @@ class Sized:
     def mesh_shape(self) -> tuple[int, ...]:
         return in_mesh_order(self.sizes)
 
+    @property
+    def mesh_dim_names(self) -> tuple[str, ...]:
+        """``init_device_mesh``'s names for ``mesh_shape``."""
+        return mesh_names()
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """Mesh coordinates of a global rank (row-major over the mesh: the innermost dimension varies fastest)."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} outside world of size {self.world_size}")
+        out = {}
+        for name in reversed(mesh_names()):
+            rank, out[name] = divmod(rank, self.size(name))
+        return {name: out[name] for name in mesh_names()}
+
+    def rank_of(self, **coords: int) -> int:
+        """The global rank at these mesh coordinates (one per dimension, by name)."""
+        if sorted(coords) != sorted(mesh_names()):
+            raise TypeError(f"rank_of needs one coordinate per mesh dimension {mesh_names()}; got {coords}")
+        rank = 0
+        for name in mesh_names():
+            rank = rank * self.size(name) + coords[name]
+        return rank
+
     def flat_dict(self) -> dict[str, Any]:
         """The fields as a plain dict with ``sizes`` spread in its place (``dp``, ``tp``, ``pp`` keys)."""
         out: dict[str, Any] = {}

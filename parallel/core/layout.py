@@ -38,33 +38,8 @@ class ParallelLayout(Sized):
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def mesh_dim_names(self) -> tuple[str, ...]:
-        """``init_device_mesh``'s names for ``mesh_shape``."""
-        return dims.mesh_names()
-
-    @property
     def distributed(self) -> bool:
         return self.world_size > 1
-
-    def coords(self, rank: int) -> dict[str, int]:
-        """Mesh coordinates of a global rank (row-major over the mesh: the innermost dimension varies fastest)."""
-        if not 0 <= rank < self.world_size:
-            raise ValueError(f"rank {rank} outside world of size {self.world_size}")
-        out = {}
-        for name in reversed(self.mesh_dim_names):
-            rank, out[name] = divmod(rank, self.size(name))
-        return {name: out[name] for name in self.mesh_dim_names}
-
-    def rank_of(self, **coords: int) -> int:
-        """The global rank at these mesh coordinates (one per dimension, by name)."""
-        missing = [n for n in self.mesh_dim_names if n not in coords]
-        extra = [k for k in coords if k not in self.mesh_dim_names]
-        if missing or extra:
-            raise TypeError(f"rank_of needs one coordinate per mesh dimension {self.mesh_dim_names}; got {coords}")
-        rank = 0
-        for name in self.mesh_dim_names:
-            rank = rank * self.size(name) + coords[name]
-        return rank
 
     def rank_map(self) -> list[dict[str, int]]:
         """Every global rank once: its node, local rank and mesh coordinates."""

@@ -17,6 +17,8 @@ from typing import Any
 import torch.distributed as dist
 from torch import nn
 
+from parallel.core import dims
+
 
 def held_layers(modules: Sequence[nn.Module]) -> list[str]:
     """Top-level parts present in ``modules`` by FQN (``layers.3``, ``output`` ...), in model order."""
@@ -95,16 +97,15 @@ def rank_map_table(rows: Sequence[dict[str, Any]]):
     from rich.table import Table
 
     table = Table(title="rank map", title_justify="left")
-    for col in ("rank", "node", "local", "pp", "dp", "tp", "stages", "holds"):
+    mesh = dims.mesh_names()
+    for col in ("rank", "node", "local", *mesh, "stages", "holds"):
         table.add_column(col, justify="right" if col not in ("holds", "stages") else "left")
     for r in rows:
         table.add_row(
             str(r["rank"]),
             str(r["node"]),
             str(r["local_rank"]),
-            str(r["pp"]),
-            str(r["dp"]),
-            str(r["tp"]),
+            *(str(r[name]) for name in mesh),
             ",".join(map(str, r["stages"])),
             r["holds"],
         )

@@ -240,7 +240,7 @@ def _measure_rank(
     phase = "device mesh"
     try:
         mesh = init_device_mesh("cpu", c.mesh_shape, mesh_dim_names=dims.mesh_names())
-        pp_rank = rank // (c.dp * c.tp)
+        pp_rank = c.coords(rank)["pp"]
         dtype = torch.bfloat16 if mixed else torch.float32
         b = workload.global_batch_size // (c.dp * c.micro_batches)
         stages, acts = [], 0
@@ -324,11 +324,11 @@ def dry_run(
 
     c = replace(c, split_points=tuple(split_points) if c.pp > 1 else None, sequence_parallel=sp)
     est = estimate(c, model=model, hardware=hardware, workload=workload)
-    world = c.dp * c.tp * c.pp
+    world = c.world_size
     reports = []
     for rank in ranks if ranks is not None else sample_ranks(pp=c.pp, dp=c.dp, tp=c.tp):
-        pp_i, rem = divmod(rank, c.dp * c.tp)
-        coords = {"pp": pp_i, "dp": rem // c.tp, "tp": rem % c.tp}
+        coords = c.coords(rank)
+        pp_i = coords["pp"]
         rep = RankReport(rank=rank, coords=coords, stages=[s.index for s in specs if s.pp_rank == pp_i])
         mem = est.rank_memory[pp_i]
         rep.estimated = {
@@ -353,13 +353,11 @@ def dry_run(
                 tp_plan=tp_plan,
             )
         except DryRunError as exc:
-            rep.error = f"rank {rank} (pp={coords['pp']}, dp={coords['dp']}, tp={coords['tp']}): {exc}"
+            rep.error = f"rank {rank} ({', '.join(f'{k}={v}' for k, v in coords.items())}): {exc}"
         rep.seconds = time.perf_counter() - t1
         reports.append(rep)
     layout = {
-        "dp": c.dp,
-        "tp": c.tp,
-        "pp": c.pp,
+        **c.sizes,
         "micro_batches": c.micro_batches,
         "schedule": c.schedule,
         "stages_per_rank": c.stages_per_rank,
