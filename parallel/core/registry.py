@@ -83,6 +83,14 @@ def _only(*dims: str, **when: object) -> Callable[[LayoutShape], bool]:
     return picks
 
 
+def _combined(shape: LayoutShape) -> bool:
+    """Several dimensions > 1, or one that no single-dimension strategy lists (a dimension added to
+    ``parallel/core/dims.py`` is hybrid's until a strategy of its own is registered)."""
+    if len(shape.used) != 1:
+        return len(shape.used) > 1
+    return not any(s.dims == shape.used for s in STRATEGIES.values())
+
+
 def _sequential(shape: LayoutShape) -> bool:
     return shape.used == ("pp",) and shape.micro_batches == 1 and shape.schedule == "gpipe"
 
@@ -150,7 +158,7 @@ STRATEGIES: dict[str, StrategySpec] = {
             DIMS,
             "pp x dp x tp on one DeviceMesh",
             pipeline="with_pp",
-            picked_for=lambda shape: len(shape.used) > 1,
+            picked_for=_combined,
         ),
         StrategySpec(
             "auto",

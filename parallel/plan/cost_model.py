@@ -386,7 +386,7 @@ def estimate(candidate: Candidate, *, model: ModelSpec, hardware: HardwareSpec, 
     tp_ar += hardware.tp_collective_s if c.tp > 1 else 0.0
     stage_compute, stage_tp = [], []
     # ranks sharing a node slow each other down (memory bandwidth, caches): measured, see calibrate.py
-    on_node = min(c.dp * c.tp * c.pp, hardware.devices_per_node)
+    on_node = min(c.world_size, hardware.devices_per_node)
     busy = hardware.busy_node_slowdown if on_node > 1 else 1.0
     # CPU ranks beyond the node's cores time-share them (4 ranks of 1 thread on 2 cores: each computes at half speed)
     if hardware.cores_per_node:

@@ -4,6 +4,10 @@ factorizations, the planner's candidates, validation and a DeviceMesh."""
 
 from __future__ import annotations
 
+import importlib
+import pickle
+from dataclasses import fields, replace
+
 import pytest
 from omegaconf import OmegaConf
 
@@ -25,8 +29,22 @@ def test_todays_dimensions_and_rank_order():
         assert layout.coords(r) == {"pp": r // 6, "dp": (r // 3) % 2, "tp": r % 3}
         assert layout.rank_of(**layout.coords(r)) == r
     assert list(layout.to_dict())[:4] == ["strategy", "dp", "tp", "pp"]
+    assert pickle.loads(pickle.dumps(layout)) == layout  # spawned workers receive it pickled
+    assert replace(layout, dp=1).world_size == 6 and replace(layout, nnodes=2).sizes == layout.sizes
     assert factorizations(4) == [(4, 1, 1), (2, 2, 1), (2, 1, 2), (1, 4, 1), (1, 2, 2), (1, 1, 4)]
     assert describe_factorization(2, 1, 2) == "parallel=hybrid dp.size=2 pp.size=2"
+
+
+def test_each_row_names_its_config_class_and_the_root_schema_holds_it():
+    from conf.schema import MeshtrainConfig
+
+    root = {f.name: f for f in fields(MeshtrainConfig)}
+    for d in dims.DIMENSIONS:
+        module, _, name = d.config.rpartition(".")
+        cls = getattr(importlib.import_module(module), name)
+        group, _, leaf = d.key.partition(".")
+        assert leaf == "size" and "size" in {f.name for f in fields(cls)}, d
+        assert root[group].default_factory is cls, d
 
 
 def test_sizes_refuse_an_unknown_dimension_and_a_bad_table(monkeypatch):
@@ -69,12 +87,14 @@ def test_a_new_dimension_reaches_layout_and_rank_map(with_cp):
 
 
 def test_a_new_dimension_reaches_factorizations_strategies_and_candidates(with_cp, compose_cfg):
-    from parallel.plan.search import enumerate_candidates, specs_from_cfg, strategy_of
+    from parallel.plan.search import enumerate_candidates, plan, specs_from_cfg, strategy_of
 
     four = factorizations(4)
     assert len(four) == 10 and all(len(t) == 4 and t[0] * t[1] * t[2] * t[3] == 4 for t in four)
     assert four[0] == (4, 1, 1, 1) and (1, 1, 1, 4) in four and (2, 1, 1, 2) in four
     assert strategy_for(dp=2, cp=2) == "hybrid"
+    assert strategy_for(cp=2) == "hybrid"  # no strategy of its own yet: hybrid composes it
+    assert strategy_for(dp=2, zero_stage=3) == "fsdp" and strategy_for(tp=2) == "tp"  # today's picks unchanged
     assert describe_factorization(2, 1, 1, 2) == "parallel=hybrid dp.size=2 cp.size=2"
     c = Candidate(dp=2, cp=2, micro_batches=2)
     assert c.world_size == 4 and c.cp == 2 and c.coords(3) == {"pp": 0, "dp": 1, "cp": 1, "tp": 0}
@@ -87,6 +107,9 @@ def test_a_new_dimension_reaches_factorizations_strategies_and_candidates(with_c
     assert {tuple(c.sizes) for c in cands} == {("dp", "tp", "pp", "cp")}
     assert all(c.world_size == 4 for c in cands)
     assert {c.cp for c in cands} == {1, 2, 4}
+    ranked = plan(model=model, hardware=hardware, workload=workload).ranked
+    assert {strategy_of(e.candidate) for e in ranked if e.candidate.cp > 1} == {"hybrid"}
+    assert "cp" in ranked[0].to_dict()
 
 
 def test_a_new_dimension_reaches_validation(with_cp, compose_cfg):
