@@ -93,26 +93,28 @@ def factorizations(world_size: int) -> list[tuple[int, ...]]:
 
 
 class Sized:
-    """Read a ``sizes`` mapping's degrees as attributes (``layout.dp``) and derive the world size.
-
-    For frozen dataclasses with a ``sizes`` field; ``with_dim_kwargs`` lets their constructor take the
-    degrees by name too (``ParallelLayout(strategy="hybrid", dp=2, tp=2)``)."""
+    """Degrees per dimension (a ``sizes`` mapping) and what follows from them: world size, mesh shape,
+    coordinates. For frozen dataclasses decorated with ``with_dim_kwargs``, which lets their constructor
+    take the degrees by name (``ParallelLayout(strategy="hybrid", dp=2, tp=2)``) and sets each as a plain
+    attribute (``layout.dp``)."""
 
     sizes: dict[str, int]
 
     def __getattr__(self, name: str) -> Any:
-        # only reached when normal lookup fails: a dimension's degree, 1 when this object predates it
-        sizes = self.__dict__.get("sizes")
-        if sizes is not None and not name.startswith("_") and name in names():
-            return sizes.get(name, 1)
+        # only reached when normal lookup fails: a dimension added to the table after this object was made
+        if not name.startswith("_") and name in names():
+            return 1
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def size(self, name: str) -> int:
-        return int(self.sizes.get(dim(name).name, 1))
+        if name in self.sizes:
+            return self.sizes[name]
+        dim(name)  # refuses a name that is not a dimension
+        return 1  # a dimension added to the table after this object was made
 
     @property
     def world_size(self) -> int:
-        return math.prod(self.size(n) for n in names())
+        return math.prod(self.sizes.values())
 
     @property
     def mesh_shape(self) -> tuple[int, ...]:
@@ -162,7 +164,10 @@ def with_dim_kwargs(cls):
         for n in names():
             if n in kwargs:
                 given[n] = kwargs.pop(n)
-        init(self, *args, sizes=full_sizes(given), **kwargs)
+        sizes = full_sizes(given)
+        init(self, *args, sizes=sizes, **kwargs)
+        for name, size in sizes.items():  # plain attributes: read on every step and in the planner's loops
+            object.__setattr__(self, name, size)
 
     __init__.__doc__ = init.__doc__
     cls.__init__ = __init__
