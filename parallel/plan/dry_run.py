@@ -61,12 +61,15 @@ class DryRunReport:
         }
 
 
-def sample_ranks(*, pp: int, dp: int, tp: int) -> list[int]:
-    """First and last rank of every pipeline stage, and one in the middle of the mesh (ranks are (pp, dp, tp)
-    row-major: ``parallel/core/layout.py``)."""
-    per_stage = dp * tp
-    ranks = {r for s in range(pp) for r in (s * per_stage, (s + 1) * per_stage - 1)}
-    ranks.add(((pp // 2) * dp + dp // 2) * tp + tp // 2)
+def sample_ranks(**sizes: int) -> list[int]:
+    """First and last rank of every pipeline stage, and one in the middle of the mesh, for degrees given by
+    dimension name (``pp=8, dp=32, tp=4``; ranks as ``parallel/core/layout.py`` lays them out)."""
+    c = Candidate(**sizes)
+    others = [n for n in dims.mesh_names() if n != "pp"]
+    ranks = {c.rank_of(**{n: c.size(n) // 2 for n in dims.mesh_names()})}
+    for stage in range(c.pp):
+        ranks.add(c.rank_of(pp=stage, **{n: 0 for n in others}))
+        ranks.add(c.rank_of(pp=stage, **{n: c.size(n) - 1 for n in others}))
     return sorted(ranks)
 
 
@@ -326,7 +329,7 @@ def dry_run(
     est = estimate(c, model=model, hardware=hardware, workload=workload)
     world = c.world_size
     reports = []
-    for rank in ranks if ranks is not None else sample_ranks(pp=c.pp, dp=c.dp, tp=c.tp):
+    for rank in ranks if ranks is not None else sample_ranks(**c.sizes):
         coords = c.coords(rank)
         pp_i = coords["pp"]
         rep = RankReport(rank=rank, coords=coords, stages=[s.index for s in specs if s.pp_rank == pp_i])

@@ -84,6 +84,9 @@ def test_a_new_dimension_reaches_layout_and_rank_map(with_cp):
         assert coords == {"pp": r["rank"] // 8, "dp": r["rank"] // 4 % 2, "cp": r["rank"] // 2 % 2, "tp": r["rank"] % 2}
     assert layout.to_dict()["cp"] == 2
     assert ParallelLayout(strategy="ddp", dp=2).cp == 1  # not given: size 1
+    from parallel.plan.dry_run import sample_ranks
+
+    assert sample_ranks(**layout.sizes) == [0, 7, 8, 15]  # each stage's first and last rank; the middle is 15
 
 
 def test_a_new_dimension_reaches_factorizations_strategies_and_candidates(with_cp, compose_cfg):
