@@ -120,6 +120,12 @@ class Sized:
     def mesh_shape(self) -> tuple[int, ...]:
         return in_mesh_order(self.sizes)
 
+    def stride(self, name: str) -> int:
+        """Ranks between neighbours along dimension ``name``: the product of the sizes inside it in the mesh
+        (1 for the innermost, tp; dp x tp for pp). With ``size`` it says whether a group spans nodes."""
+        inner = mesh_names()[mesh_names().index(dim(name).name) + 1 :]
+        return math.prod(self.size(n) for n in inner)
+
     @property
     def mesh_dim_names(self) -> tuple[str, ...]:
         """``init_device_mesh``'s names for ``mesh_shape``."""

@@ -380,7 +380,7 @@ def estimate(candidate: Candidate, *, model: ModelSpec, hardware: HardwareSpec, 
     # ---- time of one micro-batch on each pipeline rank (forward + backward)
     tokens = b * s
     passes = {"none": 3.0, "selective": 3.0, "full": 4.0}[c.recompute]
-    tp_link = hardware.link_for(span=c.tp, stride=1)
+    tp_link = hardware.link_for(span=c.tp, stride=c.stride("tp"))
     ar_per_layer = tp_collectives_per_layer(model, meshtrain=meshtrain, recompute=c.recompute)
     tp_ar = ring_allreduce_s(tokens * model.d_model * e, n=c.tp, link=tp_link)
     tp_ar += hardware.tp_collective_s if c.tp > 1 else 0.0
@@ -401,7 +401,7 @@ def estimate(candidate: Candidate, *, model: ModelSpec, hardware: HardwareSpec, 
         stage_compute.append((flops * tokens / c.tp / hardware.flops + hardware.microbatch_overhead_s * share) * busy)
         head = TP_HEAD_COLLECTIVES if meshtrain and r == last else 0
         stage_tp.append((len(layers) * ar_per_layer + head) * tp_ar if c.tp > 1 else 0.0)
-    pp_link = hardware.link_for(span=c.pp, stride=c.dp * c.tp) if c.pp > 1 else hardware.p2p
+    pp_link = hardware.link_for(span=c.pp, stride=c.stride("pp")) if c.pp > 1 else hardware.p2p
     if pp_link is hardware.intra:
         pp_link = hardware.p2p
     act_msg = tokens * model.d_model * e / (c.tp if c.sequence_parallel else 1)
@@ -421,7 +421,7 @@ def estimate(candidate: Candidate, *, model: ModelSpec, hardware: HardwareSpec, 
     # ---- once per step: data-parallel gradient reduction and the optimizer
     grad_bytes = worst.grads * (c.dp if c.zero_stage >= 2 else 1)  # full local gradient before reduce-scatter
     volume = grad_bytes * (1.5 if c.zero_stage >= 3 else 1.0)  # ZeRO section 7: P_os+g+p moves 3Ψ vs 2Ψ
-    dp_link = hardware.link_for(span=c.dp, stride=c.tp)
+    dp_link = hardware.link_for(span=c.dp, stride=c.stride("dp"))
     buckets = max(1, math.ceil(grad_bytes / DDP_BUCKET_BYTES))
     dp_total = ring_allreduce_s(volume, n=c.dp, link=dp_link, messages=buckets)
     # bucketed all-reduce overlaps the backward pass (PyTorch DDP, Li et al., VLDB 2020): it hides at most

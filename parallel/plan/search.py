@@ -216,7 +216,7 @@ def seed_reason(ranked: tuple[Estimate, ...], *, model: ModelSpec, hardware: Har
     nic_gbps = hardware.inter.gbps * hardware.devices_per_nic
     if hardware.nnodes > 1 and nic_gbps <= SLOW_LINK_GBPS:
         shared = f" shared by {hardware.devices_per_nic} devices" if hardware.devices_per_nic > 1 else ""
-        if crosses_nodes(span=c.dp, stride=c.tp, hardware=hardware):
+        if crosses_nodes(span=c.dp, stride=c.stride("dp"), hardware=hardware):
             where = (
                 f"dp still crosses nodes: at batch {workload.global_batch_size} x {workload.seq_len} the "
                 "activations pp would send exceed the gradients dp sends"
@@ -224,7 +224,7 @@ def seed_reason(ranked: tuple[Estimate, ...], *, model: ModelSpec, hardware: Har
         else:
             where = (
                 "pp across nodes"
-                if crosses_nodes(span=c.pp, stride=c.dp * c.tp, hardware=hardware)
+                if crosses_nodes(span=c.pp, stride=c.stride("pp"), hardware=hardware)
                 else "all inside one node"
             )
         parts.append(
@@ -323,8 +323,8 @@ def pitfalls(c: Candidate, est: Estimate, *, model: ModelSpec, hardware: Hardwar
     data parallel over slow inter-node links, unbalanced pipeline stages, and activation memory that grows
     with the micro-batches a schedule keeps in flight."""
     out = []
-    if crosses_nodes(span=c.dp, stride=c.tp, hardware=hardware) and est.dp_comm_s > 0.25 * est.step_time_s:
-        spanned = min(hardware.nnodes, -(-c.dp * c.tp // hardware.devices_per_node))
+    if crosses_nodes(span=c.dp, stride=c.stride("dp"), hardware=hardware) and est.dp_comm_s > 0.25 * est.step_time_s:
+        spanned = min(hardware.nnodes, -(-c.dp * c.stride("dp") // hardware.devices_per_node))
         out.append(
             f"dp.size={c.dp} spans {spanned} nodes over {hardware.inter.gbps:g} Gbit/s links per device "
             f"(topology.inter_node_gbps): the gradient all-reduce takes {est.dp_comm_s:.3g} s of a predicted "

@@ -25,6 +25,7 @@ def test_todays_dimensions_and_rank_order():
     layout = ParallelLayout(strategy="hybrid", dp=2, tp=3, pp=2, nproc_per_node=6)
     assert layout.world_size == 12 and layout.mesh_shape == (2, 2, 3)
     assert (layout.dp, layout.tp, layout.pp) == (2, 3, 2)
+    assert [layout.stride(n) for n in ("tp", "dp", "pp")] == [1, 3, 6]  # ranks between group neighbours
     for r in range(12):  # row-major over (pp, dp, tp): tp varies fastest
         assert layout.coords(r) == {"pp": r // 6, "dp": (r // 3) % 2, "tp": r % 3}
         assert layout.rank_of(**layout.coords(r)) == r
@@ -83,6 +84,7 @@ def test_a_new_dimension_reaches_layout_and_rank_map(with_cp):
         assert layout.rank_of(**coords) == r["rank"]
         assert coords == {"pp": r["rank"] // 8, "dp": r["rank"] // 4 % 2, "cp": r["rank"] // 2 % 2, "tp": r["rank"] % 2}
     assert layout.to_dict()["cp"] == 2
+    assert [layout.stride(n) for n in ("tp", "cp", "dp", "pp")] == [1, 2, 4, 8]
     assert ParallelLayout(strategy="ddp", dp=2).cp == 1  # not given: size 1
     from parallel.plan.dry_run import sample_ranks
 
