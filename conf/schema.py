@@ -33,8 +33,7 @@ from parallel.config import (
     TPConfig,
 )
 
-#: trainer.precision values (parallel/core/precision.py) and trainer.activation_checkpointing modes
-PRECISIONS = ("fp32", "bf16-mixed", "bf16")
+#: trainer.activation_checkpointing modes (trainer.precision's values are parallel/core/precision.py's PRECISIONS)
 AC_MODES = ("none", "full", "selective")
 
 #: enum-typed choices of the trainer's keys: a typo fails at compose time (conf/choices.py)

@@ -93,6 +93,11 @@ class ModelSpec:
     """``package.module:OBJECT``, the family's ``models.hf_adapter.HFAdapter``: names, tensors and config
     between meshtrain and a transformers model folder (``model.init_from``, ``python -m trainer.export``)."""
     description: str = ""
+    # ---- what validation asks of the family (trainer/validate.py reads these; no key guesses the family) ----
+    inputs: str | None = "tokens"
+    """What the model consumes: ``tokens`` (data=text, data=tokens) or ``images`` (data=images); None: not checked."""
+    data_check: Callable[[Any, Any], Problems] | None = None
+    """``fn(model, data)``: what the model needs of the data config (the CNN: images big enough for its pooling)."""
 
     def parallelize_fn(self) -> Callable[..., Any]:
         """The tensor-parallel plan function (imported on first use: it imports torch)."""
@@ -115,6 +120,9 @@ class ModelSpec:
 
     def problems(self, model: Any) -> Problems:
         return list(self.check(model)) if self.check is not None else []
+
+    def data_problems(self, model: Any, data: Any) -> Problems:
+        return list(self.data_check(model, data)) if self.data_check is not None else []
 
     def tp_problems(self, model: Any, tp: int) -> Problems:
         if self.parallelize is None:
@@ -144,6 +152,19 @@ def builder_kwargs(model: Any) -> dict[str, Any]:
 
 
 # ---- shared checks of decoder transformers ------------------------------------------------------
+
+
+def size_problems(model: Any, *, positive: Sequence[str], non_negative: dict[str, str] | None = None) -> Problems:
+    """Sizes the constructor would reject: ``positive`` keys must be >= 1, ``non_negative`` keys >= 0 (their
+    value says what 0 means)."""
+    out: Problems = []
+    for key in positive:
+        if key in model and int(model[key]) < 1:
+            out.append(f"model.{key}={model[key]}: must be a positive integer (>= 1)")
+    for key, zero in (non_negative or {}).items():
+        if key in model and int(model[key] or 0) < 0:
+            out.append(f"model.{key}={model[key]}: must be >= 0 ({zero})")
+    return out
 
 
 def transformer_problems(model: Any, *, kv_heads: bool = False) -> Problems:

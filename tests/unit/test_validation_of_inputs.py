@@ -119,7 +119,7 @@ def test_unknown_model_option_is_named(tmp_path):
         ("optim.betas=[1.0,0.9]", "optim.betas=[1.0, 0.9]: must be two numbers in [0, 1)"),
         ("optim.betas=[0.9]", "optim.betas=[0.9]: must be two numbers in [0, 1)"),
         ("optim.min_lr_ratio=1.5", "optim.min_lr_ratio=1.5: must be in [0, 1]"),
-        ("model=cnn_bn", "model=cnn_bn with data=text: the CNN classifies images"),
+        ("model=cnn_bn", "model=cnn_bn with data=text: the model reads images, the data are token sequences"),
         ("data=images", "model=gpt_small with data=images: the model reads token sequences"),
         ("trainer.grad_clip=nan", "trainer.grad_clip=nan: must be a number"),
         ("dp.bucket_cap_mb=0", "dp.bucket_cap_mb=0.0: must be a number of MiB > 0"),
