@@ -2,10 +2,10 @@
 
 Each check reads the composed config (and the layout derived from it) and reports problems as
 "key=value: what is wrong; what would fix it". This module holds the generic checks (layout arithmetic, batch
-division, data, files, the model's memory) and asks the rest of whom they belong to: the model family's
+division, the model's config and memory) and asks the rest of whom they belong to: the model family's
 ``ModelSpec`` (``check``, ``tp_check``, ``inputs``, ``data_check``: models/spec.py), the strategy's
 ``StrategySpec.checks`` (parallel/core/registry.py), and the checks of a concern of their own in
-``trainer/checks/`` (optimizer, compute, run keys, topology). ``CHECKS`` lists them in the order they run. What
+``trainer/checks/`` (data and files, optimizer, compute, run keys, topology). ``CHECKS`` lists them in the order they run. What
 the schema types (enums: pp.schedule, topology.backend, optim.decay ...) fails at compose and is not re-checked.
 No torch import: refusing takes well under a second.
 """
@@ -13,7 +13,6 @@ No torch import: refusing takes well under a second.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -30,14 +29,13 @@ from parallel.core.memory import rank_budget_bytes
 from parallel.core.registry import DIMS, STRATEGIES, checks_for, strategy_spec
 from parallel.core.strategy_checks import nearest_multiples as _nearest_multiples
 from trainer.checks.compute import check_precision
-from trainer.checks.findings import Check, ConfigError, Findings, number
+from trainer.checks.data import check_data
+from trainer.checks.findings import Check, ConfigError, Findings
 from trainer.checks.optim import check_optim
 from trainer.checks.run import check_debug, check_trainer
 from trainer.checks.topology import check_backend, check_topology
 from trainer.hf.checks import check_init_from
 from trainer.launch.environment import ExternalLaunch, detect_external_launch
-
-__all__ = ["ConfigError", "Findings", "ValidatedRun", "build_layout", "validate", "resolved_container"]
 
 
 @dataclass(frozen=True)
@@ -216,48 +214,6 @@ def check_batch(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
         f.error(
             f"data.micro_batch_size={mbs} does not divide the {per_rank} samples per replica "
             f"(data.global_batch_size={gbs} / dp.size={layout.dp}); choose a divisor of {per_rank}"
-        )
-
-
-VAL_OBJECTIVES = ("val_loss", "best_val_loss", "val_ppl")
-
-
-def check_data(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
-    path = cfg.data.get("path")
-    prepared = cfg.data.get("name") == "tokens"
-    if prepared and not path:
-        f.error(
-            "data=tokens needs data.path=<folder written by `python -m trainer.data.prepare --input FILES "
-            "--output FOLDER`>; or use data=text (byte-level, no preparation)"
-        )
-    elif path and not os.path.exists(os.path.expanduser(str(path))):
-        what = "a prepared dataset folder" if prepared else "a UTF-8 text file or a .npy/.bin token file"
-        f.error(f"data.path={path}: no such file or folder; point it at {what}")
-    if str(cfg.trainer.objective) in VAL_OBJECTIVES and int(cfg.trainer.eval_every) <= 0:
-        f.error(
-            f"trainer.objective={cfg.trainer.objective} needs an evaluation: set trainer.eval_every to a "
-            "positive number of steps"
-        )
-    if "val_fraction" in cfg.data and not 0 <= float(cfg.data.val_fraction) < 1:
-        f.error(f"data.val_fraction={cfg.data.val_fraction}: must be in [0, 1)")
-    for key in ("channels", "num_classes", "image_size", "max_bytes"):  # image and corpus sizes
-        if key in cfg.data and int(cfg.data[key]) < 1:
-            f.error(f"data.{key}={cfg.data[key]}: must be a positive integer (>= 1)")
-    if "noise" in cfg.data:
-        noise = number(cfg.data.noise)
-        f.require("data.noise", cfg.data.noise, noise is not None and noise >= 0, "must be >= 0")
-    model = cfg.model
-    spec = model_spec(cfg)
-    longest = spec.max_seq_len(model) if spec is not None and spec.max_seq_len is not None else None
-    if longest is not None and longest < int(cfg.data.seq_len):
-        f.error(
-            f"data.seq_len={cfg.data.seq_len} exceeds model.max_seq_len={longest}; "
-            f"lower data.seq_len or raise model.max_seq_len"
-        )
-    if model.get("planner_only", False):
-        f.error(
-            f"model={model.name} is a description for the planner, too big to build here; plan it with "
-            f"python -m parallel.plan model={model.name} topology=..., or train model=gpt_small"
         )
 
 
