@@ -22,7 +22,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from conf.choices import choices
-from models.registry import MODEL_SCHEMAS
+from models.registry import model_schemas
 from parallel.config import (
     DPConfig,
     MPConfig,
@@ -249,7 +249,7 @@ SCHEMA_ROOT = "schema"
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="meshtrain_schema", node=MeshtrainConfig)
-    for name, node in MODEL_SCHEMAS.items():
+    for name, node in model_schemas().items():  # every family registered by now
         cs.store(group=f"{SCHEMA_ROOT}/model", name=name.removesuffix("_schema"), node=node)
     cs.store(group=f"{SCHEMA_ROOT}/data", name="text", node=TextDataConfig)
     cs.store(group=f"{SCHEMA_ROOT}/data", name="tokens", node=TokensDataConfig)

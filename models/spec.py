@@ -110,7 +110,7 @@ class ModelSpec:
         if self.hf_adapter is None:
             raise ValueError(
                 f"model family '{self.family}' has no Hugging Face adapter (ModelSpec.hf_adapter): its weights cannot "
-                "be read from or written to a transformers model folder; the llama, qwen3 and gpt families have one "
+                "be read from or written to a transformers model folder; a family gets one with ModelSpec.hf_adapter "
                 "(docs/models.md, 'Hugging Face in and out')"
             )
         return import_object(self.hf_adapter)
