@@ -4,7 +4,8 @@ Validation, the strategies and the planner ask a model's spec instead of testing
 
 - ``config``: the config schema (dataclass) its YAML extends; validation also checks a user's model
   config against it;
-- ``builder``: the import path of the ``nn.Module`` class (the default ``_target_``);
+- ``family`` / ``builder``: its name and the import path of the ``nn.Module`` class, taken from its config's
+  ``family`` and ``_target_`` (written once, there);
 - ``parallelize``: ``"module:function"`` of its tensor-parallel plan, imported only when tp > 1; ``None``
   means the family cannot run with tp > 1 (validation refuses it before spawn);
 - ``pipeline``: how the model splits into pipeline units (the parts before the blocks, the blocks in
@@ -13,6 +14,7 @@ Validation, the strategies and the planner ask a model's spec instead of testing
 - ``shape``: parameter and FLOP formulas (``models/shape.py``), for the planner, the memory check and MFU;
 - ``check`` / ``tp_check``: what the config's sizes must satisfy, alone and for a tensor-parallel degree;
   each returns the problems as "key=value: what is wrong; the fix";
+- ``inputs`` / ``data_check``: what the model consumes (tokens or images) and needs of the data config;
 - ``hf_adapter``: ``"module:OBJECT"`` of its Hugging Face adapter (``models/hf_adapter.py``), imported only
   when a run reads or writes a transformers model folder; ``None``: no way in or out.
 

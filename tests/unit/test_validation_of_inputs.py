@@ -177,3 +177,17 @@ def test_override_that_does_not_compose_exits_2(tmp_path, full_error):
     assert not (run.run_dir / "logs").exists()
     # HYDRA_FULL_ERROR=1 is what users set to debug: the whole trace, and still the documented code
     assert ("Traceback (most recent call last)" in run.proc.stderr) == bool(full_error), run.proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    "model, rule",
+    [
+        ("gpt_small", "0 means 4 * model.d_model"),
+        ("llama_debug", "0 means Llama's rule"),
+        ("qwen3_debug", "0 means Llama's rule"),
+    ],
+)
+def test_each_family_answers_with_its_own_rule(compose_cfg, model, rule):
+    """The family's spec checks its sizes (no key guesses the family): a Llama's d_ff gets Llama's default."""
+    msg = _problems(compose_cfg(f"model={model}", "model.d_ff=-1"))
+    assert f"model.d_ff=-1: must be >= 0 ({rule}" in msg
