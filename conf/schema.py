@@ -22,7 +22,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from conf.choices import choices
-from models.registry import MODEL_SCHEMAS
+from models.registry import model_schemas
 from parallel.config import (
     DPConfig,
     MPConfig,
@@ -33,8 +33,7 @@ from parallel.config import (
     TPConfig,
 )
 
-#: trainer.precision values (parallel/core/precision.py) and trainer.activation_checkpointing modes
-PRECISIONS = ("fp32", "bf16-mixed", "bf16")
+#: trainer.activation_checkpointing modes (trainer.precision's values are parallel/core/precision.py's PRECISIONS)
 AC_MODES = ("none", "full", "selective")
 
 #: enum-typed choices of the trainer's keys: a typo fails at compose time (conf/choices.py)
@@ -250,7 +249,7 @@ SCHEMA_ROOT = "schema"
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="meshtrain_schema", node=MeshtrainConfig)
-    for name, node in MODEL_SCHEMAS.items():
+    for name, node in model_schemas().items():  # every family registered by now
         cs.store(group=f"{SCHEMA_ROOT}/model", name=name.removesuffix("_schema"), node=node)
     cs.store(group=f"{SCHEMA_ROOT}/data", name="text", node=TextDataConfig)
     cs.store(group=f"{SCHEMA_ROOT}/data", name="tokens", node=TokensDataConfig)

@@ -4,7 +4,8 @@ Validation, the strategies and the planner ask a model's spec instead of testing
 
 - ``config``: the config schema (dataclass) its YAML extends; validation also checks a user's model
   config against it;
-- ``builder``: the import path of the ``nn.Module`` class (the default ``_target_``);
+- ``family`` / ``builder``: its name and the import path of the ``nn.Module`` class, taken from its config's
+  ``family`` and ``_target_`` (written once, there);
 - ``parallelize``: ``"module:function"`` of its tensor-parallel plan, imported only when tp > 1; ``None``
   means the family cannot run with tp > 1 (validation refuses it before spawn);
 - ``pipeline``: how the model splits into pipeline units (the parts before the blocks, the blocks in
@@ -13,6 +14,7 @@ Validation, the strategies and the planner ask a model's spec instead of testing
 - ``shape``: parameter and FLOP formulas (``models/shape.py``), for the planner, the memory check and MFU;
 - ``check`` / ``tp_check``: what the config's sizes must satisfy, alone and for a tensor-parallel degree;
   each returns the problems as "key=value: what is wrong; the fix";
+- ``inputs`` / ``data_check``: what the model consumes (tokens or images) and needs of the data config;
 - ``hf_adapter``: ``"module:OBJECT"`` of its Hugging Face adapter (``models/hf_adapter.py``), imported only
   when a run reads or writes a transformers model folder; ``None``: no way in or out.
 
@@ -93,6 +95,11 @@ class ModelSpec:
     """``package.module:OBJECT``, the family's ``models.hf_adapter.HFAdapter``: names, tensors and config
     between meshtrain and a transformers model folder (``model.init_from``, ``python -m trainer.export``)."""
     description: str = ""
+    # ---- what validation asks of the family (trainer/validate.py reads these; no key guesses the family) ----
+    inputs: str | None = "tokens"
+    """What the model consumes: ``tokens`` (data=text, data=tokens) or ``images`` (data=images); None: not checked."""
+    data_check: Callable[[Any, Any], Problems] | None = None
+    """``fn(model, data)``: what the model needs of the data config (the CNN: images big enough for its pooling)."""
 
     def parallelize_fn(self) -> Callable[..., Any]:
         """The tensor-parallel plan function (imported on first use: it imports torch)."""
@@ -105,7 +112,7 @@ class ModelSpec:
         if self.hf_adapter is None:
             raise ValueError(
                 f"model family '{self.family}' has no Hugging Face adapter (ModelSpec.hf_adapter): its weights cannot "
-                "be read from or written to a transformers model folder; the llama, qwen3 and gpt families have one "
+                "be read from or written to a transformers model folder; a family gets one with ModelSpec.hf_adapter "
                 "(docs/models.md, 'Hugging Face in and out')"
             )
         return import_object(self.hf_adapter)
@@ -115,6 +122,9 @@ class ModelSpec:
 
     def problems(self, model: Any) -> Problems:
         return list(self.check(model)) if self.check is not None else []
+
+    def data_problems(self, model: Any, data: Any) -> Problems:
+        return list(self.data_check(model, data)) if self.data_check is not None else []
 
     def tp_problems(self, model: Any, tp: int) -> Problems:
         if self.parallelize is None:
@@ -144,6 +154,19 @@ def builder_kwargs(model: Any) -> dict[str, Any]:
 
 
 # ---- shared checks of decoder transformers ------------------------------------------------------
+
+
+def size_problems(model: Any, *, positive: Sequence[str], non_negative: dict[str, str] | None = None) -> Problems:
+    """Sizes the constructor would reject: ``positive`` keys must be >= 1, ``non_negative`` keys >= 0 (their
+    value says what 0 means)."""
+    out: Problems = []
+    for key in positive:
+        if key in model and int(model[key]) < 1:
+            out.append(f"model.{key}={model[key]}: must be a positive integer (>= 1)")
+    for key, zero in (non_negative or {}).items():
+        if key in model and int(model[key] or 0) < 0:
+            out.append(f"model.{key}={model[key]}: must be >= 0 ({zero})")
+    return out
 
 
 def transformer_problems(model: Any, *, kv_heads: bool = False) -> Problems:

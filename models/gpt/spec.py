@@ -6,7 +6,14 @@ from typing import Any
 
 from models.gpt.config import GPTConfig, GPTDescriptionConfig
 from models.shape import ModelShape
-from models.spec import ModelSpec, PipelineUnits, tied_tp_problems, transformer_problems, transformer_tp_problems
+from models.spec import (
+    ModelSpec,
+    PipelineUnits,
+    size_problems,
+    tied_tp_problems,
+    transformer_problems,
+    transformer_tp_problems,
+)
 
 #: ``model.activation`` -> the GELU variant (``approximate`` of ``F.gelu``): exact, or GPT-2's tanh approximation
 ACTIVATIONS = {"gelu": "none", "gelu_tanh": "tanh"}
@@ -34,12 +41,26 @@ def gpt_shape(model: Any) -> ModelShape:
 
 
 def gpt_problems(model: Any) -> list[str]:
+    out = size_problems(
+        model,
+        positive=("vocab_size", "n_layers", "d_model", "n_heads"),
+        non_negative={"d_ff": "0 means 4 * model.d_model"},
+    )
+    if out:
+        return out  # the rules below divide by these sizes
     out = transformer_problems(model)
+    dropout = model.get("dropout", 0.0)
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        out.append(f"model.dropout={dropout}: must be in [0, 1)")
     widths = [int(w) for w in (model.get("layer_d_ff") or [])]
-    if widths and len(widths) != int(model.n_layers):
+    n = int(model.n_layers)
+    if widths and len(widths) != n:
         out.append(
-            f"model.layer_d_ff has {len(widths)} entries for model.n_layers={model.n_layers}; give one width per block"
+            f"model.layer_d_ff={widths}: {len(widths)} width(s) for model.n_layers={n}; give one width per "
+            f"block ({n} entries), or [] to use model.d_ff everywhere"
         )
+    if any(w < 1 for w in widths):
+        out.append(f"model.layer_d_ff={widths}: every feed-forward width must be >= 1")
     activation = model.get("activation", "gelu")
     if activation not in ACTIVATIONS:
         out.append(f"model.activation={activation}: use one of {', '.join(ACTIVATIONS)} (gelu_tanh: GPT-2's)")
@@ -51,8 +72,8 @@ def gpt_tp_problems(model: Any, tp: int) -> list[str]:
 
 
 SPEC = ModelSpec(
-    family="gpt",
-    builder="models.gpt.model.GPT",
+    family=GPTConfig.family,
+    builder=GPTConfig._target_,
     config=GPTConfig,
     schemas={"gpt_schema": GPTConfig, "gpt_description_schema": GPTDescriptionConfig},
     parallelize="models.gpt.parallelize:parallelize_gpt",

@@ -6,7 +6,14 @@ from typing import Any
 
 from models.llama.config import LlamaConfig
 from models.shape import ModelShape
-from models.spec import ModelSpec, PipelineUnits, tied_tp_problems, transformer_problems, transformer_tp_problems
+from models.spec import (
+    ModelSpec,
+    PipelineUnits,
+    size_problems,
+    tied_tp_problems,
+    transformer_problems,
+    transformer_tp_problems,
+)
 
 
 def ffn_width(model: Any) -> int:
@@ -39,7 +46,18 @@ def llama_shape(model: Any) -> ModelShape:
     )
 
 
+#: sizes every Llama-style config must give (>= 1), and those where 0 picks a default (>= 0)
+POSITIVE = ("vocab_size", "n_layers", "d_model", "n_heads")
+DEFAULTED = {
+    "n_kv_heads": "0 means model.n_heads",
+    "d_ff": "0 means Llama's rule: 8/3 x model.d_model rounded up to a multiple of 64",
+}
+
+
 def llama_problems(model: Any) -> list[str]:
+    out = size_problems(model, positive=POSITIVE, non_negative=DEFAULTED)
+    if out:
+        return out  # the rules below divide by these sizes
     out = transformer_problems(model, kv_heads=True) + rope_scaling_problems(model)
     heads, d_model = int(model.n_heads), int(model.d_model)
     if heads and d_model % heads == 0 and (d_model // heads) % 2:
@@ -70,8 +88,8 @@ def llama_tp_problems(model: Any, tp: int) -> list[str]:
 
 
 SPEC = ModelSpec(
-    family="llama",
-    builder="models.llama.model.Llama",
+    family=LlamaConfig.family,
+    builder=LlamaConfig._target_,
     config=LlamaConfig,
     schemas={"llama_schema": LlamaConfig},
     parallelize="models.llama.parallelize:parallelize_llama",

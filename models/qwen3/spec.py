@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from models.llama.spec import kv_heads, llama_shape, llama_tp_problems, rope_scaling_problems
+from models.llama.spec import DEFAULTED, POSITIVE, kv_heads, llama_shape, llama_tp_problems, rope_scaling_problems
 from models.qwen3.config import Qwen3Config
 from models.shape import ModelShape
-from models.spec import ModelSpec, PipelineUnits
+from models.spec import ModelSpec, PipelineUnits, size_problems
 
 
 def head_dim(model: Any) -> int:
@@ -23,6 +23,9 @@ def qwen3_shape(model: Any) -> ModelShape:
 
 
 def qwen3_problems(model: Any) -> list[str]:
+    out = size_problems(model, positive=POSITIVE, non_negative={**DEFAULTED, "head_dim": "0 means d_model / n_heads"})
+    if out:
+        return out  # the rules below divide by these sizes
     out = rope_scaling_problems(model)
     heads, kv = int(model.n_heads), kv_heads(model)
     if heads < 1 or kv < 1 or heads % kv:
@@ -45,8 +48,8 @@ def qwen3_problems(model: Any) -> list[str]:
 
 
 SPEC = ModelSpec(
-    family="qwen3",
-    builder="models.qwen3.model.Qwen3",
+    family=Qwen3Config.family,
+    builder=Qwen3Config._target_,
     config=Qwen3Config,
     schemas={"qwen3_schema": Qwen3Config},
     parallelize="models.qwen3.parallelize:parallelize_qwen3",

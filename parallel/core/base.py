@@ -25,7 +25,7 @@ from torch import nn
 
 from parallel.core.grad_clip import clip_grad_norm_
 from parallel.core.layout import ParallelLayout
-from parallel.core.memory import BuildPeak, tensor_bytes
+from parallel.core.memory import BuildPeak, rank_budget_bytes, tensor_bytes
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -74,7 +74,7 @@ class WorkerContext:
 
         if self.weights_from_checkpoint:
             return "meta"
-        budget = float(self.cfg.topology.device_memory_gb) * 1e9 * float(self.cfg.planner.memory_fraction)
+        budget = rank_budget_bytes(self.cfg)
         requested = str(self.cfg.model.get("init_device", "auto"))
         return resolve_init_device(requested, full_fp32_bytes=self.full_fp32_bytes(), budget_bytes=budget)
 

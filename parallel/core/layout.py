@@ -88,7 +88,15 @@ DDP_IN_PIPELINE = (
 )
 
 
+def dp_needs_fsdp(*, dp: int, tp: int, pp: int) -> bool:
+    """The one rule: a dp dimension beside tp or pp is FSDP2 (``fully_shard``), never DDP (``why_dp_needs_fsdp``)."""
+    return dp > 1 and (tp > 1 or pp > 1)
+
+
 def why_dp_needs_fsdp(layout: ParallelLayout) -> str:
+    """Why ``dp_needs_fsdp`` holds for this layout, one reason per dimension ("" when it does not)."""
+    if not dp_needs_fsdp(dp=layout.dp, tp=layout.tp, pp=layout.pp):
+        return ""
     reasons = []
     if layout.tp > 1:
         reasons.append(f"tp.size={layout.tp}: {DDP_OVER_DTENSOR}")

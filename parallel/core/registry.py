@@ -13,8 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from parallel.core import dims
+from parallel.core.strategy_checks import tensor_parallel_problems
+from parallel.pipeline.checks import pipeline_problems, sequential_problems
 
 #: the mesh dimension names in written order, as the table (``parallel/core/dims.py``) stood at import
 DIMS = dims.names()
@@ -59,6 +62,11 @@ class StrategySpec:
     picked_for: Callable[[LayoutShape], bool] | None = None
     """The layouts the planner (and the "layouts that fit" hint) trains with this strategy; None: never
     picked. ``STRATEGIES`` is searched in order, the first match wins."""
+    # ---- what validation asks of the strategy ----
+    checks: tuple[Callable[[Any, Any], list[str]], ...] = ()
+    """``fn(cfg, layout) -> problems``: the strategy's own rules, run by ``trainer/validate.py`` before any worker
+    starts (torch-free functions beside the strategy's facts: ``parallel/pipeline/checks.py``,
+    ``parallel/core/strategy_checks.py``)."""
 
     @property
     def split_points_key(self) -> str:
@@ -136,6 +144,7 @@ STRATEGIES: dict[str, StrategySpec] = {
             pipeline="always",
             sequential=True,
             picked_for=_sequential,
+            checks=(sequential_problems, pipeline_problems),
         ),
         StrategySpec(
             "tp",
@@ -143,6 +152,7 @@ STRATEGIES: dict[str, StrategySpec] = {
             ("tp",),
             "tensor parallel (DTensor): projections split column-/row-wise over tp ranks",
             picked_for=_only("tp"),
+            checks=(tensor_parallel_problems,),
         ),
         StrategySpec(
             "pp",
@@ -151,6 +161,7 @@ STRATEGIES: dict[str, StrategySpec] = {
             "pipeline parallel: micro-batches flow through the stages under pp.schedule",
             pipeline="always",
             picked_for=_only("pp"),
+            checks=(pipeline_problems,),
         ),
         StrategySpec(
             "hybrid",
@@ -159,6 +170,7 @@ STRATEGIES: dict[str, StrategySpec] = {
             "pp x dp x tp on one DeviceMesh",
             pipeline="with_pp",
             picked_for=_combined,
+            checks=(pipeline_problems, tensor_parallel_problems),
         ),
         StrategySpec(
             "auto",
@@ -204,6 +216,15 @@ def strategy_for(
         if spec.picked_for is not None and spec.picked_for(shape):
             return spec.name
     raise ValueError(f"no strategy trains {shape}")  # pragma: no cover - hybrid takes every multi-dim layout
+
+
+def checks_for(name: str) -> tuple[Callable[[Any, Any], list[str]], ...]:
+    """The checks validation runs for ``parallel.name``: the strategy's own; for a user's own strategy every
+    built-in one (each says nothing where its dimension is unused)."""
+    spec = STRATEGIES.get(str(name))
+    if spec is not None:
+        return spec.checks
+    return tuple(dict.fromkeys(c for s in STRATEGIES.values() for c in s.checks))
 
 
 def plannable() -> list[StrategySpec]:

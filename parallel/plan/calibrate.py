@@ -39,7 +39,7 @@ from dataclasses import replace
 from typing import Any
 
 from parallel.plan.cost_model import Candidate, estimate
-from parallel.plan.specs import HardwareSpec, Link, ModelSpec, Workload
+from parallel.plan.specs import HardwareSpec, Link, ModelShape, Workload
 
 MAX_BUILD_PARAMS = 50_000_000
 COMM_SIZES = (64 * 1024, 4 * 2**20)
@@ -135,7 +135,7 @@ def measure_compute(model_cfg: Any, *, seq_len: int, threads: int) -> dict[str, 
     from models.gpt.model import GPT
 
     torch.set_num_threads(threads)
-    spec = ModelSpec.from_cfg(model_cfg)
+    spec = ModelShape.from_cfg(model_cfg)
     kwargs = dict(
         vocab_size=spec.vocab_size,
         n_layers=spec.n_layers,
@@ -150,7 +150,7 @@ def measure_compute(model_cfg: Any, *, seq_len: int, threads: int) -> dict[str, 
         seq_len = min(seq_len, 256)
     torch.manual_seed(0)
     model = GPT(**kwargs)
-    measured = ModelSpec(
+    measured = ModelShape(
         name="calib",
         n_layers=kwargs["n_layers"],
         d_model=spec.d_model,

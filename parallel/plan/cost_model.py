@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 from parallel.core.dims import Sized, with_dim_kwargs
 from parallel.pipeline.schedules import SCHEDULES, schedule_spec, stage_to_rank
-from parallel.plan.specs import HardwareSpec, Link, ModelSpec, Workload
+from parallel.plan.specs import HardwareSpec, Link, ModelShape, Workload
 
 #: schedules the cost model knows (their bubble and in-flight rules are on ``ScheduleSpec``)
 MODELED_SCHEDULES = tuple(name for name, spec in SCHEDULES.items() if spec.modeled)
@@ -147,7 +147,7 @@ def last_chunk_rank(*, pp: int, schedule: str, stages_per_rank: int) -> int:
 # ---- memory terms -----------------------------------------------------------------------------
 
 
-def rank_params(model: ModelSpec, layers: list[int], *, first: bool, last: bool, tp: int, meshtrain: bool) -> float:
+def rank_params(model: ModelShape, layers: list[int], *, first: bool, last: bool, tp: int, meshtrain: bool) -> float:
     """Parameters one tensor-parallel rank of a pipeline rank holds (before data-parallel sharding).
 
     Megatron-LM shards every block's matrices, the vocabulary-parallel embedding and the head over t
@@ -185,7 +185,7 @@ def model_state_bytes(
 
 
 def layer_activation_bytes(
-    model: ModelSpec,
+    model: ModelShape,
     layer: int,
     *,
     seq_len: int,
@@ -218,7 +218,7 @@ def layer_activation_bytes(
 
 
 def saved_layer_activation_bytes(
-    model: ModelSpec,
+    model: ModelShape,
     layer: int,
     *,
     seq_len: int,
@@ -254,7 +254,7 @@ def saved_layer_activation_bytes(
     return norm_in + normed + attention + mlp
 
 
-def logits_bytes(model: ModelSpec, *, seq_len: int, micro_batch: int, tp: int, element_bytes: int) -> float:
+def logits_bytes(model: ModelShape, *, seq_len: int, micro_batch: int, tp: int, element_bytes: int) -> float:
     """The last stage keeps the logits (s·b·V) and an fp32 copy for cross entropy, split over t by the
     vocabulary-parallel head (Megatron-LM). Our estimate; arXiv 2205.05198 section 4.3 counts the output
     layer's 4sbh·V-scale term the same way."""
@@ -310,7 +310,7 @@ def ring_allreduce_s(nbytes: float, *, n: int, link: Link, messages: int = 1) ->
     return 2 * (n - 1) / n * nbytes / link.bytes_per_s + 2 * (n - 1) * link.latency_s * messages
 
 
-def tp_collectives_per_layer(model: ModelSpec, *, meshtrain: bool, recompute: str = "none") -> int:
+def tp_collectives_per_layer(model: ModelShape, *, meshtrain: bool, recompute: str = "none") -> int:
     """Tensor-parallel all-reduces of one block per micro-batch. Megatron-LM (arXiv 2104.04473 section 3.2):
     2 forward (attention and MLP outputs) + 2 backward (their inputs' gradients, one fused f operator each).
     meshtrain's DTensor plan all-reduces the input gradient of every column-wise projection on its own: wq,
@@ -332,7 +332,7 @@ def p2p_s(nbytes: float, *, link: Link) -> float:
 # ---- the estimate -----------------------------------------------------------------------------
 
 
-def estimate(candidate: Candidate, *, model: ModelSpec, hardware: HardwareSpec, workload: Workload) -> Estimate:
+def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec, workload: Workload) -> Estimate:
     """Memory of the fullest rank and time of one optimizer step for ``candidate``."""
     c, s = candidate, workload.seq_len
     v = c.stages_per_rank if c.pp > 1 else 1

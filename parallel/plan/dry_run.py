@@ -26,7 +26,7 @@ from typing import Any
 from parallel.core import dims
 from parallel.core.state_bytes import model_state_bytes
 from parallel.plan.cost_model import Candidate, estimate
-from parallel.plan.specs import HardwareSpec, ModelSpec, Workload
+from parallel.plan.specs import HardwareSpec, ModelShape, Workload
 
 
 @dataclass
@@ -208,7 +208,7 @@ class DryRunError(RuntimeError):
     """A layout that cannot be built: which step failed on which rank, torch's reason and the fix."""
 
 
-def _fix_for(phase: str, c: Candidate, model: ModelSpec) -> str:
+def _fix_for(phase: str, c: Candidate, model: ModelShape) -> str:
     if phase == "tensor-parallel plan":
         return f"use a tp.size dividing model.n_heads={model.n_heads} and model.d_model={model.d_model} (now {c.tp})"
     if phase == "schedule":
@@ -227,7 +227,7 @@ def _measure_rank(
     c: Candidate,
     meta_model,
     specs,
-    model: ModelSpec,
+    model: ModelShape,
     workload: Workload,
     sequence_parallel: bool,
     mixed: bool,
@@ -307,7 +307,7 @@ def dry_run(
     *,
     model_cfg: Any,
     candidate: Candidate,
-    model: ModelSpec,
+    model: ModelShape,
     hardware: HardwareSpec,
     workload: Workload,
     sequence_parallel: bool | None = None,

@@ -21,7 +21,7 @@ from parallel.core.layout import ParallelLayout, factorizations
 from parallel.core.registry import STRATEGIES, TRAINABLE_RECOMPUTE, TRAINABLE_ZERO_STAGES, plannable, strategy_for
 from parallel.pipeline.schedules import SCHEDULES, schedule_spec
 from parallel.plan.cost_model import Candidate, Estimate, estimate
-from parallel.plan.specs import GB, TRAINER_PRECISION, HardwareSpec, ModelSpec, PlanError, Workload
+from parallel.plan.specs import GB, TRAINER_PRECISION, HardwareSpec, ModelShape, PlanError, Workload
 
 DEEP_LAYERS = 50
 """The seed's "deep" threshold: from about 50 layers, pipeline stages beat splitting each layer."""
@@ -35,7 +35,7 @@ MAX_MICRO_BATCH_OPTIONS = 8
 
 @dataclass(frozen=True)
 class Plan:
-    model: ModelSpec
+    model: ModelShape
     hardware: HardwareSpec
     workload: Workload
     ranked: tuple[Estimate, ...]
@@ -139,7 +139,7 @@ def schedules_for(*, pp: int, m: int, n_layers: int) -> Iterator[tuple[str, int]
             yield spec.name, v
 
 
-def enumerate_candidates(*, model: ModelSpec, hardware: HardwareSpec, workload: Workload) -> Iterator[Candidate]:
+def enumerate_candidates(*, model: ModelShape, hardware: HardwareSpec, workload: Workload) -> Iterator[Candidate]:
     B = workload.global_batch_size
     for degrees in factorizations(hardware.world_size):
         sizes = dict(zip(dims.names(), degrees, strict=True))
@@ -162,7 +162,9 @@ def enumerate_candidates(*, model: ModelSpec, hardware: HardwareSpec, workload: 
                             )
 
 
-def plan(*, model: ModelSpec, hardware: HardwareSpec, workload: Workload, allowed: Iterable[str] | None = None) -> Plan:
+def plan(
+    *, model: ModelShape, hardware: HardwareSpec, workload: Workload, allowed: Iterable[str] | None = None
+) -> Plan:
     """Rank every candidate (only those ``trainable`` with ``allowed`` strategies, when given)."""
     allowed = tuple(allowed) if allowed is not None else None
     fits, misses = [], []
@@ -189,7 +191,7 @@ def plan(*, model: ModelSpec, hardware: HardwareSpec, workload: Workload, allowe
 # ---- the seed's decision tree, as the reason -------------------------------------------------
 
 
-def one_device_need(*, model: ModelSpec, hardware: HardwareSpec, workload: Workload) -> Estimate:
+def one_device_need(*, model: ModelShape, hardware: HardwareSpec, workload: Workload) -> Estimate:
     """The whole model on one device, micro-batch of one sample: the seed's "fits one device" test."""
     c = Candidate(micro_batches=workload.global_batch_size)
     return estimate(c, model=model, hardware=hardware, workload=workload)
@@ -199,7 +201,7 @@ def crosses_nodes(*, span: int, stride: int, hardware: HardwareSpec) -> bool:
     return hardware.nnodes > 1 and span > 1 and span * stride > hardware.devices_per_node
 
 
-def seed_reason(ranked: tuple[Estimate, ...], *, model: ModelSpec, hardware: HardwareSpec, workload: Workload) -> str:
+def seed_reason(ranked: tuple[Estimate, ...], *, model: ModelShape, hardware: HardwareSpec, workload: Workload) -> str:
     best = ranked[0]
     c = best.candidate
     single = one_device_need(model=model, hardware=hardware, workload=workload)
@@ -240,9 +242,9 @@ def seed_reason(ranked: tuple[Estimate, ...], *, model: ModelSpec, hardware: Har
 # ---- from the config --------------------------------------------------------------------------
 
 
-def specs_from_cfg(cfg: DictConfig, *, calibrate: bool | None = None) -> tuple[ModelSpec, HardwareSpec, Workload]:
+def specs_from_cfg(cfg: DictConfig, *, calibrate: bool | None = None) -> tuple[ModelShape, HardwareSpec, Workload]:
     """Model, hardware (measured when ``topology.calibrate``) and workload of a composed config."""
-    model = ModelSpec.from_cfg(cfg.model)
+    model = ModelShape.from_cfg(cfg.model)
     hardware = HardwareSpec.from_cfg(cfg.topology)
     if calibrate if calibrate is not None else bool(cfg.topology.get("calibrate", False)):
         from parallel.plan.calibrate import calibrate_hardware
@@ -318,7 +320,9 @@ def unresolved_auto(**_: Any) -> None:
     raise PlanError("parallel=auto reached a worker unresolved: run it through train.py, which plans it first")
 
 
-def pitfalls(c: Candidate, est: Estimate, *, model: ModelSpec, hardware: HardwareSpec, workload: Workload) -> list[str]:
+def pitfalls(
+    c: Candidate, est: Estimate, *, model: ModelShape, hardware: HardwareSpec, workload: Workload
+) -> list[str]:
     """The seed's three traps for one layout, each with the numbers that trigger it (the cost model's terms):
     data parallel over slow inter-node links, unbalanced pipeline stages, and activation memory that grows
     with the micro-batches a schedule keeps in flight."""
