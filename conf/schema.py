@@ -15,23 +15,17 @@ config from another group. This module imports no torch: validation must stay fa
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from dataclasses import dataclass, field, fields, make_dataclass
+from typing import Any, List, Optional, get_type_hints
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from conf.choices import choices
 from models.registry import model_schemas
-from parallel.config import (
-    DPConfig,
-    MPConfig,
-    ParallelConfig,
-    PlannerConfig,
-    PPConfig,
-    TopologyConfig,
-    TPConfig,
-)
+from models.spec import import_object
+from parallel.config import MPConfig, ParallelConfig, PlannerConfig, TopologyConfig
+from parallel.core import dims
 
 #: trainer.activation_checkpointing modes (trainer.precision's values are parallel/core/precision.py's PRECISIONS)
 AC_MODES = ("none", "full", "selective")
@@ -221,14 +215,20 @@ class DebugConfig:
 SCHEDULE_KEYS = ("name", "warmup_steps", "decay", "min_lr_ratio", "scheduler")
 
 
-@dataclass
-class MeshtrainConfig:
-    """The root: every group, typed."""
+def _dimension_groups() -> list[tuple[str, type, Any]]:
+    """One root field per mesh dimension (``dp``, ``tp``, ``pp``), typed by the class its row of
+    ``parallel/core/dims.py`` names: a new dimension's config group needs no line here."""
+    out = []
+    for d in dims.DIMENSIONS:
+        cls = import_object(d.config)
+        out.append((d.key.partition(".")[0], cls, field(default_factory=cls)))
+    return out
 
-    parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    dp: DPConfig = field(default_factory=DPConfig)
-    tp: TPConfig = field(default_factory=TPConfig)
-    pp: PPConfig = field(default_factory=PPConfig)
+
+@dataclass
+class _Groups:
+    """The root's groups other than the mesh dimensions'."""
+
     mp: MPConfig = field(default_factory=MPConfig)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     planner: PlannerConfig = field(default_factory=PlannerConfig)
@@ -239,6 +239,15 @@ class MeshtrainConfig:
     optim: Any = MISSING
     debug: DebugConfig = field(default_factory=DebugConfig)
     """Fault injection for tests (``debug.fail_at_step=3`` ...)."""
+
+
+#: the root: every group, typed: ``parallel``, one group per mesh dimension, then ``_Groups``' fields
+MeshtrainConfig = make_dataclass(
+    "MeshtrainConfig",
+    [("parallel", ParallelConfig, field(default_factory=ParallelConfig)), *_dimension_groups()]
+    + [(f.name, get_type_hints(_Groups)[f.name], f) for f in fields(_Groups)],
+)
+MeshtrainConfig.__module__ = __name__
 
 
 #: schemas live under their own path, ``schema/<group>/<shape>``, not among a group's options: ``--help``

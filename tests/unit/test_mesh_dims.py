@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib
 import pickle
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, make_dataclass, replace
 
 import pytest
 from omegaconf import OmegaConf
@@ -46,6 +46,27 @@ def test_each_row_names_its_config_class_and_the_root_schema_holds_it():
         group, _, leaf = d.key.partition(".")
         assert leaf == "size" and "size" in {f.name for f in fields(cls)}, d
         assert root[group].default_factory is cls, d
+
+
+@dataclass
+class CPConfig:
+    """A new dimension's config group, defined in its own module (here: this test)."""
+
+    size: int = 1
+
+
+def test_a_new_rows_config_group_joins_the_root_schema_without_editing_it(monkeypatch):
+    from conf.schema import _dimension_groups
+
+    row = MeshDim("cp", 3, "cp.size", f"{__name__}.CPConfig", "context parallel: the sequence split")
+    monkeypatch.setattr(dims, "DIMENSIONS", (*dims.DIMENSIONS, row))
+    groups = {name: (cls, f) for name, cls, f in _dimension_groups()}
+    assert list(groups) == ["dp", "tp", "pp", "cp"] and groups["cp"][0] is CPConfig
+    root = make_dataclass("Root", [(name, cls, f) for name, (cls, f) in groups.items()])
+    cfg = OmegaConf.merge(OmegaConf.structured(root), OmegaConf.from_dotlist(["cp.size=2"]))
+    assert cfg.cp.size == 2 and cfg.dp.size == 1
+    with pytest.raises(Exception, match="size"):  # typed: a string is refused at compose
+        OmegaConf.merge(OmegaConf.structured(root), OmegaConf.from_dotlist(["cp.size=two"]))
 
 
 def test_sizes_refuse_an_unknown_dimension_and_a_bad_table(monkeypatch):
