@@ -68,14 +68,14 @@ def _nearest_multiples(value: int, base: int) -> str:
 def split_points_of(cfg: DictConfig) -> tuple[int, ...] | None:
     """The explicit split points of the run (mp.split_points for mp), or None when a policy decides."""
     spec = strategy_spec(cfg.parallel.name)
-    raw = cfg.mp.split_points if spec is not None and spec.sequential else cfg.pp.split_points
+    key = spec.split_points_key if spec is not None else "pp.split_points"
+    raw = OmegaConf.select(cfg, key)
     if raw is None or (isinstance(raw, str) and raw.lower() == "auto"):
         return None
     if isinstance(raw, int):
         raw = [raw]
     if isinstance(raw, (list, tuple, ListConfig)):
         return tuple(int(x) for x in raw) if len(raw) else None
-    key = "mp.split_points" if cfg.parallel.name == "mp" else "pp.split_points"
     raise ConfigError([f"{key}={raw!r}: expected a list of block indices like [2] or 'auto'"])
 
 
@@ -366,21 +366,13 @@ def check_pipeline(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None
         return
     name = cfg.parallel.name
     strategy = strategy_spec(name)
-    sequential = strategy is not None and strategy.sequential
     m, pp, v = layout.micro_batches, layout.pp, layout.stages_per_rank
     num_stages = pp * v
     split_key = strategy.split_points_key if strategy is not None else "pp.split_points"
-    if sequential:
-        if m != 1:
-            f.error(
-                f"pp.micro_batches={m} with parallel={name}: model parallel runs one micro-batch through the "
-                "stages in turn; use parallel=pp to pipeline micro-batches, or set pp.micro_batches=1"
-            )
-        if layout.schedule != "gpipe" or v != 1:
-            f.error(
-                f"pp.schedule={layout.schedule} pp.stages_per_rank={v} with parallel={name}: model parallel "
-                "runs stages in order (gpipe, one stage per rank); use parallel=pp for other schedules"
-            )
+    if strategy is not None and strategy.fixed_pipeline is not None:  # parallel=mp: registry.MODEL_PARALLEL
+        fixed = strategy.fixed_pipeline
+        for problem in fixed.problems(name=name, micro_batches=m, schedule=layout.schedule, stages_per_rank=v):
+            f.error(problem)
     spec = SCHEDULES.get(layout.schedule)
     if spec is None:
         f.error(f"pp.schedule={layout.schedule}: unknown schedule; use one of {', '.join(SCHEDULES)}")

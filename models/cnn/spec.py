@@ -11,6 +11,7 @@ SPEC = ModelSpec(
     config=CNNConfig,
     schemas={"cnn_schema": CNNConfig},
     parallelize=None,
+    loss="models.losses:class_cross_entropy",
     pipeline=PipelineUnits(pre=(), post=("output",)),
     blocks=lambda model: len(model.channels),
     description="small CNN with BatchNorm (the per-rank batch statistics example)",

@@ -6,7 +6,14 @@ from typing import Any
 
 from models.gpt.config import GPTConfig, GPTDescriptionConfig
 from models.shape import ModelShape
-from models.spec import ModelSpec, PipelineUnits, tied_tp_problems, transformer_problems, transformer_tp_problems
+from models.spec import (
+    ModelSpec,
+    PipelineUnits,
+    decoder_tp_plan,
+    tied_tp_problems,
+    transformer_problems,
+    transformer_tp_problems,
+)
 
 #: ``model.activation`` -> the GELU variant (``approximate`` of ``F.gelu``): exact, or GPT-2's tanh approximation
 ACTIVATIONS = {"gelu": "none", "gelu_tanh": "tanh"}
@@ -56,6 +63,7 @@ SPEC = ModelSpec(
     config=GPTConfig,
     schemas={"gpt_schema": GPTConfig, "gpt_description_schema": GPTDescriptionConfig},
     parallelize="models.gpt.parallelize:parallelize_gpt",
+    tp_plan=decoder_tp_plan(ffn_in=("w1",)),
     pipeline=PipelineUnits(pre=("tok_embeddings", "pos_embeddings"), post=("norm", "output")),
     blocks=lambda model: int(model.n_layers),
     max_seq_len=lambda model: int(model.max_seq_len),

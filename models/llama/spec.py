@@ -6,7 +6,14 @@ from typing import Any
 
 from models.llama.config import LlamaConfig
 from models.shape import ModelShape
-from models.spec import ModelSpec, PipelineUnits, tied_tp_problems, transformer_problems, transformer_tp_problems
+from models.spec import (
+    ModelSpec,
+    PipelineUnits,
+    decoder_tp_plan,
+    tied_tp_problems,
+    transformer_problems,
+    transformer_tp_problems,
+)
 
 
 def ffn_width(model: Any) -> int:
@@ -75,6 +82,7 @@ SPEC = ModelSpec(
     config=LlamaConfig,
     schemas={"llama_schema": LlamaConfig},
     parallelize="models.llama.parallelize:parallelize_llama",
+    tp_plan=decoder_tp_plan(ffn_in=("w1", "w3"), extra_inputs=1),
     pipeline=PipelineUnits(pre=("tok_embeddings",), post=("norm", "output")),
     blocks=lambda model: int(model.n_layers),
     max_seq_len=lambda model: int(model.max_seq_len),

@@ -35,6 +35,42 @@ class LayoutShape:
 
 
 @dataclass(frozen=True)
+class FixedPipeline:
+    """A pipeline whose shape is part of the strategy, not of the config: ``parallel=mp`` is pipeline parallel
+    with one micro-batch and GPipe (no overlap: the stages run strictly in turn), one stage per rank, the blocks
+    split evenly with no weight for the embedding or head, and its explicit split points under its own key."""
+
+    micro_batches: int = 1
+    schedule: str = "gpipe"
+    stages_per_rank: int = 1
+    split_points_key: str = "mp.split_points"
+
+    def picks(self, shape: LayoutShape) -> bool:
+        """The planner's layouts that are this pipeline: pp alone, with its micro-batches and schedule."""
+        return shape.used == ("pp",) and shape.micro_batches == self.micro_batches and shape.schedule == self.schedule
+
+    def problems(self, *, name: str, micro_batches: int, schedule: str | None, stages_per_rank: int) -> list[str]:
+        """What a config changes that this pipeline fixes, as "key=value: what is wrong; the fix"."""
+        out = []
+        if micro_batches != self.micro_batches:
+            out.append(
+                f"pp.micro_batches={micro_batches} with parallel={name}: model parallel runs one micro-batch through "
+                f"the stages in turn; use parallel=pp to pipeline micro-batches, or set "
+                f"pp.micro_batches={self.micro_batches}"
+            )
+        if schedule != self.schedule or stages_per_rank != self.stages_per_rank:
+            out.append(
+                f"pp.schedule={schedule} pp.stages_per_rank={stages_per_rank} with parallel={name}: model parallel "
+                f"runs stages in order ({self.schedule}, one stage per rank); use parallel=pp for other schedules"
+            )
+        return out
+
+
+#: parallel=mp's pipeline, said once
+MODEL_PARALLEL = FixedPipeline()
+
+
+@dataclass(frozen=True)
 class StrategySpec:
     name: str
     target: str
@@ -44,8 +80,8 @@ class StrategySpec:
     summary: str
     pipeline: str = "never"
     """always (the pipeline engine even with pp.size=1), with_pp (only when pp.size > 1) or never."""
-    sequential: bool = False
-    """Model parallel: one micro-batch, GPipe, one stage per rank, blocks split evenly, ``mp.split_points``."""
+    fixed_pipeline: FixedPipeline | None = None
+    """The pipeline's shape when the strategy fixes it (``parallel=mp``); None: ``pp.*`` decides."""
     shards_dp: bool = False
     """The dp dimension is always FSDP2 (``dp.shard`` is implied)."""
     single_process: bool = False
@@ -60,7 +96,7 @@ class StrategySpec:
 
     @property
     def split_points_key(self) -> str:
-        return "mp.split_points" if self.sequential else "pp.split_points"
+        return self.fixed_pipeline.split_points_key if self.fixed_pipeline is not None else "pp.split_points"
 
     def pipelined(self, pp: int) -> bool:
         """Whether a run with ``pp.size=pp`` drives the pipeline engine (schedule, micro-batches)."""
@@ -82,7 +118,7 @@ def _only(*dims: str, **when: object) -> Callable[[LayoutShape], bool]:
 
 
 def _sequential(shape: LayoutShape) -> bool:
-    return shape.used == ("pp",) and shape.micro_batches == 1 and shape.schedule == "gpipe"
+    return MODEL_PARALLEL.picks(shape)
 
 
 STRATEGIES: dict[str, StrategySpec] = {
@@ -120,11 +156,11 @@ STRATEGIES: dict[str, StrategySpec] = {
         ),
         StrategySpec(
             "mp",
-            "parallel.strategies.pp.ModelParallelStrategy",
+            "parallel.strategies.pp.PipelineStrategy",
             ("pp",),
             "layer-split model parallel: stages run strictly in turn, one micro-batch",
             pipeline="always",
-            sequential=True,
+            fixed_pipeline=MODEL_PARALLEL,
             picked_for=_sequential,
         ),
         StrategySpec(
