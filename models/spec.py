@@ -16,7 +16,9 @@ Validation, the strategies and the planner ask a model's spec instead of testing
   each returns the problems as "key=value: what is wrong; the fix";
 - ``inputs`` / ``data_check``: what the model consumes (tokens or images) and needs of the data config;
 - ``hf_adapter``: ``"module:OBJECT"`` of its Hugging Face adapter (``models/hf_adapter.py``), imported only
-  when a run reads or writes a transformers model folder; ``None``: no way in or out.
+  when a run reads or writes a transformers model folder; ``None``: no way in or out;
+- ``loss``: ``"module:function"`` of the loss it trains with (``models/losses.py``), which every engine calls;
+- ``tp_plan``: the module names its tensor-parallel plan shards (``TPPlan``), read by its ``parallelize``.
 
 The built-in families register in ``models/registry.py``; a user's model registers itself with
 ``models.registry.register(spec)`` or is named by ``model.spec: "package.module:SPEC"`` in its YAML
@@ -73,6 +75,77 @@ class PipelineUnits:
 Problems = list[str]
 
 
+# ---- the tensor-parallel plan's module names (torch-free; models/tensor_parallel.py applies them) ----------
+
+
+@dataclass(frozen=True)
+class SubBlockTP:
+    """One sub-block of a decoder block under Megatron's split, by names relative to the block (``layers.N``):
+    the norm before it, the projections that fan out (column-wise) and the one that fans back in (row-wise)."""
+
+    module: str
+    """The sub-block (``attention``, ``feed_forward``): with sequence parallel its input is gathered."""
+    norm: str
+    """The norm on the residual stream before it (``attention_norm``): runs on the sequence shard."""
+    colwise: tuple[str, ...]
+    """Its input projections, relative to ``module`` (``wq``, ``wk``, ``wv``): split by output columns."""
+    rowwise: str
+    """Its output projection, relative to ``module`` (``wo``): split by input rows, partial sums reduced."""
+    head_norms: tuple[str, ...] = ()
+    """Norms applied per head inside it, relative to ``module`` (Qwen3's ``q_norm``, ``k_norm``): their input
+    is sharded over the heads dimension, their weights replicated."""
+    extra_inputs: int = 0
+    """Inputs it takes after the residual stream, passed as plain tensors (Llama's rotary table: 1)."""
+
+
+@dataclass(frozen=True)
+class TPPlan:
+    """The FQNs a family's tensor-parallel plan shards, and how: what ``models/tensor_parallel.py`` reads
+    instead of assuming names. Blocks live in ``layers``; a pipeline stage may lack ``final_norm`` and ``head``."""
+
+    sub_blocks: tuple[SubBlockTP, ...]
+    final_norm: str = "norm"
+    """The norm after the last block: on the sequence shard with sequence parallel; a stage without it ends
+    before the model's end, so its last block gathers the sequence back."""
+    head: str = "output"
+    """The output projection: column-wise over the vocabulary (kept sharded with ``tp.loss_parallel``)."""
+    block_extra_inputs: int = 0
+    """Inputs a block takes after the residual stream (Llama's rotary table: 1)."""
+
+    def block_modules(self, block: str) -> list[str]:
+        """Every submodule name the plan reads in block ``block`` (``layers.0``), in plan order."""
+        names = []
+        for sub in self.sub_blocks:
+            inner = [*sub.colwise, sub.rowwise, *sub.head_norms]
+            names += [f"{block}.{sub.norm}", f"{block}.{sub.module}", *(f"{block}.{sub.module}.{n}" for n in inner)]
+        return names
+
+    def module_names(self, blocks: Sequence[str]) -> list[str]:
+        """Every FQN the plan reads in a model whose ``layers`` holds ``blocks`` (keys "0", "1" ...)."""
+        names = [n for key in blocks for n in self.block_modules(f"layers.{key}")]
+        return [*names, self.final_norm, self.head]
+
+
+def decoder_tp_plan(*, ffn_in: tuple[str, ...], extra_inputs: int = 0, head_norms: tuple[str, ...] = ()) -> TPPlan:
+    """The plan over the module names the built-in decoders share (``attention.wq`` ... ``feed_forward.w2``,
+    ``attention_norm``, ``ffn_norm``, ``norm``, ``output``): their feed-forward's input projections, the inputs
+    after the residual stream, and per-head norms are what differ."""
+    return TPPlan(
+        sub_blocks=(
+            SubBlockTP(
+                module="attention",
+                norm="attention_norm",
+                colwise=("wq", "wk", "wv"),
+                rowwise="wo",
+                head_norms=head_norms,
+                extra_inputs=extra_inputs,
+            ),
+            SubBlockTP(module="feed_forward", norm="ffn_norm", colwise=ffn_in, rowwise="w2"),
+        ),
+        block_extra_inputs=extra_inputs,
+    )
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     family: str
@@ -100,6 +173,16 @@ class ModelSpec:
     """What the model consumes: ``tokens`` (data=text, data=tokens) or ``images`` (data=images); None: not checked."""
     data_check: Callable[[Any, Any], Problems] | None = None
     """``fn(model, data)``: what the model needs of the data config (the CNN: images big enough for its pooling)."""
+
+    # -- what the family trains with, and the names its tensor-parallel plan shards (both read by the strategies)
+    loss: str = "models.losses:token_cross_entropy"
+    """``package.module:function`` of its loss, ``fn(output, targets) -> mean loss`` (``models/losses.py``)."""
+    tp_plan: TPPlan | None = None
+    """The module names its ``parallelize`` function shards; ``None`` for a family without tensor parallel."""
+
+    def loss_fn(self) -> Callable[[Any, Any], Any]:
+        """The loss function (imported on first use: it imports torch)."""
+        return import_object(self.loss)
 
     def parallelize_fn(self) -> Callable[..., Any]:
         """The tensor-parallel plan function (imported on first use: it imports torch)."""

@@ -49,14 +49,14 @@ class ValidatedRun:
 def split_points_of(cfg: DictConfig) -> tuple[int, ...] | None:
     """The explicit split points of the run (mp.split_points for mp), or None when a policy decides."""
     spec = strategy_spec(cfg.parallel.name)
-    raw = cfg.mp.split_points if spec is not None and spec.sequential else cfg.pp.split_points
+    key = spec.split_points_key if spec is not None else "pp.split_points"
+    raw = OmegaConf.select(cfg, key)
     if raw is None or (isinstance(raw, str) and raw.lower() == "auto"):
         return None
     if isinstance(raw, int):
         raw = [raw]
     if isinstance(raw, (list, tuple, ListConfig)):
         return tuple(int(x) for x in raw) if len(raw) else None
-    key = "mp.split_points" if cfg.parallel.name == "mp" else "pp.split_points"
     raise ConfigError([f"{key}={raw!r}: expected a list of block indices like [2] or 'auto'"])
 
 

@@ -32,6 +32,7 @@ SPEC = ModelSpec(
     config=CNNConfig,
     schemas={"cnn_schema": CNNConfig},
     parallelize=None,
+    loss="models.losses:class_cross_entropy",
     pipeline=PipelineUnits(pre=(), post=("output",)),
     blocks=lambda model: len(model.channels),
     check=cnn_problems,

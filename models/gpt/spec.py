@@ -9,6 +9,7 @@ from models.shape import ModelShape
 from models.spec import (
     ModelSpec,
     PipelineUnits,
+    decoder_tp_plan,
     size_problems,
     tied_tp_problems,
     transformer_problems,
@@ -77,6 +78,7 @@ SPEC = ModelSpec(
     config=GPTConfig,
     schemas={"gpt_schema": GPTConfig, "gpt_description_schema": GPTDescriptionConfig},
     parallelize="models.gpt.parallelize:parallelize_gpt",
+    tp_plan=decoder_tp_plan(ffn_in=("w1",)),
     pipeline=PipelineUnits(pre=("tok_embeddings", "pos_embeddings"), post=("norm", "output")),
     blocks=lambda model: int(model.n_layers),
     max_seq_len=lambda model: int(model.max_seq_len),

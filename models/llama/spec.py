@@ -9,6 +9,7 @@ from models.shape import ModelShape
 from models.spec import (
     ModelSpec,
     PipelineUnits,
+    decoder_tp_plan,
     size_problems,
     tied_tp_problems,
     transformer_problems,
@@ -93,6 +94,7 @@ SPEC = ModelSpec(
     config=LlamaConfig,
     schemas={"llama_schema": LlamaConfig},
     parallelize="models.llama.parallelize:parallelize_llama",
+    tp_plan=decoder_tp_plan(ffn_in=("w1", "w3"), extra_inputs=1),
     pipeline=PipelineUnits(pre=("tok_embeddings",), post=("norm", "output")),
     blocks=lambda model: int(model.n_layers),
     max_seq_len=lambda model: int(model.max_seq_len),

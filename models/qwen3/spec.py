@@ -9,7 +9,7 @@ from typing import Any
 from models.llama.spec import DEFAULTED, POSITIVE, kv_heads, llama_shape, llama_tp_problems, rope_scaling_problems
 from models.qwen3.config import Qwen3Config
 from models.shape import ModelShape
-from models.spec import ModelSpec, PipelineUnits, size_problems
+from models.spec import ModelSpec, PipelineUnits, decoder_tp_plan, size_problems
 
 
 def head_dim(model: Any) -> int:
@@ -53,6 +53,7 @@ SPEC = ModelSpec(
     config=Qwen3Config,
     schemas={"qwen3_schema": Qwen3Config},
     parallelize="models.qwen3.parallelize:parallelize_qwen3",
+    tp_plan=decoder_tp_plan(ffn_in=("w1", "w3"), extra_inputs=1, head_norms=("q_norm", "k_norm")),
     pipeline=PipelineUnits(pre=("tok_embeddings",), post=("norm", "output")),
     blocks=lambda model: int(model.n_layers),
     max_seq_len=lambda model: int(model.max_seq_len),

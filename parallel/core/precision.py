@@ -10,7 +10,7 @@
 - ``bf16``: parameters (and so gradients and optimizer state) stored in bfloat16; floating inputs are cast
   on the way in. Half the memory, no master copy: small updates round away.
 
-The loss is computed in float32 in every mode (``parallel.core.base.cross_entropy`` upcasts the logits);
+The loss is computed in float32 in every mode (``models.losses.token_cross_entropy`` upcasts the logits);
 softmax inside attention accumulates in float32 in torch's SDPA kernels (CPU and CUDA) whatever the input
 dtype, and autocast runs softmax, norms and the loss in float32 by its own op lists.
 """

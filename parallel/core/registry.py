@@ -17,7 +17,7 @@ from typing import Any
 
 from parallel.core import dims
 from parallel.core.strategy_checks import tensor_parallel_problems
-from parallel.pipeline.checks import pipeline_problems, sequential_problems
+from parallel.pipeline.checks import fixed_pipeline_problems, pipeline_problems
 
 #: the mesh dimension names in written order, as the table (``parallel/core/dims.py``) stood at import
 DIMS = dims.names()
@@ -40,6 +40,42 @@ class LayoutShape:
 
 
 @dataclass(frozen=True)
+class FixedPipeline:
+    """A pipeline whose shape is part of the strategy, not of the config: ``parallel=mp`` is pipeline parallel
+    with one micro-batch and GPipe (no overlap: the stages run strictly in turn), one stage per rank, the blocks
+    split evenly with no weight for the embedding or head, and its explicit split points under its own key."""
+
+    micro_batches: int = 1
+    schedule: str = "gpipe"
+    stages_per_rank: int = 1
+    split_points_key: str = "mp.split_points"
+
+    def picks(self, shape: LayoutShape) -> bool:
+        """The planner's layouts that are this pipeline: pp alone, with its micro-batches and schedule."""
+        return shape.used == ("pp",) and shape.micro_batches == self.micro_batches and shape.schedule == self.schedule
+
+    def problems(self, *, name: str, micro_batches: int, schedule: str | None, stages_per_rank: int) -> list[str]:
+        """What a config changes that this pipeline fixes, as "key=value: what is wrong; the fix"."""
+        out = []
+        if micro_batches != self.micro_batches:
+            out.append(
+                f"pp.micro_batches={micro_batches} with parallel={name}: model parallel runs one micro-batch through "
+                f"the stages in turn; use parallel=pp to pipeline micro-batches, or set "
+                f"pp.micro_batches={self.micro_batches}"
+            )
+        if schedule != self.schedule or stages_per_rank != self.stages_per_rank:
+            out.append(
+                f"pp.schedule={schedule} pp.stages_per_rank={stages_per_rank} with parallel={name}: model parallel "
+                f"runs stages in order ({self.schedule}, one stage per rank); use parallel=pp for other schedules"
+            )
+        return out
+
+
+#: parallel=mp's pipeline, said once
+MODEL_PARALLEL = FixedPipeline()
+
+
+@dataclass(frozen=True)
 class StrategySpec:
     name: str
     target: str
@@ -49,8 +85,8 @@ class StrategySpec:
     summary: str
     pipeline: str = "never"
     """always (the pipeline engine even with pp.size=1), with_pp (only when pp.size > 1) or never."""
-    sequential: bool = False
-    """Model parallel: one micro-batch, GPipe, one stage per rank, blocks split evenly, ``mp.split_points``."""
+    fixed_pipeline: FixedPipeline | None = None
+    """The pipeline's shape when the strategy fixes it (``parallel=mp``); None: ``pp.*`` decides."""
     shards_dp: bool = False
     """The dp dimension is always FSDP2 (``dp.shard`` is implied)."""
     single_process: bool = False
@@ -70,7 +106,7 @@ class StrategySpec:
 
     @property
     def split_points_key(self) -> str:
-        return "mp.split_points" if self.sequential else "pp.split_points"
+        return self.fixed_pipeline.split_points_key if self.fixed_pipeline is not None else "pp.split_points"
 
     def pipelined(self, pp: int) -> bool:
         """Whether a run with ``pp.size=pp`` drives the pipeline engine (schedule, micro-batches)."""
@@ -97,10 +133,6 @@ def _combined(shape: LayoutShape) -> bool:
     if len(shape.used) != 1:
         return len(shape.used) > 1
     return not any(s.dims == shape.used for s in STRATEGIES.values())
-
-
-def _sequential(shape: LayoutShape) -> bool:
-    return shape.used == ("pp",) and shape.micro_batches == 1 and shape.schedule == "gpipe"
 
 
 STRATEGIES: dict[str, StrategySpec] = {
@@ -138,13 +170,13 @@ STRATEGIES: dict[str, StrategySpec] = {
         ),
         StrategySpec(
             "mp",
-            "parallel.strategies.pp.ModelParallelStrategy",
+            "parallel.strategies.pp.PipelineStrategy",
             ("pp",),
             "layer-split model parallel: stages run strictly in turn, one micro-batch",
             pipeline="always",
-            sequential=True,
-            picked_for=_sequential,
-            checks=(sequential_problems, pipeline_problems),
+            fixed_pipeline=MODEL_PARALLEL,
+            picked_for=MODEL_PARALLEL.picks,
+            checks=(fixed_pipeline_problems, pipeline_problems),
         ),
         StrategySpec(
             "tp",

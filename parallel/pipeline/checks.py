@@ -1,5 +1,5 @@
 """What a pipelined run (parallel=pp, mp, hybrid with pp.size > 1) needs of its config, checked before any worker
-starts: the rules of model parallel's sequential pipeline, the schedule's micro-batches and stages per rank, and
+starts: the shape a strategy fixes (parallel=mp), the schedule's micro-batches and stages per rank, and
 the split points against the model's blocks. Each check takes ``(cfg, layout)`` and returns the problems as
 "key=value: what is wrong; the fix"; the strategies list them in ``StrategySpec.checks``
 (``parallel/core/registry.py``). No torch import.
@@ -16,26 +16,20 @@ if TYPE_CHECKING:
     from parallel.core.layout import ParallelLayout
 
 
-def sequential_problems(cfg: Any, layout: ParallelLayout) -> list[str]:
-    """parallel=mp runs one micro-batch through the stages in turn: gpipe, one stage per rank."""
+def fixed_pipeline_problems(cfg: Any, layout: ParallelLayout) -> list[str]:
+    """A strategy whose pipeline shape is fixed (parallel=mp: ``registry.MODEL_PARALLEL``) refuses a config
+    that changes it."""
     from parallel.core.registry import strategy_spec  # the registry lists these checks: imported when they run
 
-    name, m, v = cfg.parallel.name, layout.micro_batches, layout.stages_per_rank
-    strategy = strategy_spec(name)
-    if layout.schedule is None or strategy is None or not strategy.sequential:
+    strategy = strategy_spec(cfg.parallel.name)
+    if layout.schedule is None or strategy is None or strategy.fixed_pipeline is None:
         return []
-    out = []
-    if m != 1:
-        out.append(
-            f"pp.micro_batches={m} with parallel={name}: model parallel runs one micro-batch through the "
-            "stages in turn; use parallel=pp to pipeline micro-batches, or set pp.micro_batches=1"
-        )
-    if layout.schedule != "gpipe" or v != 1:
-        out.append(
-            f"pp.schedule={layout.schedule} pp.stages_per_rank={v} with parallel={name}: model parallel "
-            "runs stages in order (gpipe, one stage per rank); use parallel=pp for other schedules"
-        )
-    return out
+    return strategy.fixed_pipeline.problems(
+        name=str(cfg.parallel.name),
+        micro_batches=layout.micro_batches,
+        schedule=layout.schedule,
+        stages_per_rank=layout.stages_per_rank,
+    )
 
 
 def schedule_problems(cfg: Any, layout: ParallelLayout) -> list[str]:
