@@ -42,6 +42,12 @@ class Composition:
         if self.dp not in DP_WRAPS:
             raise ValueError(f"Composition(dp={self.dp!r}): use one of {DP_WRAPS}")
 
+    @classmethod
+    def from_degrees(cls, layout: Any, *, rank_map: bool = True) -> Composition:
+        """Every dimension the layout uses (``parallel=hybrid``): a new mesh dimension's wrapper is chosen
+        here, from its degree, beside the others."""
+        return cls(tp=layout.tp > 1, dp=cls.dp_wrap(layout), pipeline=layout.pp > 1, rank_map=rank_map)
+
     @staticmethod
     def dp_wrap(layout: Any) -> str:
         """What the layout's dp degree asks for: nothing at dp=1, FSDP2 where the layout shards dp

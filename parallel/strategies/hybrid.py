@@ -31,7 +31,7 @@ def describe_dp(ctx: WorkerContext) -> str:
 
 
 class HybridStrategy(Strategy):
-    """Every dimension the layout uses, composed: ``Composition(tp=tp > 1, dp=..., pipeline=pp > 1)``."""
+    """Every dimension the layout uses, composed: ``Composition.from_degrees``."""
 
     def build(self, *, ctx: WorkerContext) -> Engine:
         layout = ctx.layout
@@ -42,7 +42,4 @@ class HybridStrategy(Strategy):
             layout.tp,
             describe_dp(ctx),
         )
-        composition = Composition(
-            tp=layout.tp > 1, dp=Composition.dp_wrap(layout), pipeline=layout.pp > 1, rank_map=True
-        )
-        return build_engine(ctx=ctx, composition=composition)
+        return build_engine(ctx=ctx, composition=Composition.from_degrees(layout))
