@@ -184,6 +184,28 @@ class ModelSpec:
         """The loss function (imported on first use: it imports torch)."""
         return import_object(self.loss)
 
+    @classmethod
+    def of(cls, config: type, *, schemas: dict[str, type] | None = None, **fields: Any) -> ModelSpec:
+        """A family's spec from its config schema: the family name and builder are the config's ``family`` and
+        ``_target_`` (defined there once); its schema is registered as ``<family>_schema`` unless ``schemas``
+        names more."""
+        family = str(config.family)
+        return cls(
+            family=family,
+            builder=str(config._target_),
+            config=config,
+            schemas=schemas or {f"{family}_schema": config},
+            **fields,
+        )
+
+    @classmethod
+    def decoder(cls, config: type, **fields: Any) -> ModelSpec:
+        """A dense decoder's spec (``of``): its blocks counted by ``n_layers``, its longest sequence
+        ``max_seq_len``, its pipeline units the token embedding, the blocks, the final norm and the head,
+        unless ``fields`` says otherwise."""
+        defaults = {"blocks": n_layers, "max_seq_len": configured_max_seq_len, "pipeline": DECODER_UNITS}
+        return cls.of(config, **{**defaults, **fields})
+
     def parallelize_fn(self) -> Callable[..., Any]:
         """The tensor-parallel plan function (imported on first use: it imports torch)."""
         if self.parallelize is None:
@@ -218,6 +240,20 @@ class ModelSpec:
                 "parallelize function (docs/models.md)"
             ]
         return list(self.tp_check(model, tp)) if self.tp_check is not None else []
+
+
+def n_layers(model: Any) -> int:
+    """``ModelSpec.blocks`` of a model whose config counts its blocks in ``n_layers``."""
+    return int(model.n_layers)
+
+
+def configured_max_seq_len(model: Any) -> int:
+    """``ModelSpec.max_seq_len`` of a model whose config holds it in ``max_seq_len``."""
+    return int(model.max_seq_len)
+
+
+#: pipeline units of a decoder with a token embedding, its blocks in ``layers``, a final norm and a head
+DECODER_UNITS = PipelineUnits(pre=("tok_embeddings",), post=("norm", "output"))
 
 
 def import_object(path: str) -> Any:
@@ -272,7 +308,8 @@ def transformer_problems(model: Any, *, kv_heads: bool = False) -> Problems:
 
 
 def transformer_tp_problems(model: Any, tp: int, *, widths: Sequence[int], kv_heads: bool = False) -> Problems:
-    """What a Megatron-style plan (column-wise q/k/v and MLP in, row-wise out) needs from the sizes."""
+    """What a Megatron-style plan (column-wise q/k/v and MLP in, row-wise out) needs from the sizes, and a head
+    that is not tied to the embedding (``tied_tp_problems``)."""
     out: Problems = []
     heads, d_model = int(model.n_heads), int(model.d_model)
     if heads % tp:
@@ -299,7 +336,7 @@ def transformer_tp_problems(model: Any, tp: int, *, widths: Sequence[int], kv_he
                 f"feed-forward width {width} (model.d_ff / model.layer_d_ff) is not divisible by tp.size={tp}: "
                 f"the MLP matrices are split by it; use a multiple of {tp}"
             )
-    return out
+    return out + tied_tp_problems(model, tp)
 
 
 def tied_tp_problems(model: Any, tp: int) -> Problems:

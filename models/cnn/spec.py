@@ -26,11 +26,8 @@ def cnn_data_problems(model: Any, data: Any) -> list[str]:
     ]
 
 
-SPEC = ModelSpec(
-    family=CNNConfig.family,
-    builder=CNNConfig._target_,
-    config=CNNConfig,
-    schemas={"cnn_schema": CNNConfig},
+SPEC = ModelSpec.of(
+    CNNConfig,
     parallelize=None,
     loss="models.losses:class_cross_entropy",
     pipeline=PipelineUnits(pre=(), post=("output",)),

@@ -11,7 +11,6 @@ from models.spec import (
     PipelineUnits,
     decoder_tp_plan,
     size_problems,
-    tied_tp_problems,
     transformer_problems,
     transformer_tp_problems,
 )
@@ -69,19 +68,15 @@ def gpt_problems(model: Any) -> list[str]:
 
 
 def gpt_tp_problems(model: Any, tp: int) -> list[str]:
-    return transformer_tp_problems(model, tp, widths=ffn_widths(model)) + tied_tp_problems(model, tp)
+    return transformer_tp_problems(model, tp, widths=ffn_widths(model))
 
 
-SPEC = ModelSpec(
-    family=GPTConfig.family,
-    builder=GPTConfig._target_,
-    config=GPTConfig,
+SPEC = ModelSpec.decoder(
+    GPTConfig,
     schemas={"gpt_schema": GPTConfig, "gpt_description_schema": GPTDescriptionConfig},
     parallelize="models.gpt.parallelize:parallelize_gpt",
     tp_plan=decoder_tp_plan(ffn_in=("w1",)),
     pipeline=PipelineUnits(pre=("tok_embeddings", "pos_embeddings"), post=("norm", "output")),
-    blocks=lambda model: int(model.n_layers),
-    max_seq_len=lambda model: int(model.max_seq_len),
     shape=gpt_shape,
     check=gpt_problems,
     tp_check=gpt_tp_problems,

@@ -8,10 +8,8 @@ from models.llama.config import LlamaConfig
 from models.shape import ModelShape
 from models.spec import (
     ModelSpec,
-    PipelineUnits,
     decoder_tp_plan,
     size_problems,
-    tied_tp_problems,
     transformer_problems,
     transformer_tp_problems,
 )
@@ -85,19 +83,13 @@ def rope_scaling_problems(model: Any) -> list[str]:
 
 
 def llama_tp_problems(model: Any, tp: int) -> list[str]:
-    return transformer_tp_problems(model, tp, widths=[ffn_width(model)], kv_heads=True) + tied_tp_problems(model, tp)
+    return transformer_tp_problems(model, tp, widths=[ffn_width(model)], kv_heads=True)
 
 
-SPEC = ModelSpec(
-    family=LlamaConfig.family,
-    builder=LlamaConfig._target_,
-    config=LlamaConfig,
-    schemas={"llama_schema": LlamaConfig},
+SPEC = ModelSpec.decoder(
+    LlamaConfig,
     parallelize="models.llama.parallelize:parallelize_llama",
     tp_plan=decoder_tp_plan(ffn_in=("w1", "w3"), extra_inputs=1),
-    pipeline=PipelineUnits(pre=("tok_embeddings",), post=("norm", "output")),
-    blocks=lambda model: int(model.n_layers),
-    max_seq_len=lambda model: int(model.max_seq_len),
     shape=llama_shape,
     check=llama_problems,
     tp_check=llama_tp_problems,

@@ -9,7 +9,7 @@ from typing import Any
 from models.llama.spec import DEFAULTED, POSITIVE, kv_heads, llama_shape, llama_tp_problems, rope_scaling_problems
 from models.qwen3.config import Qwen3Config
 from models.shape import ModelShape
-from models.spec import ModelSpec, PipelineUnits, decoder_tp_plan, size_problems
+from models.spec import ModelSpec, decoder_tp_plan, size_problems
 
 
 def head_dim(model: Any) -> int:
@@ -47,16 +47,10 @@ def qwen3_problems(model: Any) -> list[str]:
     return out
 
 
-SPEC = ModelSpec(
-    family=Qwen3Config.family,
-    builder=Qwen3Config._target_,
-    config=Qwen3Config,
-    schemas={"qwen3_schema": Qwen3Config},
+SPEC = ModelSpec.decoder(
+    Qwen3Config,
     parallelize="models.qwen3.parallelize:parallelize_qwen3",
     tp_plan=decoder_tp_plan(ffn_in=("w1", "w3"), extra_inputs=1, head_norms=("q_norm", "k_norm")),
-    pipeline=PipelineUnits(pre=("tok_embeddings",), post=("norm", "output")),
-    blocks=lambda model: int(model.n_layers),
-    max_seq_len=lambda model: int(model.max_seq_len),
     shape=qwen3_shape,
     check=qwen3_problems,
     tp_check=llama_tp_problems,  # Llama's blocks: the same TP plan and rules

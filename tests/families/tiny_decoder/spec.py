@@ -4,18 +4,12 @@ are Llama's functions (the blocks are Llama's). No torch import."""
 from __future__ import annotations
 
 from models.llama.spec import llama_problems, llama_shape, llama_tp_problems
-from models.spec import ModelSpec, PipelineUnits
+from models.spec import ModelSpec
 from tests.families.tiny_decoder.config import TinyDecoderConfig
 
-SPEC = ModelSpec(
-    family=TinyDecoderConfig.family,
-    builder=TinyDecoderConfig._target_,
-    config=TinyDecoderConfig,
-    schemas={"tiny_decoder_schema": TinyDecoderConfig},
+SPEC = ModelSpec.decoder(
+    TinyDecoderConfig,
     parallelize="models.llama.parallelize:parallelize_llama",
-    pipeline=PipelineUnits(pre=("tok_embeddings",), post=("norm", "output")),
-    blocks=lambda model: int(model.n_layers),
-    max_seq_len=lambda model: int(model.max_seq_len),
     shape=llama_shape,
     check=llama_problems,
     tp_check=llama_tp_problems,
