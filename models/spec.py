@@ -179,6 +179,11 @@ class ModelSpec:
     """``package.module:function`` of its loss, ``fn(output, targets) -> mean loss`` (``models/losses.py``)."""
     tp_plan: TPPlan | None = None
     """The module names its ``parallelize`` function shards; ``None`` for a family without tensor parallel."""
+    # ---- the planner's model (calibration and dry run) ----
+    resized: Callable[[Any, dict[str, int]], dict[str, Any]] | None = None
+    """``fn(model, sizes) -> kwargs``: builder kwargs of a model of this family like the config ``model`` with
+    ``sizes`` (``n_layers``, ``vocab_size``, ``max_seq_len``; absent keys kept) replaced, so the planner times
+    and dry-runs the configured family; None: the planner cannot build it (it plans from the config alone)."""
 
     def loss_fn(self) -> Callable[[Any, Any], Any]:
         """The loss function (imported on first use: it imports torch)."""

@@ -9,6 +9,7 @@ from models.shape import ModelShape
 from models.spec import (
     ModelSpec,
     PipelineUnits,
+    builder_kwargs,
     decoder_tp_plan,
     size_problems,
     transformer_problems,
@@ -71,6 +72,15 @@ def gpt_tp_problems(model: Any, tp: int) -> list[str]:
     return transformer_tp_problems(model, tp, widths=ffn_widths(model))
 
 
+def gpt_resized(model: Any, sizes: dict[str, int]) -> dict[str, Any]:
+    """``models.gpt.model.GPT`` kwargs of ``model`` with ``sizes`` replaced (per-block widths cut to n_layers)."""
+    kwargs = {k: v for k, v in builder_kwargs(model).items() if k != "_target_"}
+    kwargs.update(sizes)
+    if kwargs.get("layer_d_ff"):
+        kwargs["layer_d_ff"] = [int(w) for w in kwargs["layer_d_ff"]][: int(kwargs["n_layers"])]
+    return kwargs
+
+
 SPEC = ModelSpec.decoder(
     GPTConfig,
     schemas={"gpt_schema": GPTConfig, "gpt_description_schema": GPTDescriptionConfig},
@@ -81,5 +91,6 @@ SPEC = ModelSpec.decoder(
     check=gpt_problems,
     tp_check=gpt_tp_problems,
     hf_adapter="models.gpt.hf_adapter:ADAPTER",
+    resized=gpt_resized,
     description="GPT-2-style decoder: learned positions, LayerNorm, GELU MLP, multi-head attention",
 )

@@ -8,6 +8,7 @@ from models.llama.config import LlamaConfig
 from models.shape import ModelShape
 from models.spec import (
     ModelSpec,
+    builder_kwargs,
     decoder_tp_plan,
     size_problems,
     transformer_problems,
@@ -86,6 +87,11 @@ def llama_tp_problems(model: Any, tp: int) -> list[str]:
     return transformer_tp_problems(model, tp, widths=[ffn_width(model)], kv_heads=True)
 
 
+def llama_resized(model: Any, sizes: dict[str, int]) -> dict[str, Any]:
+    """Builder kwargs (Llama's, Qwen3's) of ``model`` with ``sizes`` replaced: every block has the same width."""
+    return {**{k: v for k, v in builder_kwargs(model).items() if k != "_target_"}, **sizes}
+
+
 SPEC = ModelSpec.decoder(
     LlamaConfig,
     parallelize="models.llama.parallelize:parallelize_llama",
@@ -94,5 +100,6 @@ SPEC = ModelSpec.decoder(
     check=llama_problems,
     tp_check=llama_tp_problems,
     hf_adapter="models.llama.hf_adapter:ADAPTER",
+    resized=llama_resized,
     description="Llama-3-style decoder: RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention",
 )

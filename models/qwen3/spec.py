@@ -6,7 +6,15 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from models.llama.spec import DEFAULTED, POSITIVE, kv_heads, llama_shape, llama_tp_problems, rope_scaling_problems
+from models.llama.spec import (
+    DEFAULTED,
+    POSITIVE,
+    kv_heads,
+    llama_resized,
+    llama_shape,
+    llama_tp_problems,
+    rope_scaling_problems,
+)
 from models.qwen3.config import Qwen3Config
 from models.shape import ModelShape
 from models.spec import ModelSpec, decoder_tp_plan, size_problems
@@ -55,5 +63,6 @@ SPEC = ModelSpec.decoder(
     check=qwen3_problems,
     tp_check=llama_tp_problems,  # Llama's blocks: the same TP plan and rules
     hf_adapter="models.qwen3.hf_adapter:ADAPTER",
+    resized=llama_resized,  # the same kwargs: every block has the same width
     description="Qwen3 dense decoder: Llama's blocks with per-head q/k RMSNorm and its own head width",
 )

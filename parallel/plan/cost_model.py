@@ -428,6 +428,10 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
     # dp_comm_overlap of itself, and never more than the step's backward compute (2/3 of the compute)
     hidden = min(hardware.dp_comm_overlap * dp_total, (2 / 3) * compute_s)
     dp_comm_s = dp_total - hidden
+    if c.zero_stage == 0 and c.dp > 1:
+        # DDP's reducer, per bucket: autograd hooks, copies into and out of the bucket, and the all-reduce's
+        # exposed wait while gloo's thread competes with the node's compute (measured on a whole DDP step)
+        dp_comm_s += buckets * hardware.ddp_bucket_s
     if c.zero_stage >= 3 and c.dp > 1:
         # FSDP2 units (each block, and the root): all-gather for forward and again for backward on every
         # micro-batch, reduce-scatter once per step (meshtrain skips it on the others); each pays a fixed cost

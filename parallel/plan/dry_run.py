@@ -73,28 +73,17 @@ def sample_ranks(**sizes: int) -> list[int]:
     return sorted(ranks)
 
 
-def _family(model_cfg: Any):
-    """The model's ``ModelSpec``; a planner-only description (numbers, no builder) is the GPT they describe."""
-    from models.registry import REGISTRY, spec_for
-
-    return REGISTRY["gpt"] if model_cfg.get("planner_only", False) else spec_for(model_cfg)
-
-
 def build_meta_model(model_cfg: Any):
-    """The configured model on the meta device: its family's builder, or the GPT a planner-only description names."""
+    """The configured model on the meta device, built by its family's builder (``ModelSpec.builder``) from
+    ``ModelSpec.resized`` at its own sizes: a planner-only description (numbers, a ``_target_`` that refuses to
+    build) is the model of its family it describes."""
     import torch
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
 
-    from models.spec import builder_kwargs, import_object
+    from parallel.plan.calibrate import build_family, family_kwargs
 
-    node = OmegaConf.to_container(model_cfg, resolve=True)
-    if node.get("planner_only", False):
-        keys = ("vocab_size", "n_layers", "d_model", "n_heads", "d_ff", "layer_d_ff", "max_seq_len")
-        with torch.device("meta"):
-            return import_object(_family(node).builder)(**{k: node[k] for k in keys if k in node})
+    family, kwargs = family_kwargs(model_cfg, {})
     with torch.device("meta"):
-        return instantiate(builder_kwargs(node))
+        return build_family(family, kwargs)
 
 
 def _stage_plan(model, c: Candidate, *, split_points: tuple[int, ...] | None):
@@ -145,11 +134,10 @@ def _tp_stage(meta_model, spec, *, mesh, c: Candidate, sequence_parallel: bool, 
 
 
 def _saved_activation_bytes(
-    module, *, first: bool, last: bool, micro_batch: int, seq_len: int, d_model: int, vocab_size: int, dtype
+    module, *, first: bool, last: bool, micro_batch: int, seq_len: int, d_model: int, vocab_size: int, dtype, loss
 ) -> int:
     """Bytes autograd saves for one micro-batch through ``module`` (fake tensors: nothing is allocated)."""
     import torch
-    import torch.nn.functional as F
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed.tensor import DTensor
 
@@ -175,7 +163,7 @@ def _saved_activation_bytes(
             out = module(x)
             if last:
                 targets = torch.randint(0, vocab_size, (micro_batch, seq_len))
-                F.cross_entropy(local(out).reshape(-1, out.shape[-1]).float(), targets.reshape(-1))
+                loss(local(out), targets)
     return sum(storages.values())
 
 
@@ -232,6 +220,7 @@ def _measure_rank(
     sequence_parallel: bool,
     mixed: bool,
     tp_plan,
+    loss,
 ) -> dict[str, float]:
     """Build this rank's part of the layout under a fake process group of ``world`` ranks and measure it."""
     import torch
@@ -260,6 +249,7 @@ def _measure_rank(
                 d_model=model.d_model,
                 vocab_size=model.vocab_size,
                 dtype=dtype,
+                loss=loss,
             )
             if c.zero_stage >= 3 and c.dp > 1:
                 phase = "FSDP2 sharding"
@@ -320,8 +310,11 @@ def dry_run(
     t0 = time.perf_counter()
     c = candidate
     sp = c.sequence_parallel if sequence_parallel is None else sequence_parallel
+    from parallel.plan.calibrate import family_kwargs, family_loss
+
+    family = family_kwargs(model_cfg, {})[0]
     meta_model = build_meta_model(model_cfg)
-    tp_plan = _family(model_cfg).parallelize_fn() if c.tp > 1 else None
+    tp_plan = family.parallelize_fn() if c.tp > 1 else None
     split_points, specs = _stage_plan(meta_model, c, split_points=c.split_points)
     from dataclasses import replace
 
@@ -354,6 +347,7 @@ def dry_run(
                 sequence_parallel=sp,
                 mixed=workload.precision == "mixed",
                 tp_plan=tp_plan,
+                loss=family_loss(family),
             )
         except DryRunError as exc:
             rep.error = f"rank {rank} ({', '.join(f'{k}={v}' for k, v in coords.items())}): {exc}"

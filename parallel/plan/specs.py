@@ -60,6 +60,9 @@ class HardwareSpec:
     fsdp_collective_s: float = 0.0
     """Fixed cost of one FSDP2 all-gather or reduce-scatter besides the link's: hooks, copy-in/out, and the
     DTensor parameters' optimizer and clipping, per collective."""
+    ddp_bucket_s: float = 0.0
+    """Fixed cost of one DDP gradient bucket besides the ring formula (reducer hooks, bucket copies, the exposed
+    all-reduce competing with the node's compute), solved from a whole DDP step by the calibration."""
     dp_comm_overlap: float = 0.0
     busy_node_slowdown: float = 1.0
     """How much slower one device computes while the other devices of its node compute too (shared
@@ -112,6 +115,7 @@ class HardwareSpec:
             threads_per_device=int(topo.get("threads_per_rank", 1) or 1),
             tp_collective_s=float(topo.get("tp_collective_us", 0.0) or 0.0) * 1e-6,
             fsdp_collective_s=float(topo.get("fsdp_collective_us", 0.0) or 0.0) * 1e-6,
+            ddp_bucket_s=float(topo.get("ddp_bucket_us", 0.0) or 0.0) * 1e-6,
             dp_comm_overlap=float(topo.get("dp_comm_overlap", 0.0)),
             busy_node_slowdown=float(topo.get("busy_node_slowdown", 1.0)),
             devices_per_nic=sharing,
