@@ -141,17 +141,6 @@ def build_family(family: Any, kwargs: dict[str, Any]) -> Any:
     return import_object(family.builder)(**kwargs)
 
 
-def family_loss(family: Any) -> Callable[[Any, Any], Any]:
-    """The family's training loss: ``ModelSpec.loss_fn()`` where the spec declares one, else the token
-    cross-entropy every engine uses by default (``parallel.core.base.cross_entropy``)."""
-    loss_fn = getattr(family, "loss_fn", None)
-    if loss_fn is not None:
-        return loss_fn()
-    from parallel.core.base import cross_entropy
-
-    return cross_entropy
-
-
 def _lm_step(model: Any, x: Any, loss: Callable[[Any, Any], Any]) -> Callable[[], None]:
     """One forward + backward of ``model`` on the next-token loss of ``x`` itself."""
 
@@ -181,7 +170,7 @@ def measure_compute(model_cfg: Any, *, seq_len: int, threads: int) -> dict[str, 
     built = OmegaConf.create(kwargs)
     measured = replace(family.shape(built), name="calib")
     flops_per_token = measured.training_flops_per_token(seq_len)
-    loss = family_loss(family)
+    loss = family.loss_fn()
 
     def step(b: int) -> Callable[[], None]:
         return _lm_step(model, torch.randint(0, measured.vocab_size, (b, seq_len)), loss)
@@ -250,7 +239,7 @@ def _comm_worker(rank: int, port: int, out_path: str, sizes: tuple[int, ...], bu
         results[f"p2p_{n}"] = timed[f"pingpong_{n}"] / 2  # a round trip is two messages
     if busy is not None:
         family, kwargs = family_kwargs(busy["model_cfg"], busy["sizes"])
-        loss, seq_len = family_loss(family), busy["seq_len"]
+        loss, seq_len = family.loss_fn(), busy["seq_len"]
         torch.manual_seed(0)  # the same rows on both processes (the pipeline's last stage takes them as targets)
         x = torch.randint(0, int(kwargs["vocab_size"]), (BUSY_BATCH, seq_len))
         builders = {

@@ -310,7 +310,7 @@ def dry_run(
     t0 = time.perf_counter()
     c = candidate
     sp = c.sequence_parallel if sequence_parallel is None else sequence_parallel
-    from parallel.plan.calibrate import family_kwargs, family_loss
+    from parallel.plan.calibrate import family_kwargs
 
     family = family_kwargs(model_cfg, {})[0]
     meta_model = build_meta_model(model_cfg)
@@ -347,7 +347,7 @@ def dry_run(
                 sequence_parallel=sp,
                 mixed=workload.precision == "mixed",
                 tp_plan=tp_plan,
-                loss=family_loss(family),
+                loss=family.loss_fn(),
             )
         except DryRunError as exc:
             rep.error = f"rank {rank} ({', '.join(f'{k}={v}' for k, v in coords.items())}): {exc}"
