@@ -15,26 +15,19 @@ config from another group. This module imports no torch: validation must stay fa
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from dataclasses import dataclass, field, fields, make_dataclass
+from typing import Any, List, Optional, get_type_hints
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from conf.choices import choices
-from models.registry import MODEL_SCHEMAS
-from parallel.config import (
-    DPConfig,
-    MPConfig,
-    ParallelConfig,
-    PlannerConfig,
-    PPConfig,
-    TopologyConfig,
-    TPConfig,
-)
+from models.registry import model_schemas
+from models.spec import import_object
+from parallel.config import MPConfig, ParallelConfig, PlannerConfig, TopologyConfig
+from parallel.core import dims
 
-#: trainer.precision values (parallel/core/precision.py) and trainer.activation_checkpointing modes
-PRECISIONS = ("fp32", "bf16-mixed", "bf16")
+#: trainer.activation_checkpointing modes (trainer.precision's values are parallel/core/precision.py's PRECISIONS)
 AC_MODES = ("none", "full", "selective")
 
 #: enum-typed choices of the trainer's keys: a typo fails at compose time (conf/choices.py)
@@ -222,14 +215,20 @@ class DebugConfig:
 SCHEDULE_KEYS = ("name", "warmup_steps", "decay", "min_lr_ratio", "scheduler")
 
 
-@dataclass
-class MeshtrainConfig:
-    """The root: every group, typed."""
+def _dimension_groups() -> list[tuple[str, type, Any]]:
+    """One root field per mesh dimension (``dp``, ``tp``, ``pp``), typed by the class its row of
+    ``parallel/core/dims.py`` names: a new dimension's config group needs no line here."""
+    out = []
+    for d in dims.DIMENSIONS:
+        cls = import_object(d.config)
+        out.append((d.key.partition(".")[0], cls, field(default_factory=cls)))
+    return out
 
-    parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    dp: DPConfig = field(default_factory=DPConfig)
-    tp: TPConfig = field(default_factory=TPConfig)
-    pp: PPConfig = field(default_factory=PPConfig)
+
+@dataclass
+class _Groups:
+    """The root's groups other than the mesh dimensions'."""
+
     mp: MPConfig = field(default_factory=MPConfig)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     planner: PlannerConfig = field(default_factory=PlannerConfig)
@@ -242,6 +241,15 @@ class MeshtrainConfig:
     """Fault injection for tests (``debug.fail_at_step=3`` ...)."""
 
 
+#: the root: every group, typed: ``parallel``, one group per mesh dimension, then ``_Groups``' fields
+MeshtrainConfig = make_dataclass(
+    "MeshtrainConfig",
+    [("parallel", ParallelConfig, field(default_factory=ParallelConfig)), *_dimension_groups()]
+    + [(f.name, get_type_hints(_Groups)[f.name], f) for f in fields(_Groups)],
+)
+MeshtrainConfig.__module__ = __name__
+
+
 #: schemas live under their own path, ``schema/<group>/<shape>``, not among a group's options: ``--help``
 #: and shell completion list only the YAML options. An option extends one with ``/schema/model/gpt@_here_``.
 SCHEMA_ROOT = "schema"
@@ -250,7 +258,7 @@ SCHEMA_ROOT = "schema"
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="meshtrain_schema", node=MeshtrainConfig)
-    for name, node in MODEL_SCHEMAS.items():
+    for name, node in model_schemas().items():  # every family registered by now
         cs.store(group=f"{SCHEMA_ROOT}/model", name=name.removesuffix("_schema"), node=node)
     cs.store(group=f"{SCHEMA_ROOT}/data", name="text", node=TextDataConfig)
     cs.store(group=f"{SCHEMA_ROOT}/data", name="tokens", node=TokensDataConfig)

@@ -146,3 +146,13 @@ class ModelShape:
                 "model=llama_debug or another transformer, or give its ModelSpec a shape function"
             )
         return spec.shape(model)
+
+
+def refuse_to_build(**kwargs: Any) -> None:
+    """``_target_`` of planner-only model descriptions (``gpt_175b`` ...): they describe a model to the planner and
+    are too big to build here, so building one is a mistake, said clearly (validation refuses them first)."""
+    name = kwargs.get("name", "this model")
+    raise PlanError(
+        f"model={name} is a description for the planner (python -m parallel.plan model={name} ...), "
+        "too big to build here; train a buildable model such as model=gpt_small"
+    )

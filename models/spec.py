@@ -4,7 +4,8 @@ Validation, the strategies and the planner ask a model's spec instead of testing
 
 - ``config``: the config schema (dataclass) its YAML extends; validation also checks a user's model
   config against it;
-- ``builder``: the import path of the ``nn.Module`` class (the default ``_target_``);
+- ``family`` / ``builder``: its name and the import path of the ``nn.Module`` class, taken from its config's
+  ``family`` and ``_target_`` (written once, there);
 - ``parallelize``: ``"module:function"`` of its tensor-parallel plan, imported only when tp > 1; ``None``
   means the family cannot run with tp > 1 (validation refuses it before spawn);
 - ``pipeline``: how the model splits into pipeline units (the parts before the blocks, the blocks in
@@ -13,8 +14,11 @@ Validation, the strategies and the planner ask a model's spec instead of testing
 - ``shape``: parameter and FLOP formulas (``models/shape.py``), for the planner, the memory check and MFU;
 - ``check`` / ``tp_check``: what the config's sizes must satisfy, alone and for a tensor-parallel degree;
   each returns the problems as "key=value: what is wrong; the fix";
+- ``inputs`` / ``data_check``: what the model consumes (tokens or images) and needs of the data config;
 - ``hf_adapter``: ``"module:OBJECT"`` of its Hugging Face adapter (``models/hf_adapter.py``), imported only
-  when a run reads or writes a transformers model folder; ``None``: no way in or out.
+  when a run reads or writes a transformers model folder; ``None``: no way in or out;
+- ``loss``: ``"module:function"`` of the loss it trains with (``models/losses.py``), which every engine calls;
+- ``tp_plan``: the module names its tensor-parallel plan shards (``TPPlan``), read by its ``parallelize``.
 
 The built-in families register in ``models/registry.py``; a user's model registers itself with
 ``models.registry.register(spec)`` or is named by ``model.spec: "package.module:SPEC"`` in its YAML
@@ -71,6 +75,77 @@ class PipelineUnits:
 Problems = list[str]
 
 
+# ---- the tensor-parallel plan's module names (torch-free; models/tensor_parallel.py applies them) ----------
+
+
+@dataclass(frozen=True)
+class SubBlockTP:
+    """One sub-block of a decoder block under Megatron's split, by names relative to the block (``layers.N``):
+    the norm before it, the projections that fan out (column-wise) and the one that fans back in (row-wise)."""
+
+    module: str
+    """The sub-block (``attention``, ``feed_forward``): with sequence parallel its input is gathered."""
+    norm: str
+    """The norm on the residual stream before it (``attention_norm``): runs on the sequence shard."""
+    colwise: tuple[str, ...]
+    """Its input projections, relative to ``module`` (``wq``, ``wk``, ``wv``): split by output columns."""
+    rowwise: str
+    """Its output projection, relative to ``module`` (``wo``): split by input rows, partial sums reduced."""
+    head_norms: tuple[str, ...] = ()
+    """Norms applied per head inside it, relative to ``module`` (Qwen3's ``q_norm``, ``k_norm``): their input
+    is sharded over the heads dimension, their weights replicated."""
+    extra_inputs: int = 0
+    """Inputs it takes after the residual stream, passed as plain tensors (Llama's rotary table: 1)."""
+
+
+@dataclass(frozen=True)
+class TPPlan:
+    """The FQNs a family's tensor-parallel plan shards, and how: what ``models/tensor_parallel.py`` reads
+    instead of assuming names. Blocks live in ``layers``; a pipeline stage may lack ``final_norm`` and ``head``."""
+
+    sub_blocks: tuple[SubBlockTP, ...]
+    final_norm: str = "norm"
+    """The norm after the last block: on the sequence shard with sequence parallel; a stage without it ends
+    before the model's end, so its last block gathers the sequence back."""
+    head: str = "output"
+    """The output projection: column-wise over the vocabulary (kept sharded with ``tp.loss_parallel``)."""
+    block_extra_inputs: int = 0
+    """Inputs a block takes after the residual stream (Llama's rotary table: 1)."""
+
+    def block_modules(self, block: str) -> list[str]:
+        """Every submodule name the plan reads in block ``block`` (``layers.0``), in plan order."""
+        names = []
+        for sub in self.sub_blocks:
+            inner = [*sub.colwise, sub.rowwise, *sub.head_norms]
+            names += [f"{block}.{sub.norm}", f"{block}.{sub.module}", *(f"{block}.{sub.module}.{n}" for n in inner)]
+        return names
+
+    def module_names(self, blocks: Sequence[str]) -> list[str]:
+        """Every FQN the plan reads in a model whose ``layers`` holds ``blocks`` (keys "0", "1" ...)."""
+        names = [n for key in blocks for n in self.block_modules(f"layers.{key}")]
+        return [*names, self.final_norm, self.head]
+
+
+def decoder_tp_plan(*, ffn_in: tuple[str, ...], extra_inputs: int = 0, head_norms: tuple[str, ...] = ()) -> TPPlan:
+    """The plan over the module names the built-in decoders share (``attention.wq`` ... ``feed_forward.w2``,
+    ``attention_norm``, ``ffn_norm``, ``norm``, ``output``): their feed-forward's input projections, the inputs
+    after the residual stream, and per-head norms are what differ."""
+    return TPPlan(
+        sub_blocks=(
+            SubBlockTP(
+                module="attention",
+                norm="attention_norm",
+                colwise=("wq", "wk", "wv"),
+                rowwise="wo",
+                head_norms=head_norms,
+                extra_inputs=extra_inputs,
+            ),
+            SubBlockTP(module="feed_forward", norm="ffn_norm", colwise=ffn_in, rowwise="w2"),
+        ),
+        block_extra_inputs=extra_inputs,
+    )
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     family: str
@@ -93,6 +168,48 @@ class ModelSpec:
     """``package.module:OBJECT``, the family's ``models.hf_adapter.HFAdapter``: names, tensors and config
     between meshtrain and a transformers model folder (``model.init_from``, ``python -m trainer.export``)."""
     description: str = ""
+    # ---- what validation asks of the family (trainer/validate.py reads these; no key guesses the family) ----
+    inputs: str | None = "tokens"
+    """What the model consumes: ``tokens`` (data=text, data=tokens) or ``images`` (data=images); None: not checked."""
+    data_check: Callable[[Any, Any], Problems] | None = None
+    """``fn(model, data)``: what the model needs of the data config (the CNN: images big enough for its pooling)."""
+
+    # -- what the family trains with, and the names its tensor-parallel plan shards (both read by the strategies)
+    loss: str = "models.losses:token_cross_entropy"
+    """``package.module:function`` of its loss, ``fn(output, targets) -> mean loss`` (``models/losses.py``)."""
+    tp_plan: TPPlan | None = None
+    """The module names its ``parallelize`` function shards; ``None`` for a family without tensor parallel."""
+    # ---- the planner's model (calibration and dry run) ----
+    resized: Callable[[Any, dict[str, int]], dict[str, Any]] | None = None
+    """``fn(model, sizes) -> kwargs``: builder kwargs of a model of this family like the config ``model`` with
+    ``sizes`` (``n_layers``, ``vocab_size``, ``max_seq_len``; absent keys kept) replaced, so the planner times
+    and dry-runs the configured family; None: the planner cannot build it (it plans from the config alone)."""
+
+    def loss_fn(self) -> Callable[[Any, Any], Any]:
+        """The loss function (imported on first use: it imports torch)."""
+        return import_object(self.loss)
+
+    @classmethod
+    def of(cls, config: type, *, schemas: dict[str, type] | None = None, **fields: Any) -> ModelSpec:
+        """A family's spec from its config schema: the family name and builder are the config's ``family`` and
+        ``_target_`` (defined there once); its schema is registered as ``<family>_schema`` unless ``schemas``
+        names more."""
+        family = str(config.family)
+        return cls(
+            family=family,
+            builder=str(config._target_),
+            config=config,
+            schemas=schemas or {f"{family}_schema": config},
+            **fields,
+        )
+
+    @classmethod
+    def decoder(cls, config: type, **fields: Any) -> ModelSpec:
+        """A dense decoder's spec (``of``): its blocks counted by ``n_layers``, its longest sequence
+        ``max_seq_len``, its pipeline units the token embedding, the blocks, the final norm and the head,
+        unless ``fields`` says otherwise."""
+        defaults = {"blocks": n_layers, "max_seq_len": configured_max_seq_len, "pipeline": DECODER_UNITS}
+        return cls.of(config, **{**defaults, **fields})
 
     def parallelize_fn(self) -> Callable[..., Any]:
         """The tensor-parallel plan function (imported on first use: it imports torch)."""
@@ -105,7 +222,7 @@ class ModelSpec:
         if self.hf_adapter is None:
             raise ValueError(
                 f"model family '{self.family}' has no Hugging Face adapter (ModelSpec.hf_adapter): its weights cannot "
-                "be read from or written to a transformers model folder; the llama, qwen3 and gpt families have one "
+                "be read from or written to a transformers model folder; a family gets one with ModelSpec.hf_adapter "
                 "(docs/models.md, 'Hugging Face in and out')"
             )
         return import_object(self.hf_adapter)
@@ -116,6 +233,9 @@ class ModelSpec:
     def problems(self, model: Any) -> Problems:
         return list(self.check(model)) if self.check is not None else []
 
+    def data_problems(self, model: Any, data: Any) -> Problems:
+        return list(self.data_check(model, data)) if self.data_check is not None else []
+
     def tp_problems(self, model: Any, tp: int) -> Problems:
         if self.parallelize is None:
             return [
@@ -125,6 +245,20 @@ class ModelSpec:
                 "parallelize function (docs/models.md)"
             ]
         return list(self.tp_check(model, tp)) if self.tp_check is not None else []
+
+
+def n_layers(model: Any) -> int:
+    """``ModelSpec.blocks`` of a model whose config counts its blocks in ``n_layers``."""
+    return int(model.n_layers)
+
+
+def configured_max_seq_len(model: Any) -> int:
+    """``ModelSpec.max_seq_len`` of a model whose config holds it in ``max_seq_len``."""
+    return int(model.max_seq_len)
+
+
+#: pipeline units of a decoder with a token embedding, its blocks in ``layers``, a final norm and a head
+DECODER_UNITS = PipelineUnits(pre=("tok_embeddings",), post=("norm", "output"))
 
 
 def import_object(path: str) -> Any:
@@ -144,6 +278,19 @@ def builder_kwargs(model: Any) -> dict[str, Any]:
 
 
 # ---- shared checks of decoder transformers ------------------------------------------------------
+
+
+def size_problems(model: Any, *, positive: Sequence[str], non_negative: dict[str, str] | None = None) -> Problems:
+    """Sizes the constructor would reject: ``positive`` keys must be >= 1, ``non_negative`` keys >= 0 (their
+    value says what 0 means)."""
+    out: Problems = []
+    for key in positive:
+        if key in model and int(model[key]) < 1:
+            out.append(f"model.{key}={model[key]}: must be a positive integer (>= 1)")
+    for key, zero in (non_negative or {}).items():
+        if key in model and int(model[key] or 0) < 0:
+            out.append(f"model.{key}={model[key]}: must be >= 0 ({zero})")
+    return out
 
 
 def transformer_problems(model: Any, *, kv_heads: bool = False) -> Problems:
@@ -166,7 +313,8 @@ def transformer_problems(model: Any, *, kv_heads: bool = False) -> Problems:
 
 
 def transformer_tp_problems(model: Any, tp: int, *, widths: Sequence[int], kv_heads: bool = False) -> Problems:
-    """What a Megatron-style plan (column-wise q/k/v and MLP in, row-wise out) needs from the sizes."""
+    """What a Megatron-style plan (column-wise q/k/v and MLP in, row-wise out) needs from the sizes, and a head
+    that is not tied to the embedding (``tied_tp_problems``)."""
     out: Problems = []
     heads, d_model = int(model.n_heads), int(model.d_model)
     if heads % tp:
@@ -193,7 +341,7 @@ def transformer_tp_problems(model: Any, tp: int, *, widths: Sequence[int], kv_he
                 f"feed-forward width {width} (model.d_ff / model.layer_d_ff) is not divisible by tp.size={tp}: "
                 f"the MLP matrices are split by it; use a multiple of {tp}"
             )
-    return out
+    return out + tied_tp_problems(model, tp)
 
 
 def tied_tp_problems(model: Any, tp: int) -> Problems:

@@ -1,8 +1,9 @@
-"""The tensor-parallel (DTensor) plan shared by the decoder families (GPT, Llama): Megatron's pattern as
-torchtitan applies it, over the FQNs both families use (``layers.N.attention.wq`` ..., ``norm``, ``output``).
+"""The tensor-parallel (DTensor) plan shared by the decoder families (GPT, Llama, Qwen3): Megatron's pattern as
+torchtitan applies it, over the module names each family declares in its ``ModelSpec.tp_plan`` (``TPPlan``,
+``models/spec.py``): no name is assumed here.
 
-In each block, the projections that fan out (``wq``/``wk``/``wv``, the feed-forward's input projections)
-are column-wise, the ones that fan back in (``wo``, ``w2``) row-wise: one all-reduce per sub-block forward,
+In each sub-block, the projections that fan out (``colwise``: attention's q/k/v, the feed-forward's input
+projections) are column-wise, the one that fans back in (``rowwise``) row-wise: one all-reduce per sub-block forward,
 one in backward. Options:
 - ``sequence_parallel``: the residual stream between sub-blocks is sharded along the sequence; norms run on
   the shard (``SequenceParallel``), the all-reduce becomes all-gather + reduce-scatter. The first block of
@@ -17,8 +18,6 @@ Works on the full model and on a pipeline stage (parts set to ``None`` are skipp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
@@ -31,70 +30,70 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from models.spec import TPPlan
 
-@dataclass(frozen=True)
-class DecoderBlockTP:
-    """What differs between families: the feed-forward's column-wise inputs, how many inputs a block and its
-    attention take after the residual stream (Llama passes the rotary table, a plain tensor), and norms that
-    run on each attention head (Qwen3's q/k norms: their input is sharded over the heads dimension, 2)."""
 
-    ffn_in: tuple[str, ...] = ("w1",)
-    extra_inputs: int = 0
-    head_norms: tuple[str, ...] = ()
-
-    def plan(self, prefix: str, *, sequence_parallel: bool) -> dict:
-        out = Shard(1) if sequence_parallel else Replicate()
-        plan = {f"{prefix}.attention.{w}": ColwiseParallel() for w in ("wq", "wk", "wv")}
-        plan.update(
-            {
-                f"{prefix}.attention.{n}": SequenceParallel(sequence_dim=2, use_local_output=True)
-                for n in self.head_norms
-            }
-        )
-        plan[f"{prefix}.attention.wo"] = RowwiseParallel(output_layouts=out)
-        plan.update({f"{prefix}.feed_forward.{w}": ColwiseParallel() for w in self.ffn_in})
-        plan[f"{prefix}.feed_forward.w2"] = RowwiseParallel(output_layouts=out)
+def block_plan(plan: TPPlan, prefix: str, *, sequence_parallel: bool) -> dict:
+    """The parallel styles of one block (``prefix``: ``layers.N``), from the names the family declares."""
+    out = Shard(1) if sequence_parallel else Replicate()
+    styles: dict = {}
+    for sub in plan.sub_blocks:
+        base = f"{prefix}.{sub.module}"
+        styles.update({f"{base}.{w}": ColwiseParallel() for w in sub.colwise})
+        styles.update({f"{base}.{n}": SequenceParallel(sequence_dim=2, use_local_output=True) for n in sub.head_norms})
+        styles[f"{base}.{sub.rowwise}"] = RowwiseParallel(output_layouts=out)
         if sequence_parallel:
-            extra = (None,) * self.extra_inputs
-            plan[f"{prefix}.attention_norm"] = SequenceParallel()
-            plan[f"{prefix}.attention"] = PrepareModuleInput(
+            extra = (None,) * sub.extra_inputs
+            styles[f"{prefix}.{sub.norm}"] = SequenceParallel()
+            styles[base] = PrepareModuleInput(
                 input_layouts=(Shard(1), *extra), desired_input_layouts=(Replicate(), *extra)
             )
-            plan[f"{prefix}.ffn_norm"] = SequenceParallel()
-            plan[f"{prefix}.feed_forward"] = PrepareModuleInput(
-                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
-            )
-        return plan
+    return styles
+
+
+def missing_modules(model: nn.Module, plan: TPPlan) -> list[str]:
+    """The names ``plan`` reads that ``model`` (a whole model or a stage) does not have."""
+    present = {name for name, module in model.named_modules() if module is not None}
+    wanted = [n for key in model.layers.keys() for n in plan.block_modules(f"layers.{key}")]
+    wanted += [n for n in (plan.final_norm, plan.head) if getattr(model, n, None) is not None]
+    return [n for n in wanted if n not in present]
 
 
 def parallelize_decoder(
     model: nn.Module,
     *,
     tp_mesh: DeviceMesh,
-    block: DecoderBlockTP,
+    plan: TPPlan,
     sequence_parallel: bool = False,
     loss_parallel: bool = False,
 ) -> nn.Module:
-    """Apply the plan in place (blocks, then the head, then stage edges); returns ``model``."""
+    """Apply the family's ``plan`` in place (blocks, then the head, then stage edges); returns ``model``."""
     if tp_mesh.size() == 1:
         return model
+    missing = missing_modules(model, plan)
+    if missing:
+        raise ValueError(
+            f"{type(model).__name__} has no submodule(s) {missing[:6]} that its ModelSpec.tp_plan names; make the "
+            "family's tp_plan (its spec.py) name the model's modules"
+        )
     blocks = list(model.layers.keys())
-    plan: dict = {}
+    styles: dict = {}
     for name in blocks:
-        plan.update(block.plan(f"layers.{name}", sequence_parallel=sequence_parallel))
-    if model.norm is not None and sequence_parallel:
-        plan["norm"] = SequenceParallel()
-    if model.output is not None:
-        plan["output"] = ColwiseParallel(
+        styles.update(block_plan(plan, f"layers.{name}", sequence_parallel=sequence_parallel))
+    has_final_norm = getattr(model, plan.final_norm, None) is not None
+    if has_final_norm and sequence_parallel:
+        styles[plan.final_norm] = SequenceParallel()
+    if getattr(model, plan.head, None) is not None:
+        styles[plan.head] = ColwiseParallel(
             input_layouts=Shard(1) if sequence_parallel else Replicate(),
             output_layouts=Shard(-1) if loss_parallel else Replicate(),
             use_local_output=not loss_parallel,
         )
-    parallelize_module(model, tp_mesh, plan)
+    parallelize_module(model, tp_mesh, styles)
     # sequence parallel: shard the residual stream where it enters, gather it where a stage leaves
     # (separate calls, so one block can be both entry and exit of a stage)
     if sequence_parallel and blocks:
-        extra = (None,) * block.extra_inputs
+        extra = (None,) * plan.block_extra_inputs
         parallelize_module(
             model.layers[blocks[0]],
             tp_mesh,
@@ -102,7 +101,7 @@ def parallelize_decoder(
                 input_layouts=(Replicate(), *extra), desired_input_layouts=(Shard(1), *extra), use_local_output=True
             ),
         )
-        if model.norm is None:
+        if not has_final_norm:
             parallelize_module(
                 model.layers[blocks[-1]],
                 tp_mesh,

@@ -128,6 +128,10 @@ class TopologyConfig:
     """Fixed cost of one FSDP2 all-gather or reduce-scatter besides the link's latency and bandwidth: its
     hooks and buffer copies, and the sharded (DTensor) parameters' clipping and optimizer step, per
     collective (calibrate measures it)."""
+    ddp_bucket_us: float = 0.0
+    """Fixed cost of one DDP gradient bucket besides the ring formula: the reducer's hooks and bucket copies, and
+    the all-reduce exposed after the backward while its thread competes with the node's compute (calibrate
+    measures it on a whole DDP step)."""
     p2p_gbps: Optional[float] = None
     """Point-to-point bandwidth between pipeline neighbours (Gbit/s); null = the link's bandwidth."""
     p2p_latency_us: Optional[float] = None

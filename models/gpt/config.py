@@ -36,7 +36,7 @@ class GPTConfig(ModelConfig):
 class GPTDescriptionConfig(GPTConfig):
     """A GPT far too big to build here, described for the planner only (``python -m parallel.plan``)."""
 
-    _target_: str = "parallel.plan.specs.refuse_to_build"
+    _target_: str = "models.shape.refuse_to_build"
     planner_only: bool = True
     global_batch_size: int = 512
     """The batch the published run used (samples of max_seq_len tokens)."""

@@ -1,6 +1,7 @@
 """How the GPT in ``models/gpt/model.py`` is split inside each layer: its tensor-parallel (DTensor) plan.
 
-Megatron's pattern (``models/tensor_parallel.py``): in attention, ``wq``/``wk``/``wv`` are column-wise
+Megatron's pattern (``models/tensor_parallel.py``) over the module names its spec declares (``SPEC.tp_plan``,
+``models/gpt/spec.py``): in attention, ``wq``/``wk``/``wv`` are column-wise
 (each tp rank owns a slice of the heads) and ``wo`` is row-wise (partial sums all-reduced); in the
 feed-forward, ``w1`` is column-wise and ``w2`` row-wise. Embeddings stay replicated (the byte vocabulary
 is tiny). ``sequence_parallel`` puts the LayerNorms on the sequence shard; ``loss_parallel`` keeps the
@@ -15,9 +16,8 @@ from __future__ import annotations
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from models.tensor_parallel import DecoderBlockTP, parallelize_decoder
-
-GPT_BLOCK = DecoderBlockTP(ffn_in=("w1",))
+from models.gpt.spec import SPEC
+from models.tensor_parallel import parallelize_decoder
 
 
 def parallelize_gpt(
@@ -25,5 +25,5 @@ def parallelize_gpt(
 ) -> nn.Module:
     """Apply the tensor-parallel plan in place; returns ``model``."""
     return parallelize_decoder(
-        model, tp_mesh=tp_mesh, block=GPT_BLOCK, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel
+        model, tp_mesh=tp_mesh, plan=SPEC.tp_plan, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel
     )

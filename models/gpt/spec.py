@@ -6,7 +6,15 @@ from typing import Any
 
 from models.gpt.config import GPTConfig, GPTDescriptionConfig
 from models.shape import ModelShape
-from models.spec import ModelSpec, PipelineUnits, tied_tp_problems, transformer_problems, transformer_tp_problems
+from models.spec import (
+    ModelSpec,
+    PipelineUnits,
+    builder_kwargs,
+    decoder_tp_plan,
+    size_problems,
+    transformer_problems,
+    transformer_tp_problems,
+)
 
 #: ``model.activation`` -> the GELU variant (``approximate`` of ``F.gelu``): exact, or GPT-2's tanh approximation
 ACTIVATIONS = {"gelu": "none", "gelu_tanh": "tanh"}
@@ -34,12 +42,26 @@ def gpt_shape(model: Any) -> ModelShape:
 
 
 def gpt_problems(model: Any) -> list[str]:
+    out = size_problems(
+        model,
+        positive=("vocab_size", "n_layers", "d_model", "n_heads"),
+        non_negative={"d_ff": "0 means 4 * model.d_model"},
+    )
+    if out:
+        return out  # the rules below divide by these sizes
     out = transformer_problems(model)
+    dropout = model.get("dropout", 0.0)
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        out.append(f"model.dropout={dropout}: must be in [0, 1)")
     widths = [int(w) for w in (model.get("layer_d_ff") or [])]
-    if widths and len(widths) != int(model.n_layers):
+    n = int(model.n_layers)
+    if widths and len(widths) != n:
         out.append(
-            f"model.layer_d_ff has {len(widths)} entries for model.n_layers={model.n_layers}; give one width per block"
+            f"model.layer_d_ff={widths}: {len(widths)} width(s) for model.n_layers={n}; give one width per "
+            f"block ({n} entries), or [] to use model.d_ff everywhere"
         )
+    if any(w < 1 for w in widths):
+        out.append(f"model.layer_d_ff={widths}: every feed-forward width must be >= 1")
     activation = model.get("activation", "gelu")
     if activation not in ACTIVATIONS:
         out.append(f"model.activation={activation}: use one of {', '.join(ACTIVATIONS)} (gelu_tanh: GPT-2's)")
@@ -47,21 +69,28 @@ def gpt_problems(model: Any) -> list[str]:
 
 
 def gpt_tp_problems(model: Any, tp: int) -> list[str]:
-    return transformer_tp_problems(model, tp, widths=ffn_widths(model)) + tied_tp_problems(model, tp)
+    return transformer_tp_problems(model, tp, widths=ffn_widths(model))
 
 
-SPEC = ModelSpec(
-    family="gpt",
-    builder="models.gpt.model.GPT",
-    config=GPTConfig,
+def gpt_resized(model: Any, sizes: dict[str, int]) -> dict[str, Any]:
+    """``models.gpt.model.GPT`` kwargs of ``model`` with ``sizes`` replaced (per-block widths cut to n_layers)."""
+    kwargs = {k: v for k, v in builder_kwargs(model).items() if k != "_target_"}
+    kwargs.update(sizes)
+    if kwargs.get("layer_d_ff"):
+        kwargs["layer_d_ff"] = [int(w) for w in kwargs["layer_d_ff"]][: int(kwargs["n_layers"])]
+    return kwargs
+
+
+SPEC = ModelSpec.decoder(
+    GPTConfig,
     schemas={"gpt_schema": GPTConfig, "gpt_description_schema": GPTDescriptionConfig},
     parallelize="models.gpt.parallelize:parallelize_gpt",
+    tp_plan=decoder_tp_plan(ffn_in=("w1",)),
     pipeline=PipelineUnits(pre=("tok_embeddings", "pos_embeddings"), post=("norm", "output")),
-    blocks=lambda model: int(model.n_layers),
-    max_seq_len=lambda model: int(model.max_seq_len),
     shape=gpt_shape,
     check=gpt_problems,
     tp_check=gpt_tp_problems,
     hf_adapter="models.gpt.hf_adapter:ADAPTER",
+    resized=gpt_resized,
     description="GPT-2-style decoder: learned positions, LayerNorm, GELU MLP, multi-head attention",
 )

@@ -1,6 +1,7 @@
 """How the Llama in ``models/llama/model.py`` is split inside each layer: its tensor-parallel (DTensor) plan.
 
-The GPT's Megatron plan (``models/tensor_parallel.py``) with Llama's extra pieces, as torchtitan applies it:
+The GPT's Megatron plan (``models/tensor_parallel.py``) with Llama's extra pieces, as torchtitan applies it, over
+the module names its spec declares (``SPEC.tp_plan``, ``models/llama/spec.py``):
 - attention: ``wq`` column-wise (each tp rank owns ``n_heads / tp`` query heads), ``wk``/``wv`` column-wise
   (each rank owns ``n_kv_heads / tp`` key/value heads, so the query heads of one group and their shared
   key/value head sit on the same rank), ``wo`` row-wise;
@@ -18,9 +19,8 @@ from __future__ import annotations
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from models.tensor_parallel import DecoderBlockTP, parallelize_decoder
-
-LLAMA_BLOCK = DecoderBlockTP(ffn_in=("w1", "w3"), extra_inputs=1)
+from models.llama.spec import SPEC
+from models.tensor_parallel import parallelize_decoder
 
 
 def parallelize_llama(
@@ -28,5 +28,5 @@ def parallelize_llama(
 ) -> nn.Module:
     """Apply the tensor-parallel plan in place; returns ``model``."""
     return parallelize_decoder(
-        model, tp_mesh=tp_mesh, block=LLAMA_BLOCK, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel
+        model, tp_mesh=tp_mesh, plan=SPEC.tp_plan, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel
     )

@@ -6,7 +6,14 @@ from typing import Any
 
 from models.llama.config import LlamaConfig
 from models.shape import ModelShape
-from models.spec import ModelSpec, PipelineUnits, tied_tp_problems, transformer_problems, transformer_tp_problems
+from models.spec import (
+    ModelSpec,
+    builder_kwargs,
+    decoder_tp_plan,
+    size_problems,
+    transformer_problems,
+    transformer_tp_problems,
+)
 
 
 def ffn_width(model: Any) -> int:
@@ -39,7 +46,18 @@ def llama_shape(model: Any) -> ModelShape:
     )
 
 
+#: sizes every Llama-style config must give (>= 1), and those where 0 picks a default (>= 0)
+POSITIVE = ("vocab_size", "n_layers", "d_model", "n_heads")
+DEFAULTED = {
+    "n_kv_heads": "0 means model.n_heads",
+    "d_ff": "0 means Llama's rule: 8/3 x model.d_model rounded up to a multiple of 64",
+}
+
+
 def llama_problems(model: Any) -> list[str]:
+    out = size_problems(model, positive=POSITIVE, non_negative=DEFAULTED)
+    if out:
+        return out  # the rules below divide by these sizes
     out = transformer_problems(model, kv_heads=True) + rope_scaling_problems(model)
     heads, d_model = int(model.n_heads), int(model.d_model)
     if heads and d_model % heads == 0 and (d_model // heads) % 2:
@@ -66,21 +84,22 @@ def rope_scaling_problems(model: Any) -> list[str]:
 
 
 def llama_tp_problems(model: Any, tp: int) -> list[str]:
-    return transformer_tp_problems(model, tp, widths=[ffn_width(model)], kv_heads=True) + tied_tp_problems(model, tp)
+    return transformer_tp_problems(model, tp, widths=[ffn_width(model)], kv_heads=True)
 
 
-SPEC = ModelSpec(
-    family="llama",
-    builder="models.llama.model.Llama",
-    config=LlamaConfig,
-    schemas={"llama_schema": LlamaConfig},
+def llama_resized(model: Any, sizes: dict[str, int]) -> dict[str, Any]:
+    """Builder kwargs (Llama's, Qwen3's) of ``model`` with ``sizes`` replaced: every block has the same width."""
+    return {**{k: v for k, v in builder_kwargs(model).items() if k != "_target_"}, **sizes}
+
+
+SPEC = ModelSpec.decoder(
+    LlamaConfig,
     parallelize="models.llama.parallelize:parallelize_llama",
-    pipeline=PipelineUnits(pre=("tok_embeddings",), post=("norm", "output")),
-    blocks=lambda model: int(model.n_layers),
-    max_seq_len=lambda model: int(model.max_seq_len),
+    tp_plan=decoder_tp_plan(ffn_in=("w1", "w3"), extra_inputs=1),
     shape=llama_shape,
     check=llama_problems,
     tp_check=llama_tp_problems,
     hf_adapter="models.llama.hf_adapter:ADAPTER",
+    resized=llama_resized,
     description="Llama-3-style decoder: RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention",
 )

@@ -1,4 +1,5 @@
-"""Qwen3's tensor-parallel plan: Llama's (``models/llama/parallelize.py``) plus its per-head q/k norms.
+"""Qwen3's tensor-parallel plan: Llama's (``models/llama/parallelize.py``) plus its per-head q/k norms, as its
+spec declares them (``SPEC.tp_plan``, ``models/qwen3/spec.py``).
 
 A tp rank holds whole query and key heads, so each head's norm runs locally; the norm weights are replicated,
 and each rank's gradient for them covers only its own heads. The plan therefore treats the norms' input as
@@ -11,9 +12,8 @@ from __future__ import annotations
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from models.tensor_parallel import DecoderBlockTP, parallelize_decoder
-
-QWEN3_BLOCK = DecoderBlockTP(ffn_in=("w1", "w3"), extra_inputs=1, head_norms=("q_norm", "k_norm"))
+from models.qwen3.spec import SPEC
+from models.tensor_parallel import parallelize_decoder
 
 
 def parallelize_qwen3(
@@ -21,5 +21,5 @@ def parallelize_qwen3(
 ) -> nn.Module:
     """Apply the tensor-parallel plan in place; returns ``model``."""
     return parallelize_decoder(
-        model, tp_mesh=tp_mesh, block=QWEN3_BLOCK, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel
+        model, tp_mesh=tp_mesh, plan=SPEC.tp_plan, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel
     )

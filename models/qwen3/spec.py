@@ -6,10 +6,18 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from models.llama.spec import kv_heads, llama_shape, llama_tp_problems, rope_scaling_problems
+from models.llama.spec import (
+    DEFAULTED,
+    POSITIVE,
+    kv_heads,
+    llama_resized,
+    llama_shape,
+    llama_tp_problems,
+    rope_scaling_problems,
+)
 from models.qwen3.config import Qwen3Config
 from models.shape import ModelShape
-from models.spec import ModelSpec, PipelineUnits
+from models.spec import ModelSpec, decoder_tp_plan, size_problems
 
 
 def head_dim(model: Any) -> int:
@@ -23,6 +31,9 @@ def qwen3_shape(model: Any) -> ModelShape:
 
 
 def qwen3_problems(model: Any) -> list[str]:
+    out = size_problems(model, positive=POSITIVE, non_negative={**DEFAULTED, "head_dim": "0 means d_model / n_heads"})
+    if out:
+        return out  # the rules below divide by these sizes
     out = rope_scaling_problems(model)
     heads, kv = int(model.n_heads), kv_heads(model)
     if heads < 1 or kv < 1 or heads % kv:
@@ -44,18 +55,14 @@ def qwen3_problems(model: Any) -> list[str]:
     return out
 
 
-SPEC = ModelSpec(
-    family="qwen3",
-    builder="models.qwen3.model.Qwen3",
-    config=Qwen3Config,
-    schemas={"qwen3_schema": Qwen3Config},
+SPEC = ModelSpec.decoder(
+    Qwen3Config,
     parallelize="models.qwen3.parallelize:parallelize_qwen3",
-    pipeline=PipelineUnits(pre=("tok_embeddings",), post=("norm", "output")),
-    blocks=lambda model: int(model.n_layers),
-    max_seq_len=lambda model: int(model.max_seq_len),
+    tp_plan=decoder_tp_plan(ffn_in=("w1", "w3"), extra_inputs=1, head_norms=("q_norm", "k_norm")),
     shape=qwen3_shape,
     check=qwen3_problems,
     tp_check=llama_tp_problems,  # Llama's blocks: the same TP plan and rules
     hf_adapter="models.qwen3.hf_adapter:ADAPTER",
+    resized=llama_resized,  # the same kwargs: every block has the same width
     description="Qwen3 dense decoder: Llama's blocks with per-head q/k RMSNorm and its own head width",
 )

@@ -10,27 +10,26 @@ strategy of their own by pointing ``parallel._target_`` at a ``Strategy`` subcla
 from __future__ import annotations
 
 import logging
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import nn
+from torch.distributed.tensor import DTensor
 
+from models.losses import token_cross_entropy
+from parallel.core.comm_timer import SampledCommMeter
 from parallel.core.grad_clip import clip_grad_norm_
+from parallel.core.intervals import IntervalLog
 from parallel.core.layout import ParallelLayout
-from parallel.core.memory import BuildPeak, tensor_bytes
-
-
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean token (or sample) cross-entropy, for sequence and classification outputs alike."""
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
+from parallel.core.memory import BuildPeak, rank_budget_bytes, tensor_bytes
 
 
 @dataclass
@@ -56,7 +55,7 @@ class WorkerContext:
 
     @property
     def model_spec(self):
-        """The model family's ``ModelSpec`` (``models/registry.py``): TP plan, pipeline units, formulas."""
+        """The model family's ``ModelSpec`` (``models/registry.py``): loss, TP plan, pipeline units, formulas."""
         from models.registry import spec_for
 
         return spec_for(self.cfg.model)
@@ -74,7 +73,7 @@ class WorkerContext:
 
         if self.weights_from_checkpoint:
             return "meta"
-        budget = float(self.cfg.topology.device_memory_gb) * 1e9 * float(self.cfg.planner.memory_fraction)
+        budget = rank_budget_bytes(self.cfg)
         requested = str(self.cfg.model.get("init_device", "auto"))
         return resolve_init_device(requested, full_fp32_bytes=self.full_fp32_bytes(), budget_bytes=budget)
 
@@ -250,10 +249,16 @@ class Engine(ABC):
 
 
 class ModuleEngine(Engine):
-    """One (possibly wrapped) module per rank; gradient accumulation over ``accumulation`` chunks.
+    """One (possibly wrapped) module per rank; gradient accumulation over ``accumulation`` chunks. The engine of
+    every strategy without a pipeline: single, ddp, fsdp, tp, hybrid with pp.size=1 (``parallel/core/compose.py``).
 
-    ``no_sync`` suppresses gradient synchronisation on all but the last chunk (DDP's ``no_sync``,
-    FSDP2's ``set_requires_gradient_sync``), so accumulation costs one all-reduce per step.
+    ``loss_fn`` is the model family's loss (``ctx.model_spec.loss_fn()``); a loss that comes back as a DTensor
+    (vocabulary-sharded logits) is returned as a plain tensor. ``no_sync`` suppresses gradient synchronisation
+    on all but the last chunk (DDP's ``no_sync``, FSDP2's ``set_requires_gradient_sync``), so accumulation
+    costs one reduction per step. ``loss_parallel`` runs forward and backward inside torch's
+    ``loss_parallel()`` (the head is vocabulary-sharded). Measured: ``dp_timer``, the dp dimension's
+    collectives (DDP buckets or FSDP2's), as ``comm_time_s`` / ``comm_fraction`` over the step; ``tp_meter``,
+    the tp group's. ``rank_map`` goes to the summary.
     """
 
     def __init__(
@@ -261,33 +266,69 @@ class ModuleEngine(Engine):
         module: nn.Module,
         *,
         accumulation: int = 1,
-        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = token_cross_entropy,
         no_sync: Callable[[], AbstractContextManager] | None = None,
+        dp_timer: IntervalLog | None = None,
+        loss_parallel: bool = False,
+        tp_meter: SampledCommMeter | None = None,
+        rank_map: dict[str, Any] | None = None,
     ):
         self.module = module
         self.model_parts = [module]
         self.accumulation = accumulation
         self.loss_fn = loss_fn
         self.no_sync = no_sync or nullcontext
+        self.dp_timer = dp_timer
+        self.loss_parallel = loss_parallel
+        self.tp_meter = tp_meter or SampledCommMeter(None, every=1)
+        self.rank_map = rank_map or {}
+        self._step_start = time.perf_counter()
+
+    def _loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = self.loss_fn(self.module(x), y)
+        return loss.full_tensor() if isinstance(loss, DTensor) else loss
+
+    def _loss_context(self, stack: ExitStack) -> None:
+        if self.loss_parallel:
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            stack.enter_context(loss_parallel())
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        self._step_start = time.perf_counter()
         n = self.accumulation
         total = torch.zeros((), device=inputs.device)
-        for i, (x, y) in enumerate(zip(inputs.chunk(n), targets.chunk(n))):
-            ctx = self.no_sync() if i < n - 1 else nullcontext()
-            with ctx:
-                loss = self.loss_fn(self.module(x), y) / n
-                loss.backward()
-            total += loss.detach()
+        with ExitStack() as stack:
+            self._loss_context(stack)
+            stack.enter_context(self.tp_meter.step())
+            for i, (x, y) in enumerate(zip(inputs.chunk(n), targets.chunk(n))):
+                with self.no_sync() if i < n - 1 else nullcontext():
+                    loss = self._loss(x, y) / n
+                    loss.backward()
+                total += loss.detach()
         return total
 
     @torch.no_grad()
     def eval_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         n = self.accumulation  # the training chunks: no more activation memory than a training step
         total = torch.zeros((), device=inputs.device)
-        for x, y in zip(inputs.chunk(n), targets.chunk(n)):
-            total += self.loss_fn(self.module(x), y) / n
+        with ExitStack() as stack:
+            self._loss_context(stack)
+            for x, y in zip(inputs.chunk(n), targets.chunk(n)):
+                total += self._loss(x, y) / n
         return total
+
+    def step_metrics(self) -> dict[str, float]:
+        out = self.tp_meter.metrics()
+        if self.dp_timer is not None:  # over the loop's step: forward/backward, clipping, update
+            busy, count = self.dp_timer.take()
+            elapsed = max(time.perf_counter() - self._step_start, 1e-9)
+            out.update(comm_time_s=busy, comm_fraction=min(1.0, busy / elapsed))
+            out[self.dp_timer.count_key] = count
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        return dict(self.rank_map)
 
     def close(self) -> None:
         self.module = None  # type: ignore[assignment]

@@ -1,10 +1,19 @@
-"""What building the model costs a rank: the growth of its peak memory while the model is built, sharded and
+"""What a rank's memory may hold (its budget) and what building the model costs it: the growth of its peak memory while the model is built, sharded and
 materialised. Peak resident set on CPU (Linux ``VmHWM``, reset through ``/proc/self/clear_refs``), peak
 allocated bytes on CUDA."""
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # torch is imported where a function runs: validation reads rank_budget_bytes
+    import torch
+
+
+def rank_budget_bytes(cfg: Any) -> float:
+    """Memory one rank may use: topology.device_memory_gb x planner.memory_fraction (the planner's budget, the
+    memory check of validation, and ``model.init_device=auto``)."""
+    return float(cfg.topology.device_memory_gb) * 1e9 * float(cfg.planner.memory_fraction)
 
 
 def _status_kib(field: str) -> int | None:
@@ -43,6 +52,8 @@ class BuildPeak:
         self.growth: int | None = None
 
     def start(self) -> None:
+        import torch
+
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
             self.base = int(torch.cuda.memory_allocated(self.device))
@@ -52,6 +63,8 @@ class BuildPeak:
     def read(self) -> int | None:
         if self.base is None:
             return None
+        import torch
+
         peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else peak_rss_since_reset()
         if peak is not None:
             self.growth = max(self.growth or 0, int(peak) - self.base)

@@ -10,7 +10,7 @@
 - ``bf16``: parameters (and so gradients and optimizer state) stored in bfloat16; floating inputs are cast
   on the way in. Half the memory, no master copy: small updates round away.
 
-The loss is computed in float32 in every mode (``parallel.core.base.cross_entropy`` upcasts the logits);
+The loss is computed in float32 in every mode (``models.losses.token_cross_entropy`` upcasts the logits);
 softmax inside attention accumulates in float32 in torch's SDPA kernels (CPU and CUDA) whatever the input
 dtype, and autocast runs softmax, norms and the loss in float32 by its own op lists.
 """
@@ -18,21 +18,47 @@ dtype, and autocast runs softmax, norms and the loss in float32 by its own op li
 from __future__ import annotations
 
 import functools
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # torch is imported where a function runs: the schema and validation read PRECISIONS
+    import torch
+    from torch import nn
 
+#: the ``trainer.precision`` values: the one list (conf/schema.py types the key with it, validation names it)
 PRECISIONS = ("fp32", "bf16-mixed", "bf16")
+
+
+@dataclass(frozen=True)
+class PlannerPrecision:
+    """A ``planner.precision`` class: the ``trainer.precision`` that trains it and the bytes the cost model counts."""
+
+    trains_as: str
+    state_bytes: tuple[int, int, int]
+    """Bytes per parameter for (weights, gradients, optimizer states) with Adam, as in ZeRO (arXiv 1910.02054,
+    section 3.1): mixed precision keeps 16-bit weights and grads plus an fp32 master copy, momentum and variance
+    (K = 12); fp32 keeps weights, grads, momentum and variance (4 + 4 + 8)."""
+    activation_bytes: int
+
+
+#: ``planner.precision`` (besides ``auto``) -> what it means; parallel/plan/specs.py reads it
+PLANNER_PRECISIONS = {
+    "fp32": PlannerPrecision(trains_as="fp32", state_bytes=(4, 4, 8), activation_bytes=4),
+    "mixed": PlannerPrecision(trains_as="bf16-mixed", state_bytes=(2, 2, 12), activation_bytes=2),
+}
 
 
 def param_dtype(precision: str) -> torch.dtype:
     """The dtype parameters are stored in."""
+    import torch
+
     return torch.bfloat16 if precision == "bf16" else torch.float32
 
 
 def compute_dtype(precision: str) -> torch.dtype:
     """The dtype matmuls run in (what the device's peak FLOP/s is measured for)."""
+    import torch
+
     return torch.float32 if precision == "fp32" else torch.bfloat16
 
 
@@ -40,18 +66,23 @@ def fsdp_mp_policy(precision: str) -> Any:
     """FSDP2's mixed-precision policy for ``precision`` (None: FSDP2 keeps the parameters' dtype)."""
     if precision != "bf16-mixed":
         return None
+    import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
 
 def _cast_floating_inputs(module: nn.Module, args: tuple) -> tuple:
+    import torch
+
     return tuple(a.to(torch.bfloat16) if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
 
 
 def cast_parameters(model: nn.Module, precision: str) -> nn.Module:
     """``bf16``: parameters and buffers to bfloat16 and floating inputs cast on entry; others unchanged."""
     if precision == "bf16":
+        import torch
+
         model.to(torch.bfloat16)
         model.register_forward_pre_hook(_cast_floating_inputs)
     return model
@@ -64,6 +95,8 @@ def enable_autocast(module: nn.Module, *, device_type: str) -> nn.Module:
     DDP, a ``PipelineStage`` or a checkpoint see the same module. Backward replays the dtypes autocast
     chose; activation checkpointing restores the autocast state when it recomputes.
     """
+    import torch
+
     inner = module.forward
 
     @functools.wraps(inner)

@@ -20,6 +20,7 @@ from typing import Any
 import torch.distributed as dist
 from torch import nn
 
+from parallel.core import dims
 from parallel.core.figures import draw_later
 
 
@@ -100,16 +101,15 @@ def rank_map_table(rows: Sequence[dict[str, Any]]):
     from rich.table import Table
 
     table = Table(title="rank map", title_justify="left")
-    for col in ("rank", "node", "local", "pp", "dp", "tp", "stages", "holds"):
+    mesh = dims.mesh_names()
+    for col in ("rank", "node", "local", *mesh, "stages", "holds"):
         table.add_column(col, justify="right" if col not in ("holds", "stages") else "left")
     for r in rows:
         table.add_row(
             str(r["rank"]),
             str(r["node"]),
             str(r["local_rank"]),
-            str(r["pp"]),
-            str(r["dp"]),
-            str(r["tp"]),
+            *(str(r[name]) for name in mesh),
             ",".join(map(str, r["stages"])),
             r["holds"],
         )

@@ -13,9 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-#: the mesh dimensions, in the order ``dp.size``, ``tp.size``, ``pp.size`` are written
-DIMS = ("dp", "tp", "pp")
+from parallel.core import dims
+from parallel.core.strategy_checks import tensor_parallel_problems
+from parallel.pipeline.checks import fixed_pipeline_problems, pipeline_problems
+
+#: the mesh dimension names in written order, as the table (``parallel/core/dims.py``) stood at import
+DIMS = dims.names()
 
 #: what the trainer can build of the planner's options: FSDP2 (ZeRO-3) or no sharding, no recomputation
 TRAINABLE_ZERO_STAGES = (0, 3)
@@ -27,11 +32,47 @@ class LayoutShape:
     """What the planner decides that picks a strategy: the dimensions > 1 and how they are used."""
 
     used: tuple[str, ...]
-    """Mesh dimensions of size > 1, in ``DIMS`` order."""
+    """Mesh dimensions of size > 1, in ``dims.names()`` order."""
     zero_stage: int = 0
     micro_batches: int | None = None
     """None when not decided (a layout described by its sizes alone)."""
     schedule: str | None = None
+
+
+@dataclass(frozen=True)
+class FixedPipeline:
+    """A pipeline whose shape is part of the strategy, not of the config: ``parallel=mp`` is pipeline parallel
+    with one micro-batch and GPipe (no overlap: the stages run strictly in turn), one stage per rank, the blocks
+    split evenly with no weight for the embedding or head, and its explicit split points under its own key."""
+
+    micro_batches: int = 1
+    schedule: str = "gpipe"
+    stages_per_rank: int = 1
+    split_points_key: str = "mp.split_points"
+
+    def picks(self, shape: LayoutShape) -> bool:
+        """The planner's layouts that are this pipeline: pp alone, with its micro-batches and schedule."""
+        return shape.used == ("pp",) and shape.micro_batches == self.micro_batches and shape.schedule == self.schedule
+
+    def problems(self, *, name: str, micro_batches: int, schedule: str | None, stages_per_rank: int) -> list[str]:
+        """What a config changes that this pipeline fixes, as "key=value: what is wrong; the fix"."""
+        out = []
+        if micro_batches != self.micro_batches:
+            out.append(
+                f"pp.micro_batches={micro_batches} with parallel={name}: model parallel runs one micro-batch through "
+                f"the stages in turn; use parallel=pp to pipeline micro-batches, or set "
+                f"pp.micro_batches={self.micro_batches}"
+            )
+        if schedule != self.schedule or stages_per_rank != self.stages_per_rank:
+            out.append(
+                f"pp.schedule={schedule} pp.stages_per_rank={stages_per_rank} with parallel={name}: model parallel "
+                f"runs stages in order ({self.schedule}, one stage per rank); use parallel=pp for other schedules"
+            )
+        return out
+
+
+#: parallel=mp's pipeline, said once
+MODEL_PARALLEL = FixedPipeline()
 
 
 @dataclass(frozen=True)
@@ -44,8 +85,8 @@ class StrategySpec:
     summary: str
     pipeline: str = "never"
     """always (the pipeline engine even with pp.size=1), with_pp (only when pp.size > 1) or never."""
-    sequential: bool = False
-    """Model parallel: one micro-batch, GPipe, one stage per rank, blocks split evenly, ``mp.split_points``."""
+    fixed_pipeline: FixedPipeline | None = None
+    """The pipeline's shape when the strategy fixes it (``parallel=mp``); None: ``pp.*`` decides."""
     shards_dp: bool = False
     """The dp dimension is always FSDP2 (``dp.shard`` is implied)."""
     single_process: bool = False
@@ -57,10 +98,15 @@ class StrategySpec:
     picked_for: Callable[[LayoutShape], bool] | None = None
     """The layouts the planner (and the "layouts that fit" hint) trains with this strategy; None: never
     picked. ``STRATEGIES`` is searched in order, the first match wins."""
+    # ---- what validation asks of the strategy ----
+    checks: tuple[Callable[[Any, Any], list[str]], ...] = ()
+    """``fn(cfg, layout) -> problems``: the strategy's own rules, run by ``trainer/validate.py`` before any worker
+    starts (torch-free functions beside the strategy's facts: ``parallel/pipeline/checks.py``,
+    ``parallel/core/strategy_checks.py``)."""
 
     @property
     def split_points_key(self) -> str:
-        return "mp.split_points" if self.sequential else "pp.split_points"
+        return self.fixed_pipeline.split_points_key if self.fixed_pipeline is not None else "pp.split_points"
 
     def pipelined(self, pp: int) -> bool:
         """Whether a run with ``pp.size=pp`` drives the pipeline engine (schedule, micro-batches)."""
@@ -69,7 +115,7 @@ class StrategySpec:
     def dim_problem(self, dim: str) -> str:
         if self.foreign_dim_hint:
             return self.foreign_dim_hint
-        return f"use parallel=hybrid to combine dimensions, or set {dim}.size=1"
+        return f"use parallel=hybrid to combine dimensions, or set {dims.dim(dim).key}=1"
 
 
 def _only(*dims: str, **when: object) -> Callable[[LayoutShape], bool]:
@@ -81,8 +127,12 @@ def _only(*dims: str, **when: object) -> Callable[[LayoutShape], bool]:
     return picks
 
 
-def _sequential(shape: LayoutShape) -> bool:
-    return shape.used == ("pp",) and shape.micro_batches == 1 and shape.schedule == "gpipe"
+def _combined(shape: LayoutShape) -> bool:
+    """Several dimensions > 1, or one that no single-dimension strategy lists (a dimension added to
+    ``parallel/core/dims.py`` is hybrid's until a strategy of its own is registered)."""
+    if len(shape.used) != 1:
+        return len(shape.used) > 1
+    return not any(s.dims == shape.used for s in STRATEGIES.values())
 
 
 STRATEGIES: dict[str, StrategySpec] = {
@@ -120,12 +170,13 @@ STRATEGIES: dict[str, StrategySpec] = {
         ),
         StrategySpec(
             "mp",
-            "parallel.strategies.pp.ModelParallelStrategy",
+            "parallel.strategies.pp.PipelineStrategy",
             ("pp",),
             "layer-split model parallel: stages run strictly in turn, one micro-batch",
             pipeline="always",
-            sequential=True,
-            picked_for=_sequential,
+            fixed_pipeline=MODEL_PARALLEL,
+            picked_for=MODEL_PARALLEL.picks,
+            checks=(fixed_pipeline_problems, pipeline_problems),
         ),
         StrategySpec(
             "tp",
@@ -133,6 +184,7 @@ STRATEGIES: dict[str, StrategySpec] = {
             ("tp",),
             "tensor parallel (DTensor): projections split column-/row-wise over tp ranks",
             picked_for=_only("tp"),
+            checks=(tensor_parallel_problems,),
         ),
         StrategySpec(
             "pp",
@@ -141,6 +193,7 @@ STRATEGIES: dict[str, StrategySpec] = {
             "pipeline parallel: micro-batches flow through the stages under pp.schedule",
             pipeline="always",
             picked_for=_only("pp"),
+            checks=(pipeline_problems,),
         ),
         StrategySpec(
             "hybrid",
@@ -148,7 +201,8 @@ STRATEGIES: dict[str, StrategySpec] = {
             DIMS,
             "pp x dp x tp on one DeviceMesh",
             pipeline="with_pp",
-            picked_for=lambda shape: len(shape.used) > 1,
+            picked_for=_combined,
+            checks=(pipeline_problems, tensor_parallel_problems),
         ),
         StrategySpec(
             "auto",
@@ -184,15 +238,25 @@ def register_resolver() -> None:
 
 
 def strategy_for(
-    *, dp: int, tp: int, pp: int, zero_stage: int = 0, micro_batches: int | None = None, schedule: str | None = None
+    *, zero_stage: int = 0, micro_batches: int | None = None, schedule: str | None = None, **sizes: int
 ) -> str:
-    """The ``parallel=`` option that trains this layout (``dp.size=4`` alone means ddp, and so on)."""
-    used = tuple(d for d, size in zip(DIMS, (dp, tp, pp)) if size > 1)
+    """The ``parallel=`` option that trains this layout, given its degrees by dimension name (``dp=4`` alone
+    means ddp, and so on; a dimension not given is 1)."""
+    used = tuple(d for d, size in dims.full_sizes(sizes).items() if size > 1)
     shape = LayoutShape(used=used, zero_stage=zero_stage, micro_batches=micro_batches, schedule=schedule)
     for spec in STRATEGIES.values():
         if spec.picked_for is not None and spec.picked_for(shape):
             return spec.name
     raise ValueError(f"no strategy trains {shape}")  # pragma: no cover - hybrid takes every multi-dim layout
+
+
+def checks_for(name: str) -> tuple[Callable[[Any, Any], list[str]], ...]:
+    """The checks validation runs for ``parallel.name``: the strategy's own; for a user's own strategy every
+    built-in one (each says nothing where its dimension is unused)."""
+    spec = STRATEGIES.get(str(name))
+    if spec is not None:
+        return spec.checks
+    return tuple(dict.fromkeys(c for s in STRATEGIES.values() for c in s.checks))
 
 
 def plannable() -> list[StrategySpec]:

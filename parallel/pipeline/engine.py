@@ -4,32 +4,37 @@ How one rank gets its engine (``build_pipeline_engine``), in order:
 1. split: explicit split points, or a policy (``parallel/pipeline/split.py``) — the same on every rank;
 2. place: stage s runs on pp rank ``stage_to_rank`` (one per rank, looped, or V; ``parallel/pipeline/schedules.py``);
 3. build: each local stage is the full model pruned to its blocks, names kept (``parallel/pipeline/stages.py``),
-   optionally wrapped (``wrap_stage``: the hook hybrid dp/tp uses), then a ``PipelineStage``;
-4. schedule: torch's class for ``pp.schedule`` with ``scale_grads=False`` and the loss divided by the
-   number of micro-batches, so the accumulated gradient is exactly the gradient of the global mean
-   loss (torch's default ``scale_grads=True`` divides the accumulated gradients after the fact instead;
-   torchtitan#1733);
+   wrapped in ``parallel/core/compose.py``'s order (TP, AC, compile, FSDP2/DDP as the strategy's ``Composition``
+   says; none for pp and mp), then a ``PipelineStage``;
+4. schedule: torch's class for ``pp.schedule`` with ``scale_grads=False`` and the model family's loss
+   (``ModelSpec.loss``) divided by the number of micro-batches, so the accumulated gradient is exactly the
+   gradient of the global mean loss (torch's default ``scale_grads=True`` divides the accumulated gradients
+   after the fact instead; torchtitan#1733);
 5. measure: every F/B/W action timed on its stage (``parallel/pipeline/timing.py``); per step the pp group
    exchanges a few numbers to give the measured bubble, per-stage busy time, imbalance, bytes sent and
    peak activation memory; at ``pp.trace_step`` every rank's actions go to rank 0, which writes a Chrome
    trace and a Gantt PNG (``parallel/pipeline/timeline.py``).
 
-``parallel=mp`` is the same machinery with one micro-batch and GPipe: stages run strictly one after the
-other, and the same measurements show what that costs (per-stage busy time, idle share, bytes sent).
+``parallel=mp`` is the same machinery with its registry entry's ``FixedPipeline`` (one micro-batch, GPipe, blocks
+split evenly): stages run strictly one after the other, and the same measurements show what that costs (per-stage
+busy time, idle share, bytes sent). Composed stages (hybrid) add the tp group's and the dp dimension's
+communication time.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from parallel.core.base import Engine, WorkerContext, cross_entropy
+from parallel.core.base import Engine, WorkerContext
+from parallel.core.comm_timer import SampledCommMeter
+from parallel.core.compose import Composition, compose
+from parallel.core.intervals import IntervalLog, union_seconds
 from parallel.core.registry import strategy_spec
 from parallel.pipeline.schedules import (
     action_order,
@@ -57,7 +62,7 @@ def choose_split(model: nn.Module, *, ctx: WorkerContext, num_stages: int) -> Sp
     if layout.split_points is not None:
         return SplitPlan(split_points=tuple(layout.split_points), policy="explicit", costs=uniform)
     strategy = strategy_spec(layout.strategy)
-    if strategy is not None and strategy.sequential:
+    if strategy is not None and strategy.fixed_pipeline is not None:  # parallel=mp: blocks shared evenly
         return SplitPlan(
             split_points=even_split(n, num_stages),
             policy="even",
@@ -81,7 +86,7 @@ def choose_split(model: nn.Module, *, ctx: WorkerContext, num_stages: int) -> Sp
         data = instantiate(cfg.data, seed=int(cfg.trainer.seed))
         inputs, targets = data.global_batch(1)
         mb = max(1, ctx.per_replica_batch() // max(1, layout.micro_batches))
-        costs = profile_blocks(model, inputs[:mb], targets[:mb], loss_fn=cross_entropy)
+        costs = profile_blocks(model, inputs[:mb], targets[:mb], loss_fn=ctx.model_spec.loss_fn())
         box[0] = costs
         ctx.log.info(
             "balanced split: measured block costs (ms) pre %.2f, blocks %s, post %.2f",
@@ -96,7 +101,8 @@ def choose_split(model: nn.Module, *, ctx: WorkerContext, num_stages: int) -> Sp
 
 
 class PipelineEngine(Engine):
-    """This rank's stages and their schedule; measures every action and reports per stage."""
+    """This rank's stages and their schedule; measures every action and reports per stage, plus, for composed
+    stages, the tp group's collectives (``tp_meter``) and the dp dimension's (``dp_timers``, one per stage)."""
 
     def __init__(
         self,
@@ -108,8 +114,15 @@ class PipelineEngine(Engine):
         recorder: StageRecorder,
         plan: SplitPlan,
         part_names: tuple[list[str], list[str], list[str]],
+        tp_meter: SampledCommMeter | None = None,
+        dp_timers: list[IntervalLog] | None = None,
+        rank_map: dict[str, Any] | None = None,
     ):
         self.ctx = ctx
+        self.tp_meter = tp_meter or SampledCommMeter(None, every=1)
+        self.dp_timers = dp_timers or []
+        self.rank_map = rank_map or {}
+        self._step_start = time.perf_counter()
         self.stages = stages
         self.specs = specs
         self.local_specs = [s for s in specs if s.pp_rank == ctx.coords["pp"]]
@@ -135,11 +148,13 @@ class PipelineEngine(Engine):
     # ---- one step --------------------------------------------------------------------------------
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        self._step_start = time.perf_counter()
         self.steps += 1
         losses: list[torch.Tensor] | None = [] if self.has_last else None
         args = (inputs,) if self.has_first else ()
         self.recorder.begin_step()
-        self.schedule.step(*args, target=targets if self.has_last else None, losses=losses)
+        with self.tp_meter.step():
+            self.schedule.step(*args, target=targets if self.has_last else None, losses=losses)
         self._last = self.recorder.end_step()
         if not losses:
             return None
@@ -205,9 +220,25 @@ class PipelineEngine(Engine):
     # ---- measurement -----------------------------------------------------------------------------
 
     def step_metrics(self) -> dict[str, float]:
+        out = self._comm_metrics()
         rec = self._last
         if rec is None:
-            return {}
+            return out
+        out.update(self._pipeline_metrics(rec))
+        return out
+
+    def _comm_metrics(self) -> dict[str, float]:
+        """The tp group's and the dp dimension's (every local stage's, as one union) communication time."""
+        out = self.tp_meter.metrics()
+        if self.dp_timers:
+            intervals = [i for t in self.dp_timers for i in t.take_intervals()]
+            busy = union_seconds(intervals)
+            elapsed = max(time.perf_counter() - self._step_start, 1e-9)  # the loop's step, as ModuleEngine's
+            out.update(dp_comm_time_s=busy, comm_time_s=busy, comm_fraction=min(1.0, busy / elapsed))
+            out[self.dp_timers[0].count_key] = len(intervals)
+        return out
+
+    def _pipeline_metrics(self, rec: StepRecord) -> dict[str, float]:
         busy = union_busy(rec.actions, start=rec.start, end=rec.end)
         local = [
             rec.start,
@@ -378,8 +409,12 @@ class PipelineEngine(Engine):
             "bubble_fraction": pipeline["bubble_fraction"],
             "bubble_theoretical": self.bubble_theoretical,
         }
-        if self.artifacts["files"] or self.artifacts["images"]:
-            out["artifacts"] = self.artifacts
+        out.update({k: v for k, v in self.rank_map.items() if k != "artifacts"})
+        artifacts = [self.artifacts, self.rank_map.get("artifacts") or {}]
+        images = {k: v for part in artifacts for k, v in part.get("images", {}).items()}
+        files = [f for part in artifacts for f in part.get("files", [])]
+        if images or files:
+            out["artifacts"] = {"images": images, "files": files}
         return out
 
     def _gather_params(self) -> dict[int, int]:
@@ -406,11 +441,14 @@ def build_pipeline_engine(
     *,
     ctx: WorkerContext,
     model: nn.Module | None = None,
-    wrap_stage: Callable[[nn.Module, StageSpec], nn.Module] | None = None,
+    composition: Composition,
 ) -> PipelineEngine:
-    """This rank's pipeline engine. ``wrap_stage`` may wrap each stage module (TP, DDP, FSDP2) before
-    it becomes a ``PipelineStage``."""
+    """This rank's pipeline engine: each stage it runs is composed (``parallel/core/compose.py``: TP, AC,
+    compile, FSDP2/DDP as ``composition`` says) before it becomes a ``PipelineStage``."""
     from torch.distributed.pipelining import PipelineStage
+
+    from parallel.core.rank_map import announce_rank_map
+    from parallel.strategies.tp import tp_meter
 
     layout = ctx.layout
     spec = schedule_spec(str(layout.schedule))
@@ -424,14 +462,17 @@ def build_pipeline_engine(
     group = ctx.mesh["pp"].get_group()
     recorder = StageRecorder()
     stages = []
+    composed = []
     for s in specs:
         if s.pp_rank != pp_rank:
             continue
-        module = build_stage_module(model, spec=s, units=ctx.model_spec.pipeline)
-        # wrap_stage (hybrid) runs TP, AC/compile/autocast (ctx.prepare), DP, then places; a meta-built stage is
-        # materialised here, holding its blocks only
-        module = wrap_stage(module, s) if wrap_stage is not None else ctx.prepare(ctx.place(module))
-        stage = PipelineStage(module, s.index, num_stages, ctx.device, group=group)
+        # TP, AC/compile/autocast, DP, then placed: a meta-built stage is materialised here, holding its blocks
+        # only; PipelineStage drives the dp no-sync itself
+        wrapped = compose(
+            build_stage_module(model, spec=s, units=ctx.model_spec.pipeline), ctx=ctx, composition=composition
+        )
+        composed.append(wrapped)
+        stage = PipelineStage(wrapped.module, s.index, num_stages, ctx.device, group=group)
         recorder.instrument(
             stage,
             sends_forward=not s.last and ranks[s.index + 1] != pp_rank,
@@ -440,9 +481,10 @@ def build_pipeline_engine(
         stages.append(stage)
     del model
     m = layout.micro_batches
+    model_loss = ctx.model_spec.loss_fn()
 
     def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return cross_entropy(output, target) / m
+        return model_loss(output, target) / m
 
     cls = schedule_class(str(layout.schedule))
     schedule = cls(
@@ -464,6 +506,21 @@ def build_pipeline_engine(
             f"stage {s.index}: {s.describe(part_names[0], part_names[2])}" for s in specs if s.pp_rank == pp_rank
         ),
     )
+    local = [s.index for s in specs if s.pp_rank == pp_rank]
+    rank_map = (
+        announce_rank_map(ctx, stage_modules=[c.module for c in composed], stages=local)
+        if composition.rank_map
+        else None
+    )
     return PipelineEngine(
-        ctx=ctx, stages=stages, specs=specs, schedule=schedule, recorder=recorder, plan=plan, part_names=part_names
+        ctx=ctx,
+        stages=stages,
+        specs=specs,
+        schedule=schedule,
+        recorder=recorder,
+        plan=plan,
+        part_names=part_names,
+        tp_meter=tp_meter(ctx) if composition.tp else None,
+        dp_timers=[c.dp_timer for c in composed if c.dp_timer is not None],
+        rank_map=rank_map,
     )

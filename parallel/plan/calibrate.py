@@ -2,24 +2,26 @@
 
 The measurements, each fitted to the cost model's own formula so that the planner's terms mean what
 was measured:
-- compute: forward + backward of the configured GPT (or a 2-block proxy of a model too big to build) at
-  two micro-batch sizes; t = overhead + FLOPs / (FLOP/s) gives sustained FLOP/s and the fixed cost of one
+- compute: forward + backward of the configured model (its family's builder, ``ModelSpec.resized``: a 2-block
+  proxy of a model too big to build) at two micro-batch sizes; t = overhead + FLOPs / (FLOP/s) gives sustained FLOP/s and the fixed cost of one
   micro-batch (``microbatch_overhead_ms``);
 - optimizer: AdamW step + gradient clipping, as bytes moved per second (``memory_gbps``);
 - all-reduce: two gloo processes, two buffer sizes; t = 2α + bytes/β (ring with n = 2);
 - point-to-point: ping-pong between the same two processes; t = α + bytes/β one way;
-- three fixed costs the FLOPs and the links do not explain, each from a whole training step (forward,
-  backward, clipping, AdamW) of the configured GPT (or its proxy) run by the two processes as meshtrain runs
-  it: GPipe over two stages with 4 micro-batches (``pipeline_action_ms``: the schedule's bookkeeping,
-  posting send/recv, waking the peer), meshtrain's TP plan (``tp_collective_us``: DTensor's dispatch of the
+- four fixed costs the FLOPs and the links do not explain, each from a whole training step (forward,
+  backward, clipping, AdamW) of the configured model (or its proxy) run by the two processes as meshtrain runs
+  it: DDP with 25 MiB buckets and the trainer's timing hook (``ddp_bucket_us``: the reducer's hooks and bucket
+  copies, and the all-reduce left exposed after the backward while gloo's thread competes with the other
+  rank's compute), GPipe over two stages with 4 micro-batches (``pipeline_action_ms``: the schedule's bookkeeping,
+  posting send/recv, waking the peer), the family's TP plan (``tp_collective_us``: DTensor's dispatch of the
   sharded ops and optimizer, each rank waiting for the other at every collective) and FSDP2 with each block
   and the root a unit (``fsdp_collective_us``: its hooks and copies, the sharded optimizer). The cost model's
   step is linear in each of them, so each is solved from it: measured = step(cost 0) + cost x (how often the
   model charges it). Tiny benchmarks did not reproduce them: a pair of 16-feature TP layers gave 0-7 ms per
   collective run to run where gpt_small's TP step spent 6.4 ms per collective in ``wait_tensor`` alone, and
   a 16-feature pipeline's 0.6-1.4 ms per action left gpt_small's pipelines 15-60% under-predicted;
-- a busy node: the same forward + backward run by both processes at once, over the time alone
-  (``busy_node_slowdown``): ranks of one node share memory bandwidth and caches (and on a CPU, the
+- a busy node: the same forward + backward run by both processes at once, over the time of one of them
+  alone in the same rounds (``busy_node_slowdown``): ranks of one node share memory bandwidth and caches (and on a CPU, the
   cores' turbo budget), so a rank computes slower when its neighbours compute too. On 2 cores here
   this was 1.3-1.5x on an earlier day (1.0-1.39 on 2026-12-03), the largest error of a cost model that
   assumed independent devices.
@@ -38,8 +40,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from parallel.plan.cost_model import Candidate, estimate
-from parallel.plan.specs import HardwareSpec, Link, ModelSpec, Workload
+from parallel.plan.cost_model import DDP_BUCKET_BYTES, Candidate, estimate
+from parallel.plan.specs import HardwareSpec, Link, ModelShape, PlanError, Workload
 
 MAX_BUILD_PARAMS = 50_000_000
 COMM_SIZES = (64 * 1024, 4 * 2**20)
@@ -106,22 +108,45 @@ def _fit_line(x1: float, t1: float, x2: float, t2: float) -> tuple[float, float]
     return max(t1 - slope * x1, 0.0), slope
 
 
-def _gpt_step(kwargs: dict[str, Any], seq_len: int, batch: int, *, model: Any = None) -> Callable[[], None]:
-    """One forward + backward of a GPT built from ``kwargs`` on ``batch`` random rows."""
+def family_kwargs(model_cfg: Any, sizes: dict[str, int]) -> tuple[Any, dict[str, Any]]:
+    """(the configured family's ``models.spec.ModelSpec``, builder kwargs of its model with ``sizes`` replaced):
+    the calibration and the dry run build the family that will train, not a stand-in. A family without
+    ``ModelSpec.resized`` is built at its configured sizes only (its config holds the builder's kwargs)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    from models.registry import spec_for
+    from models.spec import builder_kwargs
+
+    family = spec_for(model_cfg)
+    if family.resized is None and sizes:
+        raise PlanError(
+            f"model.family={family.family}: the planner's calibration builds a small model of the configured family "
+            f"({', '.join(f'{k}={v}' for k, v in sizes.items())}), and its ModelSpec has no `resized` (builder kwargs "
+            "for given sizes); plan without topology.calibrate=true, or give the ModelSpec a resized function "
+            "(docs/models.md)"
+        )
+    node = OmegaConf.to_container(model_cfg, resolve=True) if isinstance(model_cfg, DictConfig) else dict(model_cfg)
+    if family.resized is None:
+        return family, {k: v for k, v in builder_kwargs(node).items() if k != "_target_"}
+    return family, family.resized(node, sizes)
+
+
+def build_family(family: Any, kwargs: dict[str, Any]) -> Any:
+    """The family's module (``ModelSpec.builder``) from ``kwargs``, seeded so both processes hold the same weights."""
     import torch
-    import torch.nn.functional as F
 
-    from models.gpt.model import GPT
+    from models.spec import import_object
 
-    if model is None:
-        torch.manual_seed(0)
-        model = GPT(**kwargs)
-    x = torch.randint(0, kwargs["vocab_size"], (batch, seq_len))
+    torch.manual_seed(0)
+    return import_object(family.builder)(**kwargs)
+
+
+def _lm_step(model: Any, x: Any, loss: Callable[[Any, Any], Any]) -> Callable[[], None]:
+    """One forward + backward of ``model`` on the next-token loss of ``x`` itself."""
 
     def run() -> None:
         model.zero_grad(set_to_none=True)
-        logits = model(x)
-        F.cross_entropy(logits.flatten(0, 1), x.flatten()).backward()
+        loss(model(x), x).backward()
 
     return run
 
@@ -129,40 +154,26 @@ def _gpt_step(kwargs: dict[str, Any], seq_len: int, batch: int, *, model: Any = 
 BUSY_BATCH = 8
 
 
-def measure_compute(model_cfg: Any, *, seq_len: int, threads: int) -> dict[str, float]:
+def measure_compute(model_cfg: Any, *, seq_len: int, threads: int) -> dict[str, Any]:
     import torch
-
-    from models.gpt.model import GPT
+    from omegaconf import OmegaConf
 
     torch.set_num_threads(threads)
-    spec = ModelSpec.from_cfg(model_cfg)
-    kwargs = dict(
-        vocab_size=spec.vocab_size,
-        n_layers=spec.n_layers,
-        d_model=spec.d_model,
-        n_heads=spec.n_heads,
-        layer_d_ff=list(spec.layer_d_ff),
-        max_seq_len=max(spec.max_seq_len, seq_len),
-    )
+    spec = ModelShape.from_cfg(model_cfg)
+    sizes = {"max_seq_len": max(spec.max_seq_len, seq_len)}
     proxy = spec.params > MAX_BUILD_PARAMS
     if proxy:  # same width, two blocks, shorter rows: the FLOP rate of big matmuls, not the model's memory
-        kwargs.update(n_layers=2, layer_d_ff=list(spec.layer_d_ff[:2]), vocab_size=min(spec.vocab_size, 4096))
+        sizes.update(n_layers=2, vocab_size=min(spec.vocab_size, 4096))
         seq_len = min(seq_len, 256)
-    torch.manual_seed(0)
-    model = GPT(**kwargs)
-    measured = ModelSpec(
-        name="calib",
-        n_layers=kwargs["n_layers"],
-        d_model=spec.d_model,
-        n_heads=spec.n_heads,
-        vocab_size=kwargs["vocab_size"],
-        max_seq_len=kwargs["max_seq_len"],
-        layer_d_ff=tuple(kwargs["layer_d_ff"]),
-    )
+    family, kwargs = family_kwargs(model_cfg, sizes)
+    model = build_family(family, kwargs)
+    built = OmegaConf.create(kwargs)
+    measured = replace(family.shape(built), name="calib")
     flops_per_token = measured.training_flops_per_token(seq_len)
+    loss = family.loss_fn()
 
     def step(b: int) -> Callable[[], None]:
-        return _gpt_step(kwargs, seq_len, b, model=model)
+        return _lm_step(model, torch.randint(0, measured.vocab_size, (b, seq_len)), loss)
 
     b1, b2 = 1, BUSY_BATCH
     t = _quietest({"t1": step(b1), "t2": step(b2)})
@@ -181,22 +192,25 @@ def measure_compute(model_cfg: Any, *, seq_len: int, threads: int) -> dict[str, 
 
     t_opt = _timed(optimizer_step)
     n_params = sum(p.numel() for p in model.parameters())
-    tp_ok = measured.tp_divides(2) and measured.vocab_size % 2 == 0 and all(f % 2 == 0 for f in measured.layer_d_ff)
-    fixed = (["pipeline_action_s"] if measured.n_layers >= 2 else []) + (["tp_collective_s"] if tp_ok else [])
+    pipelined = family.pipeline is not None and measured.n_layers >= 2
+    tp_ok = family.parallelize is not None and not family.tp_problems(built, 2)
+    fixed = (["pipeline_action_s"] if pipelined else []) + (["tp_collective_s"] if tp_ok else [])
     return {
         "shape": measured,
         "proxy_overhead_s": proxy_overhead,
-        "fixed_costs": [*fixed, "fsdp_collective_s"],
+        "fixed_costs": ["ddp_bucket_s", *fixed, "fsdp_collective_s"],
         "flops": 1.0 / s_per_flop,
         "microbatch_overhead_s": overhead,
         "memory_bytes_per_s": n_params * (2 * 4 + 2 * 4 + 2 * 8) / t_opt,
-        "alone_s": t2,
-        "gpt_kwargs": kwargs,
+        "model_cfg": OmegaConf.to_container(model_cfg, resolve=True) if OmegaConf.is_config(model_cfg) else model_cfg,
+        "sizes": sizes,
         "seq_len": seq_len,
     }
 
 
 def _comm_worker(rank: int, port: int, out_path: str, sizes: tuple[int, ...], busy: dict[str, Any] | None) -> None:
+    import gc
+
     import torch
     import torch.distributed as dist
 
@@ -224,16 +238,24 @@ def _comm_worker(rank: int, port: int, out_path: str, sizes: tuple[int, ...], bu
         results[f"allreduce_{n}"] = timed[f"allreduce_{n}"]
         results[f"p2p_{n}"] = timed[f"pingpong_{n}"] / 2  # a round trip is two messages
     if busy is not None:
-        kwargs, seq_len = busy["gpt_kwargs"], busy["seq_len"]
+        family, kwargs = family_kwargs(busy["model_cfg"], busy["sizes"])
+        loss, seq_len = family.loss_fn(), busy["seq_len"]
+        torch.manual_seed(0)  # the same rows on both processes (the pipeline's last stage takes them as targets)
+        x = torch.randint(0, int(kwargs["vocab_size"]), (BUSY_BATCH, seq_len))
         builders = {
-            "pipeline_action_s": lambda: _pipeline_step(kwargs, seq_len, rank),
-            "tp_collective_s": lambda: _tensor_parallel_step(kwargs, seq_len, BUSY_BATCH),
-            "fsdp_collective_s": lambda: _fully_sharded_step(kwargs, seq_len, BUSY_BATCH),
+            "ddp_bucket_s": lambda: _ddp_step(build_family(family, kwargs), x, loss),
+            "pipeline_action_s": lambda: _pipeline_step(family, kwargs, loss, x.repeat(2, 1), rank),
+            "tp_collective_s": lambda: _tensor_parallel_step(family, kwargs, loss, x),
+            "fsdp_collective_s": lambda: _fully_sharded_step(family, kwargs, loss, x),
         }
-        # both processes compute at once, as the ranks of one node do; then each fixed cost's layout
-        steps = {"busy_s": _gpt_step(kwargs, seq_len, BUSY_BATCH)}
+        # rank 0 computes alone (rank 1 waits at the next barrier), then both at once, as the ranks of one node
+        # do: the busy ratio from the same rounds (timed minutes apart, a noisy moment in one skewed it 2.8x)
+        fb = _lm_step(build_family(family, kwargs), x, loss)
+        steps = {"alone_s": fb if rank == 0 else lambda: None, "busy_s": fb}
         steps.update({f"step_{name}": builders[name]() for name in busy["fixed_costs"]})  # same list on both ranks
         results.update(_quietest(steps, sync=dist.barrier))
+        del steps, builders
+        gc.collect()  # free the DDP module before the group goes: freeing it later can hang (docs/stack.md)
     if rank == 0:
         import json
 
@@ -243,34 +265,44 @@ def _comm_worker(rank: int, port: int, out_path: str, sizes: tuple[int, ...], bu
     dist.destroy_process_group()
 
 
-def _pipeline_step(kwargs: dict[str, Any], seq_len: int, rank: int) -> Callable[[], None]:
-    """One training step of the GPT built from ``kwargs`` as a two-stage GPipe pipeline (the first half of
-    the blocks with the embeddings on rank 0, the rest with the head on rank 1): 2 x BUSY_BATCH rows in
-    PIPE_MICRO_BATCHES micro-batches, then clipping and AdamW on each stage's parameters."""
+def _ddp_step(model: Any, x: Any, loss: Callable[[Any, Any], Any]) -> Callable[[], None]:
+    """One training step of ``model`` under DDP as ``parallel=ddp`` builds it (25 MiB buckets, the trainer's
+    timing comm hook) over the two processes: forward, backward with the bucket all-reduce, clipping, AdamW."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from parallel.strategies.ddp import CommTimer
+
+    ddp = DistributedDataParallel(model, bucket_cap_mb=DDP_BUCKET_BYTES / 2**20)
+    timer = CommTimer()
+    ddp.register_comm_hook(state=None, hook=timer.hook)
+    train = _next_token_step(ddp, x, loss)
+
+    def step() -> None:
+        train()
+        timer.take()  # the trainer reads the intervals every step
+
+    return step
+
+
+def _pipeline_step(
+    family: Any, kwargs: dict[str, Any], loss: Callable[[Any, Any], Any], x: Any, rank: int
+) -> Callable[[], None]:
+    """One training step of the model built from ``kwargs`` as a two-stage GPipe pipeline cut as the trainer
+    cuts it (the first half of the blocks with the parts before them on rank 0, the rest with the parts after
+    them on rank 1): the rows of ``x`` in PIPE_MICRO_BATCHES micro-batches, then clipping and AdamW on each
+    stage's parameters."""
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
-    from models.gpt.model import GPT
+    from parallel.pipeline.stages import build_stage_module, pipeline_parts, stage_specs
 
-    torch.manual_seed(0)
-    model = GPT(**kwargs)
-    half = kwargs["n_layers"] // 2
-    for name in list(model.layers.keys()):
-        if (int(name) < half) != (rank == 0):
-            del model.layers[name]
-    if rank == 0:
-        model.norm, model.output = None, None
-    else:
-        model.tok_embeddings, model.pos_embeddings = None, None
+    model = build_family(family, kwargs)
+    n_blocks = len(pipeline_parts(model, family.pipeline)[1])
+    stage_spec = stage_specs(n_blocks=n_blocks, split_points=[n_blocks // 2], stage_ranks=[0, 1])[rank]
+    model = build_stage_module(model, spec=stage_spec, units=family.pipeline)
     stage = PipelineStage(model, rank, 2, torch.device("cpu"))
-    schedule = ScheduleGPipe(
-        stage,
-        n_microbatches=PIPE_MICRO_BATCHES,
-        loss_fn=lambda out, tgt: F.cross_entropy(out.flatten(0, 1), tgt.flatten()),
-    )
-    x = torch.randint(0, kwargs["vocab_size"], (2 * BUSY_BATCH, seq_len))
+    schedule = ScheduleGPipe(stage, n_microbatches=PIPE_MICRO_BATCHES, loss_fn=loss)
 
     def forward_backward() -> None:
         if rank == 0:
@@ -302,46 +334,42 @@ def _training_step(
     return step
 
 
-def _next_token_step(model: Any, x: Any) -> Callable[[], None]:
+def _next_token_step(model: Any, x: Any, loss: Callable[[Any, Any], Any]) -> Callable[[], None]:
     """A training step of a sharded or local model on the next-token loss of ``x`` itself."""
-    import torch.nn.functional as F
 
     def forward_backward() -> None:
-        F.cross_entropy(model(x).flatten(0, 1), x.flatten()).backward()
+        loss(model(x), x).backward()
 
     return _training_step(list(model.parameters()), forward_backward)
 
 
-def _tensor_parallel_step(kwargs: dict[str, Any], seq_len: int, batch: int) -> Callable[[], None]:
-    """One training step of the GPT built from ``kwargs`` under meshtrain's TP plan over the two processes:
-    forward, backward, clipping over the sharded gradients, AdamW on the DTensor parameters."""
-    import torch
+def _tensor_parallel_step(
+    family: Any, kwargs: dict[str, Any], loss: Callable[[Any, Any], Any], x: Any
+) -> Callable[[], None]:
+    """One training step of the model built from ``kwargs`` under its family's TP plan
+    (``ModelSpec.parallelize_fn``) over the two processes: forward, backward, clipping over the sharded
+    gradients, AdamW on the DTensor parameters."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from models.gpt.model import GPT
-    from models.gpt.parallelize import parallelize_gpt
-
-    torch.manual_seed(0)
-    model = parallelize_gpt(GPT(**kwargs), tp_mesh=init_device_mesh("cpu", (2,), mesh_dim_names=("tp",)))
-    return _next_token_step(model, torch.randint(0, kwargs["vocab_size"], (batch, seq_len)))
+    tp_mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    model = family.parallelize_fn()(build_family(family, kwargs), tp_mesh=tp_mesh)
+    return _next_token_step(model, x, loss)
 
 
-def _fully_sharded_step(kwargs: dict[str, Any], seq_len: int, batch: int) -> Callable[[], None]:
-    """One training step of the GPT built from ``kwargs``, FSDP2 over the two processes as meshtrain applies
+def _fully_sharded_step(
+    family: Any, kwargs: dict[str, Any], loss: Callable[[Any, Any], Any], x: Any
+) -> Callable[[], None]:
+    """One training step of the model built from ``kwargs``, FSDP2 over the two processes as meshtrain applies
     it (each block a unit, then the root): forward, backward, clipping, AdamW on the sharded parameters."""
-    import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from models.gpt.model import GPT
-
-    torch.manual_seed(0)
     mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp",))
-    model = GPT(**kwargs)
+    model = build_family(family, kwargs)
     for block in model.layers.values():
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    return _next_token_step(model, torch.randint(0, kwargs["vocab_size"], (batch, seq_len)))
+    return _next_token_step(model, x, loss)
 
 
 def _free_port() -> int:
@@ -370,7 +398,7 @@ def measure_links(sizes: tuple[int, ...] = COMM_SIZES, *, busy: dict[str, Any] |
     small, big = sizes[0], sizes[-1]
     ar_lat2, ar_spb = _fit_line(small, r[f"allreduce_{small}"], big, r[f"allreduce_{big}"])  # t = 2α + bytes/β
     p2p_lat, p2p_spb = _fit_line(small, r[f"p2p_{small}"], big, r[f"p2p_{big}"])
-    busy_slowdown = max(1.0, r["busy_s"] / busy["alone_s"]) if busy is not None else 1.0
+    busy_slowdown = max(1.0, r["busy_s"] / r["alone_s"]) if busy is not None else 1.0
     return {
         **{k.removeprefix("step_"): v for k, v in r.items() if k.startswith("step_")},
         "busy_node_slowdown": busy_slowdown,
@@ -383,6 +411,7 @@ def measure_links(sizes: tuple[int, ...] = COMM_SIZES, *, busy: dict[str, Any] |
 
 #: the layout whose measured step calibrates each fixed cost, and its global batch in BUSY_BATCH rows
 FIXED_COST_LAYOUTS = {
+    "ddp_bucket_s": (Candidate(dp=2), 2),
     "pipeline_action_s": (Candidate(pp=2, micro_batches=PIPE_MICRO_BATCHES, schedule="gpipe"), 2),
     "tp_collective_s": (Candidate(tp=2), 1),
     "fsdp_collective_s": (Candidate(dp=2, zero_stage=3), 2),
@@ -396,6 +425,7 @@ def solve_fixed_costs(hardware: HardwareSpec, *, compute: dict[str, Any], steps:
     base = replace(
         hardware,
         microbatch_overhead_s=compute["proxy_overhead_s"],
+        ddp_bucket_s=0.0,
         pipeline_action_s=0.0,
         tp_collective_s=0.0,
         fsdp_collective_s=0.0,
@@ -446,6 +476,7 @@ def calibrate_hardware(
             p2p_latency_us=lk["p2p_latency_s"] * 1e6,
         )
         for name, unit, scale in (
+            ("ddp_bucket", "us", 1e6),
             ("pipeline_action", "ms", 1e3),
             ("tp_collective", "us", 1e6),
             ("fsdp_collective", "us", 1e6),

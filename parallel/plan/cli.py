@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from parallel.core import dims
 from parallel.plan.cost_model import Estimate
 from parallel.plan.search import TRAINER_AC, Plan, describe, pitfalls, plan, specs_from_cfg, strategy_of
 from parallel.plan.specs import GB, TRAINER_PRECISION, PlanError
@@ -171,9 +172,10 @@ def print_dry_run(report, *, file=None) -> None:
         f"(v{lay['stages_per_rank']}, zero{lay['zero_stage']}, {lay['precision']}) on {report.world_size} ranks, "
         f"fake process group, {len(report.ranks)} sampled, {report.seconds:.1f} s"
     )
+    mesh = "/".join(dims.mesh_names())
     for col in (
         "rank",
-        "pp/dp/tp",
+        mesh,
         "stages",
         "params GB",
         "grads GB",
@@ -181,9 +183,9 @@ def print_dry_run(report, *, file=None) -> None:
         "states GB (est)",
         "act/mb GB (est)",
     ):
-        table.add_column(col, justify="left" if col in ("pp/dp/tp", "stages") else "right")
+        table.add_column(col, justify="left" if col in (mesh, "stages") else "right")
     for r in report.ranks:
-        coords = "/".join(str(r.coords[k]) for k in ("pp", "dp", "tp"))
+        coords = "/".join(str(r.coords[k]) for k in dims.mesh_names())
         if r.error:
             table.add_row(str(r.rank), coords, ",".join(map(str, r.stages)), f"[red]{r.error}[/]", "", "", "", "")
             continue

@@ -10,23 +10,25 @@ cluster on a laptop.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
+from parallel.core.dims import Sized, with_dim_kwargs
 from parallel.pipeline.schedules import SCHEDULES, schedule_spec, stage_to_rank
-from parallel.plan.specs import HardwareSpec, Link, ModelSpec, Workload
+from parallel.plan.specs import HardwareSpec, Link, ModelShape, Workload
 
 #: schedules the cost model knows (their bubble and in-flight rules are on ``ScheduleSpec``)
 MODELED_SCHEDULES = tuple(name for name, spec in SCHEDULES.items() if spec.modeled)
 DDP_BUCKET_BYTES = 25 * 2**20
 
 
+@with_dim_kwargs
 @dataclass(frozen=True)
-class Candidate:
+class Candidate(Sized):
     """One layout the planner may choose: degrees, micro-batching, schedule, sharding, recomputation."""
 
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
+    sizes: dict[str, int] = field(default_factory=dict)
+    """Degree per mesh dimension (``parallel/core/dims.py``), read as ``c.dp``, ``c.tp`` ...;
+    ``Candidate(dp=2, tp=2)`` fills it."""
     micro_batches: int = 1
     schedule: str = "none"
     """``none`` when pp == 1 (gradient accumulation over micro_batches), else one of MODELED_SCHEDULES."""
@@ -37,10 +39,6 @@ class Candidate:
     recompute: str = "none"
     split_points: tuple[int, ...] | None = None
     """Block indices where a new (virtual) stage starts; None = uniform split."""
-
-    @property
-    def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
 
 
 @dataclass(frozen=True)
@@ -87,7 +85,7 @@ class Estimate:
 
     def to_dict(self) -> dict:
         return {
-            **asdict(self.candidate),
+            **self.candidate.flat_dict(),
             "memory_per_rank_bytes": {**asdict(self.memory), "total": self.memory.total},
             "step_time_s": self.step_time_s,
             "bubble_fraction": self.bubble_fraction,
@@ -149,7 +147,7 @@ def last_chunk_rank(*, pp: int, schedule: str, stages_per_rank: int) -> int:
 # ---- memory terms -----------------------------------------------------------------------------
 
 
-def rank_params(model: ModelSpec, layers: list[int], *, first: bool, last: bool, tp: int, meshtrain: bool) -> float:
+def rank_params(model: ModelShape, layers: list[int], *, first: bool, last: bool, tp: int, meshtrain: bool) -> float:
     """Parameters one tensor-parallel rank of a pipeline rank holds (before data-parallel sharding).
 
     Megatron-LM shards every block's matrices, the vocabulary-parallel embedding and the head over t
@@ -187,7 +185,7 @@ def model_state_bytes(
 
 
 def layer_activation_bytes(
-    model: ModelSpec,
+    model: ModelShape,
     layer: int,
     *,
     seq_len: int,
@@ -220,7 +218,7 @@ def layer_activation_bytes(
 
 
 def saved_layer_activation_bytes(
-    model: ModelSpec,
+    model: ModelShape,
     layer: int,
     *,
     seq_len: int,
@@ -256,7 +254,7 @@ def saved_layer_activation_bytes(
     return norm_in + normed + attention + mlp
 
 
-def logits_bytes(model: ModelSpec, *, seq_len: int, micro_batch: int, tp: int, element_bytes: int) -> float:
+def logits_bytes(model: ModelShape, *, seq_len: int, micro_batch: int, tp: int, element_bytes: int) -> float:
     """The last stage keeps the logits (s·b·V) and an fp32 copy for cross entropy, split over t by the
     vocabulary-parallel head (Megatron-LM). Our estimate; arXiv 2205.05198 section 4.3 counts the output
     layer's 4sbh·V-scale term the same way."""
@@ -312,7 +310,7 @@ def ring_allreduce_s(nbytes: float, *, n: int, link: Link, messages: int = 1) ->
     return 2 * (n - 1) / n * nbytes / link.bytes_per_s + 2 * (n - 1) * link.latency_s * messages
 
 
-def tp_collectives_per_layer(model: ModelSpec, *, meshtrain: bool, recompute: str = "none") -> int:
+def tp_collectives_per_layer(model: ModelShape, *, meshtrain: bool, recompute: str = "none") -> int:
     """Tensor-parallel all-reduces of one block per micro-batch. Megatron-LM (arXiv 2104.04473 section 3.2):
     2 forward (attention and MLP outputs) + 2 backward (their inputs' gradients, one fused f operator each).
     meshtrain's DTensor plan all-reduces the input gradient of every column-wise projection on its own: wq,
@@ -334,7 +332,7 @@ def p2p_s(nbytes: float, *, link: Link) -> float:
 # ---- the estimate -----------------------------------------------------------------------------
 
 
-def estimate(candidate: Candidate, *, model: ModelSpec, hardware: HardwareSpec, workload: Workload) -> Estimate:
+def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec, workload: Workload) -> Estimate:
     """Memory of the fullest rank and time of one optimizer step for ``candidate``."""
     c, s = candidate, workload.seq_len
     v = c.stages_per_rank if c.pp > 1 else 1
@@ -382,13 +380,13 @@ def estimate(candidate: Candidate, *, model: ModelSpec, hardware: HardwareSpec, 
     # ---- time of one micro-batch on each pipeline rank (forward + backward)
     tokens = b * s
     passes = {"none": 3.0, "selective": 3.0, "full": 4.0}[c.recompute]
-    tp_link = hardware.link_for(span=c.tp, stride=1)
+    tp_link = hardware.link_for(span=c.tp, stride=c.stride("tp"))
     ar_per_layer = tp_collectives_per_layer(model, meshtrain=meshtrain, recompute=c.recompute)
     tp_ar = ring_allreduce_s(tokens * model.d_model * e, n=c.tp, link=tp_link)
     tp_ar += hardware.tp_collective_s if c.tp > 1 else 0.0
     stage_compute, stage_tp = [], []
     # ranks sharing a node slow each other down (memory bandwidth, caches): measured, see calibrate.py
-    on_node = min(c.dp * c.tp * c.pp, hardware.devices_per_node)
+    on_node = min(c.world_size, hardware.devices_per_node)
     busy = hardware.busy_node_slowdown if on_node > 1 else 1.0
     # CPU ranks beyond the node's cores time-share them (4 ranks of 1 thread on 2 cores: each computes at half speed)
     if hardware.cores_per_node:
@@ -403,7 +401,7 @@ def estimate(candidate: Candidate, *, model: ModelSpec, hardware: HardwareSpec, 
         stage_compute.append((flops * tokens / c.tp / hardware.flops + hardware.microbatch_overhead_s * share) * busy)
         head = TP_HEAD_COLLECTIVES if meshtrain and r == last else 0
         stage_tp.append((len(layers) * ar_per_layer + head) * tp_ar if c.tp > 1 else 0.0)
-    pp_link = hardware.link_for(span=c.pp, stride=c.dp * c.tp) if c.pp > 1 else hardware.p2p
+    pp_link = hardware.link_for(span=c.pp, stride=c.stride("pp")) if c.pp > 1 else hardware.p2p
     if pp_link is hardware.intra:
         pp_link = hardware.p2p
     act_msg = tokens * model.d_model * e / (c.tp if c.sequence_parallel else 1)
@@ -423,13 +421,17 @@ def estimate(candidate: Candidate, *, model: ModelSpec, hardware: HardwareSpec, 
     # ---- once per step: data-parallel gradient reduction and the optimizer
     grad_bytes = worst.grads * (c.dp if c.zero_stage >= 2 else 1)  # full local gradient before reduce-scatter
     volume = grad_bytes * (1.5 if c.zero_stage >= 3 else 1.0)  # ZeRO section 7: P_os+g+p moves 3Ψ vs 2Ψ
-    dp_link = hardware.link_for(span=c.dp, stride=c.tp)
+    dp_link = hardware.link_for(span=c.dp, stride=c.stride("dp"))
     buckets = max(1, math.ceil(grad_bytes / DDP_BUCKET_BYTES))
     dp_total = ring_allreduce_s(volume, n=c.dp, link=dp_link, messages=buckets)
     # bucketed all-reduce overlaps the backward pass (PyTorch DDP, Li et al., VLDB 2020): it hides at most
     # dp_comm_overlap of itself, and never more than the step's backward compute (2/3 of the compute)
     hidden = min(hardware.dp_comm_overlap * dp_total, (2 / 3) * compute_s)
     dp_comm_s = dp_total - hidden
+    if c.zero_stage == 0 and c.dp > 1:
+        # DDP's reducer, per bucket: autograd hooks, copies into and out of the bucket, and the all-reduce's
+        # exposed wait while gloo's thread competes with the node's compute (measured on a whole DDP step)
+        dp_comm_s += buckets * hardware.ddp_bucket_s
     if c.zero_stage >= 3 and c.dp > 1:
         # FSDP2 units (each block, and the root): all-gather for forward and again for backward on every
         # micro-batch, reduce-scatter once per step (meshtrain skips it on the others); each pays a fixed cost

@@ -23,9 +23,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from parallel.core import dims
 from parallel.core.state_bytes import model_state_bytes
 from parallel.plan.cost_model import Candidate, estimate
-from parallel.plan.specs import HardwareSpec, ModelSpec, Workload
+from parallel.plan.specs import HardwareSpec, ModelShape, Workload
 
 
 @dataclass
@@ -60,37 +61,29 @@ class DryRunReport:
         }
 
 
-def sample_ranks(*, pp: int, dp: int, tp: int) -> list[int]:
-    """First and last rank of every pipeline stage, and one in the middle of the mesh (ranks are (pp, dp, tp)
-    row-major: ``parallel/core/layout.py``)."""
-    per_stage = dp * tp
-    ranks = {r for s in range(pp) for r in (s * per_stage, (s + 1) * per_stage - 1)}
-    ranks.add(((pp // 2) * dp + dp // 2) * tp + tp // 2)
+def sample_ranks(**sizes: int) -> list[int]:
+    """First and last rank of every pipeline stage, and one in the middle of the mesh, for degrees given by
+    dimension name (``pp=8, dp=32, tp=4``; ranks as ``parallel/core/layout.py`` lays them out)."""
+    c = Candidate(**sizes)
+    others = [n for n in dims.mesh_names() if n != "pp"]
+    ranks = {c.rank_of(**{n: c.size(n) // 2 for n in dims.mesh_names()})}
+    for stage in range(c.pp):
+        ranks.add(c.rank_of(pp=stage, **{n: 0 for n in others}))
+        ranks.add(c.rank_of(pp=stage, **{n: c.size(n) - 1 for n in others}))
     return sorted(ranks)
 
 
-def _family(model_cfg: Any):
-    """The model's ``ModelSpec``; a planner-only description (numbers, no builder) is the GPT they describe."""
-    from models.registry import REGISTRY, spec_for
-
-    return REGISTRY["gpt"] if model_cfg.get("planner_only", False) else spec_for(model_cfg)
-
-
 def build_meta_model(model_cfg: Any):
-    """The configured model on the meta device: its family's builder, or the GPT a planner-only description names."""
+    """The configured model on the meta device, built by its family's builder (``ModelSpec.builder``) from
+    ``ModelSpec.resized`` at its own sizes: a planner-only description (numbers, a ``_target_`` that refuses to
+    build) is the model of its family it describes."""
     import torch
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
 
-    from models.spec import builder_kwargs, import_object
+    from parallel.plan.calibrate import build_family, family_kwargs
 
-    node = OmegaConf.to_container(model_cfg, resolve=True)
-    if node.get("planner_only", False):
-        keys = ("vocab_size", "n_layers", "d_model", "n_heads", "d_ff", "layer_d_ff", "max_seq_len")
-        with torch.device("meta"):
-            return import_object(_family(node).builder)(**{k: node[k] for k in keys if k in node})
+    family, kwargs = family_kwargs(model_cfg, {})
     with torch.device("meta"):
-        return instantiate(builder_kwargs(node))
+        return build_family(family, kwargs)
 
 
 def _stage_plan(model, c: Candidate, *, split_points: tuple[int, ...] | None):
@@ -141,11 +134,10 @@ def _tp_stage(meta_model, spec, *, mesh, c: Candidate, sequence_parallel: bool, 
 
 
 def _saved_activation_bytes(
-    module, *, first: bool, last: bool, micro_batch: int, seq_len: int, d_model: int, vocab_size: int, dtype
+    module, *, first: bool, last: bool, micro_batch: int, seq_len: int, d_model: int, vocab_size: int, dtype, loss
 ) -> int:
     """Bytes autograd saves for one micro-batch through ``module`` (fake tensors: nothing is allocated)."""
     import torch
-    import torch.nn.functional as F
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed.tensor import DTensor
 
@@ -171,7 +163,7 @@ def _saved_activation_bytes(
             out = module(x)
             if last:
                 targets = torch.randint(0, vocab_size, (micro_batch, seq_len))
-                F.cross_entropy(local(out).reshape(-1, out.shape[-1]).float(), targets.reshape(-1))
+                loss(local(out), targets)
     return sum(storages.values())
 
 
@@ -204,7 +196,7 @@ class DryRunError(RuntimeError):
     """A layout that cannot be built: which step failed on which rank, torch's reason and the fix."""
 
 
-def _fix_for(phase: str, c: Candidate, model: ModelSpec) -> str:
+def _fix_for(phase: str, c: Candidate, model: ModelShape) -> str:
     if phase == "tensor-parallel plan":
         return f"use a tp.size dividing model.n_heads={model.n_heads} and model.d_model={model.d_model} (now {c.tp})"
     if phase == "schedule":
@@ -223,11 +215,12 @@ def _measure_rank(
     c: Candidate,
     meta_model,
     specs,
-    model: ModelSpec,
+    model: ModelShape,
     workload: Workload,
     sequence_parallel: bool,
     mixed: bool,
     tp_plan,
+    loss,
 ) -> dict[str, float]:
     """Build this rank's part of the layout under a fake process group of ``world`` ranks and measure it."""
     import torch
@@ -238,8 +231,8 @@ def _measure_rank(
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     phase = "device mesh"
     try:
-        mesh = init_device_mesh("cpu", (c.pp, c.dp, c.tp), mesh_dim_names=("pp", "dp", "tp"))
-        pp_rank = rank // (c.dp * c.tp)
+        mesh = init_device_mesh("cpu", c.mesh_shape, mesh_dim_names=dims.mesh_names())
+        pp_rank = c.coords(rank)["pp"]
         dtype = torch.bfloat16 if mixed else torch.float32
         b = workload.global_batch_size // (c.dp * c.micro_batches)
         stages, acts = [], 0
@@ -256,6 +249,7 @@ def _measure_rank(
                 d_model=model.d_model,
                 vocab_size=model.vocab_size,
                 dtype=dtype,
+                loss=loss,
             )
             if c.zero_stage >= 3 and c.dp > 1:
                 phase = "FSDP2 sharding"
@@ -303,7 +297,7 @@ def dry_run(
     *,
     model_cfg: Any,
     candidate: Candidate,
-    model: ModelSpec,
+    model: ModelShape,
     hardware: HardwareSpec,
     workload: Workload,
     sequence_parallel: bool | None = None,
@@ -316,18 +310,21 @@ def dry_run(
     t0 = time.perf_counter()
     c = candidate
     sp = c.sequence_parallel if sequence_parallel is None else sequence_parallel
+    from parallel.plan.calibrate import family_kwargs
+
+    family = family_kwargs(model_cfg, {})[0]
     meta_model = build_meta_model(model_cfg)
-    tp_plan = _family(model_cfg).parallelize_fn() if c.tp > 1 else None
+    tp_plan = family.parallelize_fn() if c.tp > 1 else None
     split_points, specs = _stage_plan(meta_model, c, split_points=c.split_points)
     from dataclasses import replace
 
     c = replace(c, split_points=tuple(split_points) if c.pp > 1 else None, sequence_parallel=sp)
     est = estimate(c, model=model, hardware=hardware, workload=workload)
-    world = c.dp * c.tp * c.pp
+    world = c.world_size
     reports = []
-    for rank in ranks if ranks is not None else sample_ranks(pp=c.pp, dp=c.dp, tp=c.tp):
-        pp_i, rem = divmod(rank, c.dp * c.tp)
-        coords = {"pp": pp_i, "dp": rem // c.tp, "tp": rem % c.tp}
+    for rank in ranks if ranks is not None else sample_ranks(**c.sizes):
+        coords = c.coords(rank)
+        pp_i = coords["pp"]
         rep = RankReport(rank=rank, coords=coords, stages=[s.index for s in specs if s.pp_rank == pp_i])
         mem = est.rank_memory[pp_i]
         rep.estimated = {
@@ -350,15 +347,14 @@ def dry_run(
                 sequence_parallel=sp,
                 mixed=workload.precision == "mixed",
                 tp_plan=tp_plan,
+                loss=family.loss_fn(),
             )
         except DryRunError as exc:
-            rep.error = f"rank {rank} (pp={coords['pp']}, dp={coords['dp']}, tp={coords['tp']}): {exc}"
+            rep.error = f"rank {rank} ({', '.join(f'{k}={v}' for k, v in coords.items())}): {exc}"
         rep.seconds = time.perf_counter() - t1
         reports.append(rep)
     layout = {
-        "dp": c.dp,
-        "tp": c.tp,
-        "pp": c.pp,
+        **c.sizes,
         "micro_batches": c.micro_batches,
         "schedule": c.schedule,
         "stages_per_rank": c.stages_per_rank,

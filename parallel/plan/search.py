@@ -14,13 +14,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from parallel.core import dims
 from parallel.core.layout import ParallelLayout, factorizations
 from parallel.core.registry import STRATEGIES, TRAINABLE_RECOMPUTE, TRAINABLE_ZERO_STAGES, plannable, strategy_for
 from parallel.pipeline.schedules import SCHEDULES, schedule_spec
 from parallel.plan.cost_model import Candidate, Estimate, estimate
-from parallel.plan.specs import GB, TRAINER_PRECISION, HardwareSpec, ModelSpec, PlanError, Workload
+from parallel.plan.specs import GB, TRAINER_PRECISION, HardwareSpec, ModelShape, PlanError, Workload
 
 DEEP_LAYERS = 50
 """The seed's "deep" threshold: from about 50 layers, pipeline stages beat splitting each layer."""
@@ -34,7 +35,7 @@ MAX_MICRO_BATCH_OPTIONS = 8
 
 @dataclass(frozen=True)
 class Plan:
-    model: ModelSpec
+    model: ModelShape
     hardware: HardwareSpec
     workload: Workload
     ranked: tuple[Estimate, ...]
@@ -63,13 +64,11 @@ class Plan:
 
 def strategy_of(c: Candidate) -> str:
     """The ``parallel=`` option that trains ``c`` (the registry's ``picked_for`` rules)."""
-    return strategy_for(
-        dp=c.dp, tp=c.tp, pp=c.pp, zero_stage=c.zero_stage, micro_batches=c.micro_batches, schedule=c.schedule
-    )
+    return strategy_for(**c.sizes, zero_stage=c.zero_stage, micro_batches=c.micro_batches, schedule=c.schedule)
 
 
 def describe(c: Candidate) -> str:
-    parts = [strategy_of(c)] + [f"{d}={v}" for d, v in (("dp", c.dp), ("tp", c.tp), ("pp", c.pp)) if v > 1]
+    parts = [strategy_of(c)] + [f"{d}={v}" for d, v in c.sizes.items() if v > 1]
     parts.append(f"m={c.micro_batches}")
     if c.pp > 1:
         parts.append(c.schedule + (f"/v{c.stages_per_rank}" if c.stages_per_rank > 1 else ""))
@@ -140,9 +139,11 @@ def schedules_for(*, pp: int, m: int, n_layers: int) -> Iterator[tuple[str, int]
             yield spec.name, v
 
 
-def enumerate_candidates(*, model: ModelSpec, hardware: HardwareSpec, workload: Workload) -> Iterator[Candidate]:
+def enumerate_candidates(*, model: ModelShape, hardware: HardwareSpec, workload: Workload) -> Iterator[Candidate]:
     B = workload.global_batch_size
-    for dp, tp, pp in factorizations(hardware.world_size):
+    for degrees in factorizations(hardware.world_size):
+        sizes = dict(zip(dims.names(), degrees, strict=True))
+        dp, tp, pp = sizes["dp"], sizes["tp"], sizes["pp"]
         if B % dp or not model.tp_divides(tp) or tp > hardware.devices_per_node or pp > model.n_layers:
             continue
         for m in micro_batch_counts(B // dp):
@@ -151,9 +152,7 @@ def enumerate_candidates(*, model: ModelSpec, hardware: HardwareSpec, workload: 
                     for sp in (False, True) if tp > 1 else (False,):
                         for recompute in workload.recompute:
                             yield Candidate(
-                                dp=dp,
-                                tp=tp,
-                                pp=pp,
+                                sizes=sizes,
                                 micro_batches=m,
                                 schedule=schedule,
                                 stages_per_rank=v,
@@ -163,7 +162,9 @@ def enumerate_candidates(*, model: ModelSpec, hardware: HardwareSpec, workload: 
                             )
 
 
-def plan(*, model: ModelSpec, hardware: HardwareSpec, workload: Workload, allowed: Iterable[str] | None = None) -> Plan:
+def plan(
+    *, model: ModelShape, hardware: HardwareSpec, workload: Workload, allowed: Iterable[str] | None = None
+) -> Plan:
     """Rank every candidate (only those ``trainable`` with ``allowed`` strategies, when given)."""
     allowed = tuple(allowed) if allowed is not None else None
     fits, misses = [], []
@@ -190,7 +191,7 @@ def plan(*, model: ModelSpec, hardware: HardwareSpec, workload: Workload, allowe
 # ---- the seed's decision tree, as the reason -------------------------------------------------
 
 
-def one_device_need(*, model: ModelSpec, hardware: HardwareSpec, workload: Workload) -> Estimate:
+def one_device_need(*, model: ModelShape, hardware: HardwareSpec, workload: Workload) -> Estimate:
     """The whole model on one device, micro-batch of one sample: the seed's "fits one device" test."""
     c = Candidate(micro_batches=workload.global_batch_size)
     return estimate(c, model=model, hardware=hardware, workload=workload)
@@ -200,7 +201,7 @@ def crosses_nodes(*, span: int, stride: int, hardware: HardwareSpec) -> bool:
     return hardware.nnodes > 1 and span > 1 and span * stride > hardware.devices_per_node
 
 
-def seed_reason(ranked: tuple[Estimate, ...], *, model: ModelSpec, hardware: HardwareSpec, workload: Workload) -> str:
+def seed_reason(ranked: tuple[Estimate, ...], *, model: ModelShape, hardware: HardwareSpec, workload: Workload) -> str:
     best = ranked[0]
     c = best.candidate
     single = one_device_need(model=model, hardware=hardware, workload=workload)
@@ -217,7 +218,7 @@ def seed_reason(ranked: tuple[Estimate, ...], *, model: ModelSpec, hardware: Har
     nic_gbps = hardware.inter.gbps * hardware.devices_per_nic
     if hardware.nnodes > 1 and nic_gbps <= SLOW_LINK_GBPS:
         shared = f" shared by {hardware.devices_per_nic} devices" if hardware.devices_per_nic > 1 else ""
-        if crosses_nodes(span=c.dp, stride=c.tp, hardware=hardware):
+        if crosses_nodes(span=c.dp, stride=c.stride("dp"), hardware=hardware):
             where = (
                 f"dp still crosses nodes: at batch {workload.global_batch_size} x {workload.seq_len} the "
                 "activations pp would send exceed the gradients dp sends"
@@ -225,7 +226,7 @@ def seed_reason(ranked: tuple[Estimate, ...], *, model: ModelSpec, hardware: Har
         else:
             where = (
                 "pp across nodes"
-                if crosses_nodes(span=c.pp, stride=c.dp * c.tp, hardware=hardware)
+                if crosses_nodes(span=c.pp, stride=c.stride("pp"), hardware=hardware)
                 else "all inside one node"
             )
         parts.append(
@@ -241,9 +242,9 @@ def seed_reason(ranked: tuple[Estimate, ...], *, model: ModelSpec, hardware: Har
 # ---- from the config --------------------------------------------------------------------------
 
 
-def specs_from_cfg(cfg: DictConfig, *, calibrate: bool | None = None) -> tuple[ModelSpec, HardwareSpec, Workload]:
+def specs_from_cfg(cfg: DictConfig, *, calibrate: bool | None = None) -> tuple[ModelShape, HardwareSpec, Workload]:
     """Model, hardware (measured when ``topology.calibrate``) and workload of a composed config."""
-    model = ModelSpec.from_cfg(cfg.model)
+    model = ModelShape.from_cfg(cfg.model)
     hardware = HardwareSpec.from_cfg(cfg.topology)
     if calibrate if calibrate is not None else bool(cfg.topology.get("calibrate", False)):
         from parallel.plan.calibrate import calibrate_hardware
@@ -268,9 +269,7 @@ def candidate_of(cfg: DictConfig, layout: ParallelLayout) -> Candidate:
     else:
         m, schedule = (per_replica // int(mbs) if mbs else 1), "none"
     return Candidate(
-        dp=layout.dp,
-        tp=layout.tp,
-        pp=layout.pp,
+        sizes=layout.sizes,
         micro_batches=max(1, m),
         schedule=schedule if layout.pp > 1 else "none",
         stages_per_rank=layout.stages_per_rank,
@@ -302,7 +301,8 @@ def apply_candidate(cfg: DictConfig, c: Candidate, *, strategies: dict[str, str]
         cfg.trainer.ac_every = 1
     cfg.parallel._target_ = strategies[name]
     cfg.parallel.name = name
-    cfg.dp.size, cfg.tp.size, cfg.pp.size = c.dp, c.tp, c.pp
+    for name, size in c.sizes.items():
+        OmegaConf.update(cfg, dims.dim(name).key, size)
     # a strategy that always shards (fsdp) needs no dp.shard; hybrid shards when the candidate does
     cfg.dp.shard = c.zero_stage == 3 and not spec.shards_dp
     cfg.tp.sequence_parallel = c.sequence_parallel
@@ -320,13 +320,15 @@ def unresolved_auto(**_: Any) -> None:
     raise PlanError("parallel=auto reached a worker unresolved: run it through train.py, which plans it first")
 
 
-def pitfalls(c: Candidate, est: Estimate, *, model: ModelSpec, hardware: HardwareSpec, workload: Workload) -> list[str]:
+def pitfalls(
+    c: Candidate, est: Estimate, *, model: ModelShape, hardware: HardwareSpec, workload: Workload
+) -> list[str]:
     """The seed's three traps for one layout, each with the numbers that trigger it (the cost model's terms):
     data parallel over slow inter-node links, unbalanced pipeline stages, and activation memory that grows
     with the micro-batches a schedule keeps in flight."""
     out = []
-    if crosses_nodes(span=c.dp, stride=c.tp, hardware=hardware) and est.dp_comm_s > 0.25 * est.step_time_s:
-        spanned = min(hardware.nnodes, -(-c.dp * c.tp // hardware.devices_per_node))
+    if crosses_nodes(span=c.dp, stride=c.stride("dp"), hardware=hardware) and est.dp_comm_s > 0.25 * est.step_time_s:
+        spanned = min(hardware.nnodes, -(-c.dp * c.stride("dp") // hardware.devices_per_node))
         out.append(
             f"dp.size={c.dp} spans {spanned} nodes over {hardware.inter.gbps:g} Gbit/s links per device "
             f"(topology.inter_node_gbps): the gradient all-reduce takes {est.dp_comm_s:.3g} s of a predicted "

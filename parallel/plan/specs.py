@@ -1,8 +1,8 @@
 """What the planner knows about a model, a machine and a job, read from the config alone (no torch).
 
-Three frozen dataclasses: ``ModelSpec`` (a decoder-only transformer's shape: parameter count and FLOPs per
-token; ``models/shape.py``, built by the model family's registry entry), ``HardwareSpec`` (one device and its links, from ``topology``) and ``Workload`` (batch, sequence,
-precision). ``from_cfg`` builders read the composed Hydra config, so the planner works for models far too
+Besides ``ModelShape`` (a decoder-only transformer's shape: parameter count and FLOPs per token; ``models/shape.py``,
+built by the model family's ``ModelSpec.shape``), two frozen dataclasses: ``HardwareSpec`` (one device and its links,
+from ``topology``) and ``Workload`` (batch, sequence, precision: ``parallel/core/precision.py``). ``from_cfg`` builders read the composed Hydra config, so the planner works for models far too
 big to build here (``conf/model/gpt_175b.yaml``).
 """
 
@@ -13,26 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from models.shape import ModelShape, PlanError
+from parallel.core.precision import PLANNER_PRECISIONS
 
-__all__ = ["ModelSpec", "ModelShape", "PlanError", "HardwareSpec", "Workload", "Link", "refuse_to_build"]
+__all__ = ["ModelShape", "PlanError", "HardwareSpec", "Workload", "Link"]
 
 GB = 1e9
 
-PRECISIONS = {
-    # bytes per parameter for (weights, gradients, optimizer states) with Adam, as in ZeRO (arXiv
-    # 1910.02054, section 3.1): mixed precision keeps fp16/bf16 weights and grads plus an fp32 master copy,
-    # momentum and variance (K = 12); fp32 keeps weights, grads, momentum and variance (4 + 4 + 8).
-    "fp32": (4, 4, 8),
-    "mixed": (2, 2, 12),
-}
-ACTIVATION_BYTES = {"fp32": 4, "mixed": 2}
 #: the planner's precision -> the trainer.precision that trains it (parallel=auto sets it)
-TRAINER_PRECISION = {"fp32": "fp32", "mixed": "bf16-mixed"}
-
-
-#: the planner's view of a model: its shape and the parameter / FLOP formulas, from the model's
-#: ``ModelSpec`` (``models/registry.py``); ``ModelSpec.from_cfg(cfg.model)`` reads any registered family
-ModelSpec = ModelShape
+TRAINER_PRECISION = {name: p.trains_as for name, p in PLANNER_PRECISIONS.items()}
 
 
 @dataclass(frozen=True)
@@ -72,6 +60,9 @@ class HardwareSpec:
     fsdp_collective_s: float = 0.0
     """Fixed cost of one FSDP2 all-gather or reduce-scatter besides the link's: hooks, copy-in/out, and the
     DTensor parameters' optimizer and clipping, per collective."""
+    ddp_bucket_s: float = 0.0
+    """Fixed cost of one DDP gradient bucket besides the ring formula (reducer hooks, bucket copies, the exposed
+    all-reduce competing with the node's compute), solved from a whole DDP step by the calibration."""
     dp_comm_overlap: float = 0.0
     busy_node_slowdown: float = 1.0
     """How much slower one device computes while the other devices of its node compute too (shared
@@ -124,6 +115,7 @@ class HardwareSpec:
             threads_per_device=int(topo.get("threads_per_rank", 1) or 1),
             tp_collective_s=float(topo.get("tp_collective_us", 0.0) or 0.0) * 1e-6,
             fsdp_collective_s=float(topo.get("fsdp_collective_us", 0.0) or 0.0) * 1e-6,
+            ddp_bucket_s=float(topo.get("ddp_bucket_us", 0.0) or 0.0) * 1e-6,
             dp_comm_overlap=float(topo.get("dp_comm_overlap", 0.0)),
             busy_node_slowdown=float(topo.get("busy_node_slowdown", 1.0)),
             devices_per_nic=sharing,
@@ -149,12 +141,12 @@ class Workload:
         gradients (reduced in fp32), so it holds 4 + 4 + 8 where ZeRO's mixed precision holds 2 + 2 + 12:
         the same 16 bytes, split differently."""
         if self.implementation == "meshtrain":
-            return PRECISIONS["fp32"]
-        return PRECISIONS[self.precision]
+            return PLANNER_PRECISIONS["fp32"].state_bytes
+        return PLANNER_PRECISIONS[self.precision].state_bytes
 
     @property
     def activation_bytes(self) -> int:
-        return ACTIVATION_BYTES[self.precision]
+        return PLANNER_PRECISIONS[self.precision].activation_bytes
 
     @classmethod
     def from_cfg(cls, cfg: Any, *, hardware: HardwareSpec) -> Workload:
@@ -168,8 +160,10 @@ class Workload:
             # what the run will train in: trainer.precision when set to a bf16 mode, else by device
             asked = str(cfg.get("trainer", {}).get("precision", "fp32"))
             precision = "mixed" if asked != "fp32" or hardware.device == "cuda" else "fp32"
-        if precision not in PRECISIONS:
-            raise PlanError(f"planner.precision={planner.precision}: use auto, fp32 or mixed")
+        if precision not in PLANNER_PRECISIONS:
+            raise PlanError(
+                f"planner.precision={planner.precision}: use auto or one of {', '.join(PLANNER_PRECISIONS)}"
+            )
         recompute = str(planner.recompute)
         options = {
             "none": ("none",),
@@ -189,12 +183,3 @@ class Workload:
             memory_fraction=fraction,
             recompute=options[recompute],
         )
-
-
-def refuse_to_build(**kwargs: Any) -> None:
-    """``_target_`` of planner-only model descriptions: building one here is a mistake, said clearly."""
-    name = kwargs.get("name", "this model")
-    raise PlanError(
-        f"model={name} is a description for the planner (python -m parallel.plan model={name} ...), "
-        "too big to build here; train a buildable model such as model=gpt_small"
-    )

@@ -2,7 +2,8 @@
 
 A DDP communication hook wraps the default all-reduce (same arithmetic: divide by the group size,
 then sum) and timestamps each bucket from launch to completion. The union of those intervals over a
-step is the time gradients spent in all-reduce; ``comm_fraction`` is that over the step time.
+step is the time gradients spent in all-reduce; ``comm_fraction`` is that over the step time. The wrapping
+order (after activation checkpointing and compile) is ``parallel/core/compose.py``'s.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from parallel.core.base import Engine, ModuleEngine, Strategy, WorkerContext
+from parallel.core.base import Engine, Strategy, WorkerContext
+from parallel.core.compose import Composition, build_engine
 from parallel.core.intervals import IntervalLog
 
 
@@ -31,22 +33,6 @@ class CommTimer(IntervalLog):
             return f.value()
 
         return fut.then(done)
-
-
-class DDPEngine(ModuleEngine):
-    def __init__(self, module: DDP, *, timer: CommTimer, accumulation: int):
-        super().__init__(module, accumulation=accumulation, no_sync=module.no_sync)
-        self.timer = timer
-        self._step_start = time.perf_counter()
-
-    def train_step(self, inputs, targets):
-        self._step_start = time.perf_counter()
-        return super().train_step(inputs, targets)
-
-    def step_metrics(self) -> dict[str, float]:
-        busy, buckets = self.timer.take()
-        elapsed = max(time.perf_counter() - self._step_start, 1e-9)
-        return {"comm_time_s": busy, "comm_fraction": min(1.0, busy / elapsed), "comm_buckets": buckets}
 
 
 def wrap_ddp(model: nn.Module, *, ctx: WorkerContext) -> tuple[DDP, CommTimer]:
@@ -68,7 +54,7 @@ def wrap_ddp(model: nn.Module, *, ctx: WorkerContext) -> tuple[DDP, CommTimer]:
 
 
 class DDPStrategy(Strategy):
+    """One replica per process, gradients all-reduced over dp (``Composition(dp="ddp")``)."""
+
     def build(self, *, ctx: WorkerContext) -> Engine:
-        model = ctx.prepare(ctx.build_model().to(ctx.device))
-        ddp, timer = wrap_ddp(model, ctx=ctx)
-        return DDPEngine(ddp, timer=timer, accumulation=ctx.accumulation_steps())
+        return build_engine(ctx=ctx, composition=Composition(dp="ddp"))

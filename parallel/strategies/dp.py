@@ -11,28 +11,25 @@ import torch
 from torch import nn
 
 from parallel.core.base import Engine, ModuleEngine, Strategy, WorkerContext
+from parallel.core.compose import Composition, build_engine
 from parallel.core.precision import enable_autocast
 
 
 class DataParallelStrategy(Strategy):
     def build(self, *, ctx: WorkerContext) -> Engine:
         gpus = torch.cuda.device_count() if ctx.device.type == "cuda" else 0
-        model = ctx.build_model().to(ctx.device)
-        if gpus > 1:
-            # DataParallel copies the module to every GPU each step; per-block forwards replaced by
-            # checkpointing or compile would still point at the original: refused in trainer/validate.py
-            model = (
-                enable_autocast(nn.DataParallel(model), device_type="cuda")
-                if ctx.precision == "bf16-mixed"
-                else nn.DataParallel(model)
-            )
-            ctx.log.info("parallel=dp: DataParallel over %d CUDA devices", gpus)
-        else:
-            model = ctx.prepare(model)
+        if gpus <= 1:
             ctx.log.warning(
                 "parallel=dp runs as parallel=single here: DataParallel needs several CUDA devices "
                 "(found %d). Prefer parallel=ddp: one process per device, gradients all-reduced while "
                 "backward runs, no per-step model replication.",
                 gpus,
             )
-        return ModuleEngine(model, accumulation=ctx.accumulation_steps())
+            return build_engine(ctx=ctx, composition=Composition())
+        # DataParallel copies the module to every GPU each step; per-block forwards replaced by
+        # checkpointing or compile would still point at the original: refused in trainer/validate.py
+        model = nn.DataParallel(ctx.build_model().to(ctx.device))
+        if ctx.precision == "bf16-mixed":
+            model = enable_autocast(model, device_type="cuda")
+        ctx.log.info("parallel=dp: DataParallel over %d CUDA devices", gpus)
+        return ModuleEngine(model, accumulation=ctx.accumulation_steps(), loss_fn=ctx.model_spec.loss_fn())

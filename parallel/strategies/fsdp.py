@@ -29,6 +29,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
 from parallel.core.base import Engine, Strategy, WorkerContext
+from parallel.core.compose import Composition, build_engine
 from parallel.core.intervals import IntervalLog
 
 
@@ -128,20 +129,8 @@ def fsdp_no_sync(module: nn.Module):
 
 
 class FSDPStrategy(Strategy):
-    def build(self, *, ctx: WorkerContext) -> Engine:
-        from parallel.core.rank_map import announce_rank_map
-        from parallel.strategies.tp import MeshModuleEngine
+    """FSDP2 over dp whatever ``dp.shard`` says (``Composition(dp="fsdp")``)."""
 
-        model = ctx.prepare(ctx.build_model(materialize=False), fsdp=True)
-        apply_fsdp(model, dp_mesh=ctx.mesh["dp"], mp_policy=ctx.fsdp_mp_policy())
-        model = ctx.place(model)  # a meta-built model gets storage for its shards only, then its init
-        timer = FSDPCommTimer().attach(model)
+    def build(self, *, ctx: WorkerContext) -> Engine:
         ctx.log.info("parallel=fsdp: fully_shard per block and root over dp=%d", ctx.layout.dp)
-        rank_map = announce_rank_map(ctx, stage_modules=[model])
-        return MeshModuleEngine(
-            model,
-            accumulation=ctx.accumulation_steps(),
-            no_sync=fsdp_no_sync(model),
-            rank_map=rank_map,
-            ddp_timer=timer,
-        )
+        return build_engine(ctx=ctx, composition=Composition(dp="fsdp", rank_map=True))

@@ -1,20 +1,18 @@
-"""parallel=pp and parallel=mp: the same pipeline engine, with micro-batches under a schedule or without."""
+"""parallel=pp and parallel=mp: one strategy, the pipeline engine over unwrapped stages.
+
+What makes ``mp`` model parallel (one micro-batch, GPipe, one stage per rank, blocks split evenly,
+``mp.split_points``) is its registry entry's ``FixedPipeline`` (``parallel/core/registry.py``), which validation
+and the pipeline's split read; this class is the same for both.
+"""
 
 from __future__ import annotations
 
 from parallel.core.base import Engine, Strategy, WorkerContext
-from parallel.pipeline.engine import build_pipeline_engine
+from parallel.core.compose import Composition, build_engine
 
 
 class PipelineStrategy(Strategy):
-    """parallel=pp: micro-batches flow through the stages under ``pp.schedule``."""
+    """parallel=pp (micro-batches under ``pp.schedule``) and parallel=mp (stages strictly in turn)."""
 
     def build(self, *, ctx: WorkerContext) -> Engine:
-        return build_pipeline_engine(ctx=ctx)
-
-
-class ModelParallelStrategy(Strategy):
-    """parallel=mp: the layers split over ranks, one micro-batch, stages strictly in turn."""
-
-    def build(self, *, ctx: WorkerContext) -> Engine:
-        return build_pipeline_engine(ctx=ctx)
+        return build_engine(ctx=ctx, composition=Composition(pipeline=True))

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from parallel.core.base import Engine, ModuleEngine, Strategy, WorkerContext
+from parallel.core.base import Engine, Strategy, WorkerContext
+from parallel.core.compose import Composition, build_engine
 
 
 class SingleStrategy(Strategy):
+    """No wrapper but activation checkpointing, compile and autocast (``Composition()``)."""
+
     def build(self, *, ctx: WorkerContext) -> Engine:
-        model = ctx.prepare(ctx.build_model().to(ctx.device))
-        return ModuleEngine(model, accumulation=ctx.accumulation_steps())
+        return build_engine(ctx=ctx, composition=Composition())

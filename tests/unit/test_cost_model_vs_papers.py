@@ -15,7 +15,7 @@ from parallel.plan.cost_model import (
     model_state_bytes,
     tp_collectives_per_layer,
 )
-from parallel.plan.specs import HardwareSpec, Link, ModelSpec, Workload
+from parallel.plan.specs import HardwareSpec, Link, ModelShape, Workload
 
 # Megatron-LM 2021 (arXiv 2104.04473) Table 1: (heads, hidden, layers) -> parameters in billions; V = 51200, s = 2048
 MEGATRON_TABLE_1 = [
@@ -32,8 +32,8 @@ MEGATRON_TABLE_1 = [
 ]
 
 
-def megatron_gpt(heads: int, hidden: int, layers: int) -> ModelSpec:
-    return ModelSpec(
+def megatron_gpt(heads: int, hidden: int, layers: int) -> ModelShape:
+    return ModelShape(
         name="megatron",
         n_layers=layers,
         d_model=hidden,
@@ -76,7 +76,7 @@ def test_zero_memory_example(stage, expected_gb):
 
 def test_activation_memory_matches_korthikanti():
     """arXiv 2205.05198 section 4, 16-bit: sbh(34 + 5as/h); TP: sbh(10 + 24/t + 5as/(ht)); TP+SP: /t."""
-    m = ModelSpec(name="gpt3", n_layers=96, d_model=12288, n_heads=96, vocab_size=51200, max_seq_len=2048)
+    m = ModelShape(name="gpt3", n_layers=96, d_model=12288, n_heads=96, vocab_size=51200, max_seq_len=2048)
     s, b, h, a, t = 2048, 1, 12288, 96, 8
     kw = dict(seq_len=s, micro_batch=b, element_bytes=2)
     plain = layer_activation_bytes(m, 0, tp=1, sequence_parallel=False, recompute="none", **kw)
@@ -131,7 +131,7 @@ def _hw(**kw) -> HardwareSpec:
 
 
 def test_estimate_terms_move_the_right_way():
-    m = ModelSpec(name="m", n_layers=32, d_model=4096, n_heads=32, vocab_size=51200, max_seq_len=2048)
+    m = ModelShape(name="m", n_layers=32, d_model=4096, n_heads=32, vocab_size=51200, max_seq_len=2048)
     w = Workload(global_batch_size=64, seq_len=2048, precision="mixed")
     hw = _hw()
     gpipe = estimate(Candidate(pp=8, micro_batches=8, schedule="gpipe"), model=m, hardware=hw, workload=w)
@@ -160,8 +160,8 @@ def test_tp_collectives_are_counted_as_each_implementation_issues_them(compose_c
     """Megatron fuses each sub-block's input-gradient all-reduce (2 fwd + 2 bwd); meshtrain's DTensor plan
     all-reduces every column-wise projection's input gradient: gpt_small's 4 blocks + head run the 26 that
     tests/integration/test_tp_fsdp_parity.py counts in a real tp run."""
-    gpt = ModelSpec.from_cfg(compose_cfg("model=gpt_small").model)
-    llama = ModelSpec.from_cfg(compose_cfg("model=llama_debug").model)
+    gpt = ModelShape.from_cfg(compose_cfg("model=gpt_small").model)
+    llama = ModelShape.from_cfg(compose_cfg("model=llama_debug").model)
     assert tp_collectives_per_layer(gpt, meshtrain=False) == 4
     assert tp_collectives_per_layer(gpt, meshtrain=False, recompute="full") == 6
     assert tp_collectives_per_layer(gpt, meshtrain=True) == 6 and gpt.n_layers * 6 + 2 == 26

@@ -9,7 +9,7 @@ from parallel.plan.cli import compose
 from parallel.plan.cost_model import Candidate, rank_params
 from parallel.plan.dry_run import dry_run, sample_ranks
 from parallel.plan.search import specs_from_cfg
-from parallel.plan.specs import ModelSpec
+from parallel.plan.specs import ModelShape
 
 
 def test_sampled_ranks_are_each_stages_first_and_last_and_one_in_the_middle():
@@ -60,7 +60,7 @@ def test_a_layout_that_cannot_be_built_is_reported_with_rank_and_fix(small_clust
 
 
 def test_meshtrain_tensor_parallel_replicates_embeddings_and_norms():
-    m = ModelSpec(name="m", n_layers=4, d_model=64, n_heads=4, vocab_size=1000, max_seq_len=32)
+    m = ModelShape(name="m", n_layers=4, d_model=64, n_heads=4, vocab_size=1000, max_seq_len=32)
     layers = [0, 1]
     sharded = rank_params(m, layers, first=True, last=False, tp=4, meshtrain=False)
     ours = rank_params(m, layers, first=True, last=False, tp=4, meshtrain=True)

@@ -53,8 +53,8 @@ def test_compile_without_compiler_refused(compose_cfg, monkeypatch, tmp_path):
 
 def _grads_and_saved(mode: str, every: int = 1) -> tuple[dict[str, torch.Tensor], int]:
     from models.gpt.model import GPT
+    from models.losses import token_cross_entropy as cross_entropy
     from parallel.core.activations import SavedActivationMeter
-    from parallel.core.base import cross_entropy
     from parallel.core.regional import prepare_module
 
     torch.manual_seed(0)

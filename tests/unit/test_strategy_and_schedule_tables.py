@@ -8,7 +8,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from parallel.core.layout import describe_factorization
-from parallel.core.registry import STRATEGIES, strategy_for
+from parallel.core.registry import MODEL_PARALLEL, STRATEGIES, strategy_for
 from parallel.pipeline.schedules import SCHEDULES
 from parallel.plan.cost_model import MODELED_SCHEDULES, Candidate, bubble_fraction, last_chunk_rank, rank_layers
 from parallel.plan.search import available_strategies, schedules_for, strategy_of
@@ -76,6 +76,24 @@ def test_strategy_names_of_layouts():
     found = available_strategies(CONF)
     assert "auto" not in found and "dp" not in found  # the planner never picks them
     assert found == {n: s.target for n, s in STRATEGIES.items() if s.picked_for is not None}
+
+
+def test_mp_is_the_pipeline_strategy_with_its_pipeline_fixed_once():
+    mp, pp = STRATEGIES["mp"], STRATEGIES["pp"]
+    assert mp.target == pp.target  # one class; what differs is the registry entry's FixedPipeline
+    assert mp.fixed_pipeline is MODEL_PARALLEL and pp.fixed_pipeline is None
+    assert (mp.split_points_key, pp.split_points_key) == ("mp.split_points", "pp.split_points")
+    preset = OmegaConf.load(CONF / "parallel" / "mp.yaml").pp  # the option's defaults are what it fixes
+    fixed = MODEL_PARALLEL
+    assert (preset.micro_batches, preset.schedule, preset.stages_per_rank) == (
+        fixed.micro_batches,
+        fixed.schedule,
+        fixed.stages_per_rank,
+    )
+    assert fixed.problems(name="mp", micro_batches=1, schedule="gpipe", stages_per_rank=1) == []
+    msgs = fixed.problems(name="mp", micro_batches=4, schedule="1f1b", stages_per_rank=1)
+    assert len(msgs) == 2 and msgs[0].startswith("pp.micro_batches=4 with parallel=mp")
+    assert msgs[1].startswith("pp.schedule=1f1b pp.stages_per_rank=1 with parallel=mp") and "parallel=pp" in msgs[1]
 
 
 # ---- the schedule table: one set of rules for runtime, planner and cost model ---------------------

@@ -119,7 +119,7 @@ def test_unknown_model_option_is_named(tmp_path):
         ("optim.betas=[1.0,0.9]", "optim.betas=[1.0, 0.9]: must be two numbers in [0, 1)"),
         ("optim.betas=[0.9]", "optim.betas=[0.9]: must be two numbers in [0, 1)"),
         ("optim.min_lr_ratio=1.5", "optim.min_lr_ratio=1.5: must be in [0, 1]"),
-        ("model=cnn_bn", "model=cnn_bn with data=text: the CNN classifies images"),
+        ("model=cnn_bn", "model=cnn_bn with data=text: the model reads images, the data are token sequences"),
         ("data=images", "model=gpt_small with data=images: the model reads token sequences"),
         ("trainer.grad_clip=nan", "trainer.grad_clip=nan: must be a number"),
         ("dp.bucket_cap_mb=0", "dp.bucket_cap_mb=0.0: must be a number of MiB > 0"),
@@ -177,3 +177,17 @@ def test_override_that_does_not_compose_exits_2(tmp_path, full_error):
     assert not (run.run_dir / "logs").exists()
     # HYDRA_FULL_ERROR=1 is what users set to debug: the whole trace, and still the documented code
     assert ("Traceback (most recent call last)" in run.proc.stderr) == bool(full_error), run.proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    "model, rule",
+    [
+        ("gpt_small", "0 means 4 * model.d_model"),
+        ("llama_debug", "0 means Llama's rule"),
+        ("qwen3_debug", "0 means Llama's rule"),
+    ],
+)
+def test_each_family_answers_with_its_own_rule(compose_cfg, model, rule):
+    """The family's spec checks its sizes (no key guesses the family): a Llama's d_ff gets Llama's default."""
+    msg = _problems(compose_cfg(f"model={model}", "model.d_ff=-1"))
+    assert f"model.d_ff=-1: must be >= 0 ({rule}" in msg

@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from parallel.core.base import WorkerContext
-from parallel.core.layout import MESH_DIMS, ParallelLayout
+from parallel.core.layout import ParallelLayout
 from parallel.core.memory import tensor_bytes
 from trainer.launch.attempts import previous_attempt_report, restart_count, write_exit_record
 from trainer.launch.environment import rendezvous_port
@@ -204,7 +204,7 @@ def run(
 
         if layout.nnodes > 1:
             check_shared_run_dir(cfg, run_dir, layout, env, log)
-        mesh = init_device_mesh(device.type, layout.mesh_shape, mesh_dim_names=MESH_DIMS)
+        mesh = init_device_mesh(device.type, layout.mesh_shape, mesh_dim_names=layout.mesh_dim_names)
         ctx = WorkerContext(
             cfg=cfg,
             layout=layout,
@@ -222,7 +222,7 @@ def run(
             env.world_size,
             device,
             backend,
-            MESH_DIMS,
+            layout.mesh_dim_names,
             layout.coords(env.rank),
             run_meta.get("start_method") or ("in-process" if env.in_process else "by torchrun / srun"),
         )

@@ -1,0 +1,53 @@
+"""What a tensor-parallel run (parallel=tp, hybrid with tp.size > 1) needs of its config, checked before any worker
+starts: the model's own rules for a tp degree (its ``ModelSpec.tp_check``) and those of loss and sequence
+parallelism. Each check takes ``(cfg, layout)`` and returns the problems as "key=value: what is wrong; the fix";
+the strategies list them in ``StrategySpec.checks`` (``parallel/core/registry.py``). No torch import.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from models.registry import UnknownModel, spec_for
+
+if TYPE_CHECKING:
+    from parallel.core.layout import ParallelLayout
+
+
+def nearest_multiples(value: int, base: int) -> str:
+    """The multiples of ``base`` around ``value`` ("14 or 16" for 15 and 2): the fix a divisibility rule names."""
+    lo = (value // base) * base
+    hi = lo + base
+    return str(hi) if lo < base else f"{lo} or {hi}"
+
+
+def tensor_parallel_problems(cfg: Any, layout: ParallelLayout) -> list[str]:
+    """The model's plan splits heads and widths by tp; loss and sequence parallelism split the vocabulary and
+    the sequence (nothing when tp.size is 1)."""
+    tp, model = layout.tp, cfg.model
+    if tp == 1:
+        return []
+    try:
+        spec = spec_for(model)
+    except UnknownModel:
+        return []  # validation's model check says so
+    out = spec.tp_problems(model, tp)
+    if spec.parallelize is None:
+        return out
+    if cfg.tp.loss_parallel and int(model.vocab_size) % tp:
+        out.append(
+            f"model.vocab_size={model.vocab_size} is not divisible by tp.size={tp} with tp.loss_parallel=true; "
+            "set tp.loss_parallel=false"
+        )
+    if cfg.tp.loss_parallel and layout.pp > 1:
+        out.append(
+            f"tp.loss_parallel=true with pp.size={layout.pp}: the pipeline schedule computes the loss outside "
+            "loss_parallel() on plain tensors; set tp.loss_parallel=false (the head then gathers the logits)"
+        )
+    seq = int(cfg.data.seq_len)
+    if cfg.tp.sequence_parallel and seq % tp:
+        out.append(
+            f"data.seq_len={seq} is not divisible by tp.size={tp} with tp.sequence_parallel=true: "
+            f"the sequence is split over tp ranks; use data.seq_len={nearest_multiples(seq, tp)}"
+        )
+    return out

@@ -1,0 +1,17 @@
+"""The family's ``ModelSpec``: its family name and builder come from its config; checks, formulas and the TP plan
+are Llama's functions (the blocks are Llama's). No torch import."""
+
+from __future__ import annotations
+
+from models.llama.spec import llama_problems, llama_shape, llama_tp_problems
+from models.spec import ModelSpec
+from tests.families.tiny_decoder.config import TinyDecoderConfig
+
+SPEC = ModelSpec.decoder(
+    TinyDecoderConfig,
+    parallelize="models.llama.parallelize:parallelize_llama",
+    shape=llama_shape,
+    check=llama_problems,
+    tp_check=llama_tp_problems,
+    description="a test-only dense decoder: Llama's blocks under a family of its own",
+)

@@ -1,0 +1,94 @@
+"""What a model family declares instead of what the strategies assume: its loss (``ModelSpec.loss``) and the module
+names its tensor-parallel plan shards (``ModelSpec.tp_plan``), checked against built tiny models. In-process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from models.registry import REGISTRY
+from models.spec import builder_kwargs
+
+#: a small config of every built-in family with a tensor-parallel plan (a new family adds its own here)
+TINY = {"gpt": "gpt_small", "llama": "llama_debug", "qwen3": "qwen3_debug"}
+
+
+def build_tiny(compose_cfg, family: str) -> torch.nn.Module:
+    from hydra.utils import instantiate
+
+    from models.registry import spec_for
+
+    cfg = compose_cfg(f"model={TINY[family]}")
+    assert spec_for(cfg.model) is REGISTRY[family]
+    with torch.device("meta"):
+        return instantiate(builder_kwargs(cfg.model))
+
+
+def test_every_family_with_a_tp_plan_function_declares_its_module_names():
+    with_plan = {name for name, spec in REGISTRY.items() if spec.parallelize is not None}
+    assert with_plan == {name for name, spec in REGISTRY.items() if spec.tp_plan is not None}
+    assert with_plan == set(TINY), "add a small config of the new family to TINY"
+
+
+@pytest.mark.parametrize("family", sorted(TINY))
+def test_every_name_a_family_declares_exists_in_its_built_model(compose_cfg, family):
+    from models.tensor_parallel import missing_modules
+
+    model = build_tiny(compose_cfg, family)
+    plan = REGISTRY[family].tp_plan
+    names = plan.module_names(list(model.layers.keys()))
+    present = dict(model.named_modules())
+    absent = [n for n in names if n not in present]
+    assert not absent, f"{family}'s ModelSpec.tp_plan names modules its model lacks: {absent}"
+    assert missing_modules(model, plan) == []
+    # the plan reads every projection of a block: q/k/v in, out; the feed-forward's inputs and output
+    block = plan.block_modules("layers.0")
+    linears = {n for n, m in model.named_modules() if n.startswith("layers.0.") and isinstance(m, torch.nn.Linear)}
+    assert linears <= set(block), f"{family}: projections the plan leaves whole: {sorted(linears - set(block))}"
+
+
+def test_a_renamed_module_is_named_in_the_refusal(compose_cfg):
+    from models.tensor_parallel import missing_modules
+
+    model = build_tiny(compose_cfg, "llama")
+    attention = model.layers["1"].attention
+    attention.query = attention.wq
+    del attention.wq
+    assert missing_modules(model, REGISTRY["llama"].tp_plan) == ["layers.1.attention.wq"]
+
+
+def test_a_pipeline_stage_needs_no_final_norm_or_head(compose_cfg):
+    from models.tensor_parallel import missing_modules
+
+    model = build_tiny(compose_cfg, "gpt")
+    model.norm = model.output = None  # an early stage
+    assert missing_modules(model, REGISTRY["gpt"].tp_plan) == []
+
+
+def test_each_family_loss_is_its_own():
+    for name, spec in REGISTRY.items():
+        assert callable(spec.loss_fn()), name
+    assert REGISTRY["cnn"].loss == "models.losses:class_cross_entropy"
+    assert {REGISTRY[f].loss for f in TINY} == {"models.losses:token_cross_entropy"}
+
+
+def test_token_cross_entropy_is_float32_over_every_position():
+    from models.losses import token_cross_entropy
+
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 11).bfloat16()
+    targets = torch.randint(0, 11, (2, 5))
+    loss = token_cross_entropy(logits, targets)
+    assert loss.dtype == torch.float32
+    want = F.cross_entropy(logits.float().reshape(10, 11), targets.reshape(10))
+    assert torch.equal(loss, want)
+
+
+def test_class_cross_entropy_takes_one_label_per_sample():
+    from models.losses import class_cross_entropy
+
+    logits, labels = torch.randn(4, 3), torch.tensor([0, 2, 1, 2])
+    assert torch.equal(class_cross_entropy(logits, labels), F.cross_entropy(logits, labels))
+    with pytest.raises(ValueError, match=r"\(batch, classes\) logits.*token_cross_entropy"):
+        class_cross_entropy(torch.randn(2, 5, 3), torch.randint(0, 3, (2, 5)))

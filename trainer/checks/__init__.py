@@ -1,0 +1,1 @@
+"""Validation's checks that are a concern of their own (``trainer/validate.py`` runs them with the generic ones)."""
