@@ -105,6 +105,20 @@ def module_train_step(
     return train_step
 
 
+def run_replicated(args: argparse.Namespace, model: torch.nn.Module, *, rank: int, world: int) -> None:
+    """The whole loop of a module replicated over every rank (DDP, FSDP2): each replica its contiguous rows,
+    AdamW, torch's ``clip_grad_norm_``, timed; rank 0 reports."""
+    opt = adamw(model.parameters(), args)
+    step = module_train_step(
+        model=model,
+        opt=opt,
+        data=corpus(args),
+        rows=replica_rows(replica=rank, replicas=world, batch=args.batch),
+        clip=torch_clip(model.parameters(), args.clip),
+    )
+    timed_loop(args, step, report=rank == 0)
+
+
 def pipeline_stage_module(args: argparse.Namespace, *, stage: int, stages: int) -> GPT:
     """The whole GPT with what other stages own removed: an equal share of the blocks, the embeddings on
     the first stage, the final norm and head on the last (the model's forward skips parts set to None)."""

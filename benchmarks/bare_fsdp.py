@@ -17,16 +17,8 @@ def main() -> None:
     for block in model.layers.values():
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt = bare.adamw(model.parameters(), args)
-    step = bare.module_train_step(
-        model=model,
-        opt=opt,
-        data=bare.corpus(args),
-        rows=bare.replica_rows(replica=rank, replicas=world, batch=args.batch),
-        clip=bare.torch_clip(model.parameters(), args.clip),
-    )
-    bare.timed_loop(args, step, report=rank == 0)
-    del model, opt, step
+    bare.run_replicated(args, model, rank=rank, world=world)
+    del model
     bare.close()
 
 
