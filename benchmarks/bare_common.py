@@ -205,7 +205,7 @@ def timed_loop(args: argparse.Namespace, train_step: Callable[[int], torch.Tenso
 
 def close() -> None:
     """After the caller dropped its model and optimizer: freeing a DDP module while the group is torn down
-    can hang (STACK-NOTES), so collect first."""
+    can hang (docs/stack.md, "Teardown deadlock"), so collect first."""
     gc.collect()
     dist.barrier()
     dist.destroy_process_group()

@@ -2,7 +2,9 @@
 
 A DDP communication hook wraps the default all-reduce (same arithmetic: divide by the group size,
 then sum) and timestamps each bucket from launch to completion. The union of those intervals over a
-step is the time gradients spent in all-reduce; ``comm_fraction`` is that over the step time. The wrapping
+step is the time gradients spent in all-reduce; ``comm_fraction`` is that over the step time. A Python comm hook
+replaces DDP's C++ all-reduce path, which cost 2-5% of the tokens/s on 2 CPU ranks (docs/benchmarks.md);
+``dp.measure_comm=false`` keeps the C++ path and reports no DDP communication time. The wrapping
 order (after activation checkpointing and compile) is ``parallel/core/compose.py``'s.
 """
 
@@ -35,8 +37,9 @@ class CommTimer(IntervalLog):
         return fut.then(done)
 
 
-def wrap_ddp(model: nn.Module, *, ctx: WorkerContext) -> tuple[DDP, CommTimer]:
-    """DDP over the dp sub-mesh, SyncBatchNorm if asked, comm-timing hook registered."""
+def wrap_ddp(model: nn.Module, *, ctx: WorkerContext) -> tuple[DDP, CommTimer | None]:
+    """DDP over the dp sub-mesh, SyncBatchNorm if asked, the comm-timing hook registered unless
+    ``dp.measure_comm=false`` (then DDP keeps its C++ all-reduce and no timer is returned)."""
     cfg = ctx.cfg.dp
     group = ctx.mesh["dp"].get_group()
     if cfg.sync_batchnorm:
@@ -48,6 +51,8 @@ def wrap_ddp(model: nn.Module, *, ctx: WorkerContext) -> tuple[DDP, CommTimer]:
         bucket_cap_mb=float(cfg.bucket_cap_mb),
         find_unused_parameters=bool(cfg.find_unused_parameters),
     )
+    if not cfg.get("measure_comm", True):
+        return ddp, None
     timer = CommTimer()
     ddp.register_comm_hook(state=group, hook=timer.hook)
     return ddp, timer

@@ -32,8 +32,12 @@ def test_ddp_matches_single(single_run, tmp_path):
 
 
 def test_ddp_with_gradient_accumulation_matches_single(single_run, tmp_path):
-    ddp = run_train("parallel=ddp", *FAST, *STEPS, "data.micro_batch_size=2", run_dir=tmp_path / "run")
+    """Also without the comm-timing hook (DDP's own all-reduce): the same numbers, no DDP comm metrics."""
+    ddp = run_train(
+        "parallel=ddp", *FAST, *STEPS, "data.micro_batch_size=2", "dp.measure_comm=false", run_dir=tmp_path / "run"
+    )
     assert_parity(ddp, single_run)
+    assert not any("comm_time_s" in m or "comm_buckets" in m for m in ddp.metrics())
 
 
 def test_legacy_dp_on_cpu_runs_as_single_with_warning(single_run, tmp_path):
