@@ -184,17 +184,20 @@ def model_state_bytes(
     )
 
 
-def layer_activation_bytes(
-    model: ModelShape,
-    layer: int,
-    *,
-    seq_len: int,
-    micro_batch: int,
-    tp: int,
-    sequence_parallel: bool,
-    recompute: str,
-    element_bytes: int,
-) -> float:
+@dataclass(frozen=True)
+class ActivationCase:
+    """What a block's saved activations depend on besides the model: one micro-batch's shape, the tp degree,
+    sequence parallel, the recomputation mode and the activation element size (bytes)."""
+
+    seq_len: int
+    micro_batch: float
+    tp: int
+    sequence_parallel: bool
+    recompute: str
+    element_bytes: int
+
+
+def layer_activation_bytes(model: ModelShape, layer: int, case: ActivationCase) -> float:
     """Activations one block keeps for its backward pass, for one micro-batch.
 
     Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models" (arXiv 2205.05198,
@@ -205,8 +208,9 @@ def layer_activation_bytes(
     parallel). The MLP's 19sbh is written here as 3sbh + 4sb·d_ff so that d_ff ≠ 4h works; other element
     sizes scale the whole formula by element_bytes / 2 (masks included: a slight overestimate in fp32).
     """
-    s, b, h, a, f = seq_len, micro_batch, model.d_model, model.n_heads, model.layer_d_ff[layer]
-    scale = element_bytes / 2
+    s, b, h, a, f = case.seq_len, case.micro_batch, model.d_model, model.n_heads, model.layer_d_ff[layer]
+    tp, sequence_parallel, recompute = case.tp, case.sequence_parallel, case.recompute
+    scale = case.element_bytes / 2
     if recompute == "full":
         return scale * 2 * s * b * h / (tp if sequence_parallel else 1)
     unsharded = 10 * s * b * h  # LayerNorm inputs and the attention/MLP inputs (replicated without SP)
@@ -217,17 +221,7 @@ def layer_activation_bytes(
     return scale * (unsharded + (sharded + scores) / tp)
 
 
-def saved_layer_activation_bytes(
-    model: ModelShape,
-    layer: int,
-    *,
-    seq_len: int,
-    micro_batch: int,
-    tp: int,
-    sequence_parallel: bool,
-    recompute: str,
-    element_bytes: int,
-) -> float:
+def saved_layer_activation_bytes(model: ModelShape, layer: int, case: ActivationCase) -> float:
     """What one of meshtrain's blocks actually keeps for backward, for one micro-batch (bytes).
 
     Counted from the tensors autograd saves in ``models/gpt/model.py`` under DTensor tensor parallel (the dry
@@ -241,8 +235,9 @@ def saved_layer_activation_bytes(
     Selective recomputation keeps the matmul outputs and recomputes norms and the GELU (drops the normed
     inputs and the GELU output); full recomputation keeps the block input, sbh (/t with sequence parallel).
     """
-    s, b, h, a, f = seq_len, micro_batch, model.d_model, model.n_heads, model.layer_d_ff[layer]
-    shard_seq = tp if sequence_parallel else 1
+    s, b, h, a, f = case.seq_len, case.micro_batch, model.d_model, model.n_heads, model.layer_d_ff[layer]
+    tp, recompute, element_bytes = case.tp, case.recompute, case.element_bytes
+    shard_seq = tp if case.sequence_parallel else 1
     if recompute == "full":
         return element_bytes * s * b * h / shard_seq
     norm_in = 2 * s * b * h / shard_seq * element_bytes + 4 * s * b / shard_seq * 4
@@ -346,25 +341,24 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
     # ---- memory of each pipeline rank, keep the fullest
     meshtrain = workload.implementation == "meshtrain"
     layer_bytes = saved_layer_activation_bytes if meshtrain else layer_activation_bytes
+    case = ActivationCase(
+        seq_len=s, micro_batch=b, tp=c.tp, sequence_parallel=c.sequence_parallel, recompute=c.recompute, element_bytes=e
+    )
     worst: Memory | None = None
     rank_memory: list[Memory] = []
     rank_per_mb: list[float] = []
     for r, layers in enumerate(layers_of):
         params = rank_params(model, layers, first=r == 0, last=r == last, tp=c.tp, meshtrain=meshtrain)
         w, g, o = model_state_bytes(params, bytes_per_param=workload.bytes_per_param, zero_stage=c.zero_stage, dp=c.dp)
-        per_mb = sum(
-            layer_bytes(
-                model,
-                i,
-                seq_len=s,
-                micro_batch=b,
-                tp=c.tp,
-                sequence_parallel=c.sequence_parallel,
-                recompute=c.recompute,
-                element_bytes=e,
-            )
-            for i in layers
+        case = ActivationCase(
+            seq_len=s,
+            micro_batch=b,
+            tp=c.tp,
+            sequence_parallel=c.sequence_parallel,
+            recompute=c.recompute,
+            element_bytes=e,
         )
+        per_mb = sum(layer_bytes(model, i, case) for i in layers)
         held = micro_batches_in_flight(c.schedule, pp=c.pp, m=c.micro_batches, v=v, stage=r)
         if r == last:
             # meshtrain's head gathers the logits on every tp rank (tp.loss_parallel=false, the default)

@@ -7,6 +7,7 @@ import math
 import pytest
 
 from parallel.plan.cost_model import (
+    ActivationCase,
     Candidate,
     bubble_fraction,
     estimate,
@@ -79,15 +80,15 @@ def test_activation_memory_matches_korthikanti():
     m = ModelShape(name="gpt3", n_layers=96, d_model=12288, n_heads=96, vocab_size=51200, max_seq_len=2048)
     s, b, h, a, t = 2048, 1, 12288, 96, 8
     kw = dict(seq_len=s, micro_batch=b, element_bytes=2)
-    plain = layer_activation_bytes(m, 0, tp=1, sequence_parallel=False, recompute="none", **kw)
+    plain = layer_activation_bytes(m, 0, ActivationCase(tp=1, sequence_parallel=False, recompute="none", **kw))
     assert plain == pytest.approx(s * b * h * (34 + 5 * a * s / h))
-    tp = layer_activation_bytes(m, 0, tp=t, sequence_parallel=False, recompute="none", **kw)
+    tp = layer_activation_bytes(m, 0, ActivationCase(tp=t, sequence_parallel=False, recompute="none", **kw))
     assert tp == pytest.approx(s * b * h * (10 + 24 / t + 5 * a * s / (h * t)))
-    sp = layer_activation_bytes(m, 0, tp=t, sequence_parallel=True, recompute="none", **kw)
+    sp = layer_activation_bytes(m, 0, ActivationCase(tp=t, sequence_parallel=True, recompute="none", **kw))
     assert sp == pytest.approx(s * b * h / t * (34 + 5 * a * s / h))
-    sel = layer_activation_bytes(m, 0, tp=t, sequence_parallel=True, recompute="selective", **kw)
+    sel = layer_activation_bytes(m, 0, ActivationCase(tp=t, sequence_parallel=True, recompute="selective", **kw))
     assert sel == pytest.approx(34 * s * b * h / t)
-    full = layer_activation_bytes(m, 0, tp=t, sequence_parallel=True, recompute="full", **kw)
+    full = layer_activation_bytes(m, 0, ActivationCase(tp=t, sequence_parallel=True, recompute="full", **kw))
     assert full == pytest.approx(2 * s * b * h / t)
 
 
