@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.blocks import PreNormBlock
 from models.gpt.spec import ACTIVATIONS
 
 
@@ -52,7 +53,7 @@ class FeedForward(nn.Module):
         return self.w2(F.gelu(self.w1(x), approximate=self.approximate))
 
 
-class Block(nn.Module):
+class Block(PreNormBlock):
     def __init__(
         self, d_model: int, n_heads: int, d_ff: int, dropout: float, *, bias: bool, activation: str, norm_eps: float
     ):
@@ -61,10 +62,6 @@ class Block(nn.Module):
         self.attention = Attention(d_model, n_heads, dropout, bias=bias)
         self.ffn_norm = nn.LayerNorm(d_model, eps=norm_eps)
         self.feed_forward = FeedForward(d_model, d_ff, bias=bias, activation=activation)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x))
-        return x + self.feed_forward(self.ffn_norm(x))
 
 
 class GPT(nn.Module):

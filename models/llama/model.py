@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.blocks import PreNormBlock
+
 
 def llama3_scaled(freqs: torch.Tensor, scaling: Mapping[str, Any]) -> torch.Tensor:
     """Llama 3.1's frequency scaling: wavelengths longer than ``original_max_seq_len / low_freq_factor`` are
@@ -111,7 +113,7 @@ class FeedForward(nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
-class Block(nn.Module):
+class Block(PreNormBlock):
     def __init__(
         self, d_model: int, n_heads: int, n_kv_heads: int, d_ff: int, norm_eps: float, *, head_dim: int, qk_norm: bool
     ):
@@ -120,10 +122,6 @@ class Block(nn.Module):
         self.attention = Attention(d_model, n_heads, n_kv_heads, head_dim=head_dim, qk_norm=qk_norm, eps=norm_eps)
         self.ffn_norm = nn.RMSNorm(d_model, eps=norm_eps)
         self.feed_forward = FeedForward(d_model, d_ff)
-
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), rope)
-        return x + self.feed_forward(self.ffn_norm(x))
 
 
 class Llama(nn.Module):
