@@ -153,3 +153,30 @@ def test_report_charts_are_wandb_charts(tmp_path):
     assert charts["charts/pareto"].table is table
     # the report run also logs the PNGs under sweep/<name>: the interactive charts must not take those keys
     assert not [k for k in charts if k.startswith("sweep/")]
+
+
+def test_init_is_retried_while_the_run_id_is_in_use(monkeypatch):
+    """A resumed or restarted rank 0 reuses the run id; W&B may still hold it for the process before: retried."""
+    import pytest
+
+    from trainer.observe import wandb_sink
+    from trainer.observe.wandb_sink import WandbSink
+
+    monkeypatch.setattr(wandb_sink.time, "sleep", lambda s: None)
+    answers = [RuntimeError("run ID abc is in use"), RuntimeError("run ID abc is in use"), "run"]
+
+    def init():
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    assert WandbSink._init_while_id_in_use(init, patience_s=60) == "run" and answers == []
+
+    def broken():
+        raise RuntimeError("permission denied")
+
+    with pytest.raises(RuntimeError, match="permission denied"):
+        WandbSink._init_while_id_in_use(broken, patience_s=60)
+    with pytest.raises(RuntimeError, match="in use"):  # no patience left: the error stands
+        WandbSink._init_while_id_in_use(lambda: (_ for _ in ()).throw(RuntimeError("id in use")), patience_s=0)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -88,8 +89,11 @@ class WandbSink:
             import wandb
 
             try:
-                self.run = wandb.init(
-                    mode=mode, settings=wandb.Settings(init_timeout=init_timeout, **settings), **kwargs
+                self.run = self._init_while_id_in_use(
+                    lambda: wandb.init(
+                        mode=mode, settings=wandb.Settings(init_timeout=init_timeout, **settings), **kwargs
+                    ),
+                    patience_s=init_timeout,
                 )
             except Exception as exc:  # noqa: BLE001 - any failure to reach the server
                 if mode != "online":
@@ -105,6 +109,20 @@ class WandbSink:
             self.log.warning(
                 "W&B could not start (%s: %s); metrics.jsonl still has every logged step", type(exc).__name__, exc
             )
+
+    @staticmethod
+    def _init_while_id_in_use(init, *, patience_s: float):
+        """``init()``, tried again while W&B answers that the run id is in use: a resumed or elastically
+        restarted process reuses the id while the service of the process before it (stopped without
+        ``finish``) may still hold it for a moment (seen: "run ID ... is in use" 2 s after the previous run)."""
+        deadline = time.monotonic() + patience_s
+        while True:
+            try:
+                return init()
+            except Exception as exc:  # noqa: BLE001 - only "in use" is retried
+                if "in use" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(1.0)
 
     def _start(self) -> None:
         if self._thread is not None and self._thread.ident is None:
