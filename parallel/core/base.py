@@ -27,7 +27,7 @@ from torch.distributed.tensor import DTensor
 from models.losses import token_cross_entropy
 from parallel.core.comm_timer import SampledCommMeter
 from parallel.core.grad_clip import clip_grad_norm_
-from parallel.core.intervals import IntervalLog
+from parallel.core.intervals import StepCommMeter
 from parallel.core.layout import ParallelLayout
 from parallel.core.memory import BuildPeak, rank_budget_bytes, tensor_bytes
 
@@ -268,7 +268,7 @@ class ModuleEngine(Engine):
         accumulation: int = 1,
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = token_cross_entropy,
         no_sync: Callable[[], AbstractContextManager] | None = None,
-        dp_timer: IntervalLog | None = None,
+        dp_timer: StepCommMeter | None = None,
         loss_parallel: bool = False,
         tp_meter: SampledCommMeter | None = None,
         rank_map: dict[str, Any] | None = None,
@@ -301,6 +301,8 @@ class ModuleEngine(Engine):
         with ExitStack() as stack:
             self._loss_context(stack)
             stack.enter_context(self.tp_meter.step())
+            if self.dp_timer is not None:
+                stack.enter_context(self.dp_timer.step())
             for i, (x, y) in enumerate(zip(inputs.chunk(n), targets.chunk(n))):
                 with self.no_sync() if i < n - 1 else nullcontext():
                     loss = self._loss(x, y) / n
@@ -320,8 +322,9 @@ class ModuleEngine(Engine):
 
     def step_metrics(self) -> dict[str, float]:
         out = self.tp_meter.metrics()
-        if self.dp_timer is not None:  # over the loop's step: forward/backward, clipping, update
-            busy, count = self.dp_timer.take()
+        taken = self.dp_timer.take() if self.dp_timer is not None else None
+        if taken is not None:  # over the loop's step: forward/backward, clipping, update
+            busy, count = taken
             elapsed = max(time.perf_counter() - self._step_start, 1e-9)
             out.update(comm_time_s=busy, comm_fraction=min(1.0, busy / elapsed))
             out[self.dp_timer.count_key] = count

@@ -19,7 +19,7 @@ from torch import nn
 
 if TYPE_CHECKING:
     from parallel.core.base import Engine, WorkerContext
-    from parallel.core.intervals import IntervalLog
+    from parallel.core.intervals import StepCommMeter
 
 #: how the dp dimension wraps a module: not at all, DistributedDataParallel, or FSDP2 ``fully_shard``
 DP_WRAPS = ("none", "ddp", "fsdp")
@@ -64,9 +64,9 @@ class Composed:
     module: nn.Module
     no_sync: Callable[[], AbstractContextManager] | None = None
     """Context factory that skips the dp gradient reduction (all but the last accumulated chunk)."""
-    dp_timer: IntervalLog | None = None
-    """The dp dimension's measured collectives: DDP's bucket all-reduces or FSDP2's all-gathers and
-    reduce-scatters (``count_key`` names the metric)."""
+    dp_timer: StepCommMeter | None = None
+    """The dp dimension's measured collectives: DDP's bucket all-reduces (its reducer's timer, on logged steps)
+    or FSDP2's all-gathers and reduce-scatters (every step; ``count_key`` names the metric)."""
 
 
 def compose(module: nn.Module, *, ctx: WorkerContext, composition: Composition) -> Composed:

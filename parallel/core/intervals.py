@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Protocol
 
 
 def union_seconds(intervals: Iterable[tuple[float, float]], *, within: tuple[float, float] | None = None) -> float:
@@ -22,6 +24,18 @@ def union_seconds(intervals: Iterable[tuple[float, float]], *, within: tuple[flo
     if cur_end is not None:
         total += cur_end - cur_start
     return total
+
+
+class StepCommMeter(Protocol):
+    """What an engine asks of a dp dimension's communication meter: wrap each step, then take its time."""
+
+    count_key: str
+
+    def step(self) -> AbstractContextManager: ...
+
+    def take(self) -> tuple[float, int] | None:
+        """(busy seconds, collectives) of the step just run; None when that step was not measured."""
+        ...
 
 
 class IntervalLog:
@@ -43,7 +57,11 @@ class IntervalLog:
             intervals, self._intervals = self._intervals, []
         return intervals
 
-    def take(self) -> tuple[float, int]:
+    def step(self) -> AbstractContextManager:
+        """Context for one whole step; intervals are logged on every step."""
+        return nullcontext()
+
+    def take(self) -> tuple[float, int] | None:
         """(busy seconds: union of the intervals, how many) since the last call."""
         intervals = self.take_intervals()
         return union_seconds(intervals), len(intervals)

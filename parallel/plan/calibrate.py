@@ -34,6 +34,7 @@ window of a few seconds doubled it (docs/planner.md, Calibration).
 from __future__ import annotations
 
 import os
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -87,10 +88,12 @@ def _quietest(
     sync: Callable[[], None] = lambda: None,
 ) -> dict[str, float]:
     """Each step's median over ``reps`` calls, in ``rounds`` rounds that take the steps in turn; per step the
-    lowest round median. This VM has noisy phases lasting seconds (one calibration measured the same TP step
-    at 0.36-0.60 s, the next at 0.15-0.24 s): one window of consecutive calls can fall wholly inside one and
-    double a fixed cost solved from it, while interleaved rounds put each step in several windows, and
-    interference only ever adds time. ``sync`` (a barrier) before each window: with several processes,
+    median of the round medians. This VM has noisy phases lasting seconds (one calibration measured the same TP
+    step at 0.36-0.60 s, the next at 0.15-0.24 s): one window of consecutive calls can fall wholly inside one and
+    double a fixed cost solved from it, while interleaved rounds put each step in several windows and the
+    median drops the one that did. Not the lowest round: a training run's median step meets the machine's
+    ordinary interference too, and the lowest round under-predicted every 2-rank layout of
+    ``benchmarks/planner.py`` by 13-24%. ``sync`` (a barrier) before each window: with several processes,
     every rank runs the same steps in the same order, so their collectives match."""
     for step in steps.values():
         step(), step()
@@ -99,7 +102,7 @@ def _quietest(
         for name, step in steps.items():
             sync()
             medians[name].append(_timed(step, reps=reps, warmup=0))
-    return {name: min(m) for name, m in medians.items()}
+    return {name: statistics.median(m) for name, m in medians.items()}
 
 
 def _fit_line(x1: float, t1: float, x2: float, t2: float) -> tuple[float, float]:
@@ -152,9 +155,15 @@ def _lm_step(model: Any, x: Any, loss: Callable[[Any, Any], Any]) -> Callable[[]
 
 
 BUSY_BATCH = 8
+#: the most rows the compute line is measured at (a layout's micro-batch on one rank ranges from 1 row to the
+#: global batch: per-row time grows with the batch on a CPU, 50.7 ms at 16 rows against 47 ms extrapolated from
+#: 1 and 8 rows for gpt_small at 64 tokens, so the line is drawn through the ends of that range)
+COMPUTE_MAX_ROWS = 32
 
 
-def measure_compute(model_cfg: Any, *, seq_len: int, threads: int) -> dict[str, Any]:
+def measure_compute(model_cfg: Any, *, seq_len: int, threads: int, max_rows: int = BUSY_BATCH) -> dict[str, Any]:
+    """FLOP/s and per-micro-batch overhead: a line through a forward + backward of 1 row and of ``max_rows``
+    (at least BUSY_BATCH, at most COMPUTE_MAX_ROWS); AdamW's bytes per second."""
     import torch
     from omegaconf import OmegaConf
 
@@ -175,7 +184,7 @@ def measure_compute(model_cfg: Any, *, seq_len: int, threads: int) -> dict[str, 
     def step(b: int) -> Callable[[], None]:
         return _lm_step(model, torch.randint(0, measured.vocab_size, (b, seq_len)), loss)
 
-    b1, b2 = 1, BUSY_BATCH
+    b1, b2 = 1, min(max(BUSY_BATCH, max_rows), COMPUTE_MAX_ROWS)
     t = _quietest({"t1": step(b1), "t2": step(b2)})
     t1, t2 = t["t1"], t["t2"]
     overhead, s_per_flop = _fit_line(b1 * seq_len * flops_per_token, t1, b2 * seq_len * flops_per_token, t2)
@@ -266,22 +275,12 @@ def _comm_worker(rank: int, port: int, out_path: str, sizes: tuple[int, ...], bu
 
 
 def _ddp_step(model: Any, x: Any, loss: Callable[[Any, Any], Any]) -> Callable[[], None]:
-    """One training step of ``model`` under DDP as ``parallel=ddp`` builds it (25 MiB buckets, the trainer's
-    timing comm hook) over the two processes: forward, backward with the bucket all-reduce, clipping, AdamW."""
+    """One training step of ``model`` under DDP as ``parallel=ddp`` builds it (25 MiB buckets, DDP's own C++
+    all-reduce: the trainer reads DDP's timer on logged steps only) over the two processes: forward, backward
+    with the bucket all-reduce, clipping, AdamW."""
     from torch.nn.parallel import DistributedDataParallel
 
-    from parallel.strategies.ddp import CommTimer
-
-    ddp = DistributedDataParallel(model, bucket_cap_mb=DDP_BUCKET_BYTES / 2**20)
-    timer = CommTimer()
-    ddp.register_comm_hook(state=None, hook=timer.hook)
-    train = _next_token_step(ddp, x, loss)
-
-    def step() -> None:
-        train()
-        timer.take()  # the trainer reads the intervals every step
-
-    return step
+    return _next_token_step(DistributedDataParallel(model, bucket_cap_mb=DDP_BUCKET_BYTES / 2**20), x, loss)
 
 
 def _pipeline_step(
@@ -446,7 +445,7 @@ def calibrate_hardware(
     hardware: HardwareSpec, *, model_cfg: Any, workload: Workload, threads: int, links: bool = True
 ) -> HardwareSpec:
     """``hardware`` with FLOP/s, overhead, memory bandwidth and (``links``) intra-node links measured here."""
-    c = measure_compute(model_cfg, seq_len=workload.seq_len, threads=threads)
+    c = measure_compute(model_cfg, seq_len=workload.seq_len, threads=threads, max_rows=workload.global_batch_size)
     updates: dict[str, Any] = {
         "flops": c["flops"],
         "microbatch_overhead_s": c["microbatch_overhead_s"],

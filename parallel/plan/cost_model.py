@@ -382,9 +382,6 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
     # ranks sharing a node slow each other down (memory bandwidth, caches): measured, see calibrate.py
     on_node = min(c.world_size, hardware.devices_per_node)
     busy = hardware.busy_node_slowdown if on_node > 1 else 1.0
-    # CPU ranks beyond the node's cores time-share them (4 ranks of 1 thread on 2 cores: each computes at half speed)
-    if hardware.cores_per_node:
-        busy *= max(1.0, on_node * hardware.threads_per_device / hardware.cores_per_node)
     for r, layers in enumerate(layers_of):
         flops = sum(passes * model.layer_forward_flops_per_token(i, s) for i in layers)
         if c.recompute == "selective":
@@ -439,17 +436,23 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
 
     budget = hardware.memory_bytes * workload.memory_fraction
     step = pipeline_s + dp_comm_s + optimizer_s
+    # CPU ranks beyond the node's cores time-share them, and on a CPU everything a rank does is its cores' work
+    # (compute, the collectives' copies and hooks, AdamW); a rank idle in the pipeline's bubble leaves its core
+    # to the others: 4 ranks of 1 thread on 2 cores run at half speed, at 0.8 of that with a 20% bubble
+    t = 1.0
+    if hardware.cores_per_node:
+        t = max(1.0, on_node * hardware.threads_per_device * (1 - bubble) / hardware.cores_per_node)
     return Estimate(
         candidate=c,
         memory=worst,
-        step_time_s=step,
-        compute_s=compute_s,
+        step_time_s=step * t,
+        compute_s=compute_s * t,
         bubble_fraction=bubble,
-        tp_comm_s=tp_comm_s,
-        pp_comm_s=pp_comm_s,
-        dp_comm_s=dp_comm_s,
-        optimizer_s=optimizer_s,
-        stage_times_s=stage_times,
+        tp_comm_s=tp_comm_s * t,
+        pp_comm_s=pp_comm_s * t,
+        dp_comm_s=dp_comm_s * t,
+        optimizer_s=optimizer_s * t,
+        stage_times_s=tuple(x * t for x in stage_times),
         fits=worst.total <= budget,
         budget_bytes=budget,
         rank_memory=tuple(rank_memory),

@@ -1,16 +1,19 @@
 """parallel=ddp: DistributedDataParallel over the mesh's dp dimension, with measured communication.
 
-A DDP communication hook wraps the default all-reduce (same arithmetic: divide by the group size,
-then sum) and timestamps each bucket from launch to completion. The union of those intervals over a
-step is the time gradients spent in all-reduce; ``comm_fraction`` is that over the step time. A Python comm hook
-replaces DDP's C++ all-reduce path, which cost 2-5% of the tokens/s on 2 CPU ranks (docs/benchmarks.md);
-``dp.measure_comm=false`` keeps the C++ path and reports no DDP communication time. The wrapping
-order (after activation checkpointing and compile) is ``parallel/core/compose.py``'s.
+DDP's C++ reducer times its own backward when asked (``_set_ddp_runtime_logging_sample_rate``): from the first
+bucket's all-reduce launch to the last one's completion, and how much of that overlapped the backward's compute.
+``ReducerCommMeter`` turns that on for the steps the loop logs (1, k, 2k ...) and reads it after them, so DDP
+keeps its C++ all-reduce path on every step. A Python comm hook would time each bucket, but it replaces that
+path and cost 2-5% of the tokens/s on 2 CPU ranks (docs/benchmarks.md); ``CommTimer`` is that hook, kept for
+the planner's calibration, which fits a per-bucket cost. ``dp.measure_comm=false`` measures nothing. The
+wrapping order (after activation checkpointing and compile) is ``parallel/core/compose.py``'s.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -22,7 +25,8 @@ from parallel.core.intervals import IntervalLog
 
 
 class CommTimer(IntervalLog):
-    """Collects [launch, completion] of every gradient bucket all-reduce."""
+    """Collects [launch, completion] of every gradient bucket all-reduce (a Python comm hook: the planner's
+    calibration uses it; a training run reads DDP's own timer, ``ReducerCommMeter``)."""
 
     count_key = "comm_buckets"
 
@@ -37,9 +41,53 @@ class CommTimer(IntervalLog):
         return fut.then(done)
 
 
-def wrap_ddp(model: nn.Module, *, ctx: WorkerContext) -> tuple[DDP, CommTimer | None]:
-    """DDP over the dp sub-mesh, SyncBatchNorm if asked, the comm-timing hook registered unless
-    ``dp.measure_comm=false`` (then DDP keeps its C++ all-reduce and no timer is returned)."""
+#: DDP's sample rate between measured steps: never (its first 10 iterations are always timed)
+_NEVER = 2**31 - 1
+
+
+class ReducerCommMeter:
+    """DDP's C++ reducer timer on steps 1, k, 2k ... (k = ``trainer.log_every``, the steps the loop logs).
+
+    ``step()`` wraps a whole step (every micro-batch); ``take()`` after it gives (seconds from the first bucket
+    all-reduce's launch to the last one's completion in the step's synchronising backward, buckets reduced),
+    or None on a step that was not measured. On CUDA the reducer reads its events with a synchronisation, which
+    is why unmeasured steps leave the timer off.
+    """
+
+    count_key = "comm_buckets"
+
+    def __init__(self, ddp: DDP, *, every: int):
+        self.ddp = ddp
+        self.every = max(1, every)
+        self.steps = 0
+        self.active = False
+        ddp._set_ddp_runtime_logging_sample_rate(_NEVER)
+
+    def step(self) -> AbstractContextManager:
+        self.steps += 1
+        self.active = self.steps == 1 or self.steps % self.every == 0
+        return self._measuring() if self.active else nullcontext()
+
+    @contextmanager
+    def _measuring(self) -> Iterator[None]:
+        self.ddp._set_ddp_runtime_logging_sample_rate(1)
+        try:
+            yield
+        finally:
+            self.ddp._set_ddp_runtime_logging_sample_rate(_NEVER)
+
+    def take(self) -> tuple[float, int] | None:
+        if not self.active:
+            return None
+        self.active = False
+        self.ddp.logger.set_runtime_stats_and_log()  # DDP would compute them at the next forward
+        stats = self.ddp._get_ddp_logging_data()
+        return float(stats.get("backward_comm_time", 0)) / 1e9, int(stats.get("num_buckets_reduced", 0))
+
+
+def wrap_ddp(model: nn.Module, *, ctx: WorkerContext) -> tuple[DDP, ReducerCommMeter | None]:
+    """DDP over the dp sub-mesh, SyncBatchNorm if asked, its reducer timing the logged steps unless
+    ``dp.measure_comm=false``."""
     cfg = ctx.cfg.dp
     group = ctx.mesh["dp"].get_group()
     if cfg.sync_batchnorm:
@@ -53,9 +101,7 @@ def wrap_ddp(model: nn.Module, *, ctx: WorkerContext) -> tuple[DDP, CommTimer | 
     )
     if not cfg.get("measure_comm", True):
         return ddp, None
-    timer = CommTimer()
-    ddp.register_comm_hook(state=group, hook=timer.hook)
-    return ddp, timer
+    return ddp, ReducerCommMeter(ddp, every=int(ctx.cfg.trainer.log_every))
 
 
 class DDPStrategy(Strategy):

@@ -12,6 +12,7 @@ the summary at the end. Rank 0 owns the sinks: console, metrics.jsonl, summary.j
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from dataclasses import dataclass
@@ -147,6 +148,10 @@ class Trainer:
         progress = ProgressDisplay(
             total_steps=self.max_steps, start_step=start_step, log=self.ctx.log, enabled=sinks is not None
         )
+        # What was built before the loop (imports, configs, the model, the launcher's objects a forked worker
+        # inherited) lives as long as the run: left out of later collections, whose full passes otherwise
+        # scan it and pause this rank while the others wait at the next collective (docs/benchmarks.md).
+        gc.freeze()
         self.started_at = time.perf_counter()
         status, step = "completed", start_step
         if start_step > 0 and self.ctx.is_rank0:  # a resumed run's best validation loss counts earlier evaluations

@@ -1,0 +1,58 @@
+"""DDP's communication is read from its C++ reducer on the logged steps only (no Python comm hook)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from parallel.core.base import ModuleEngine
+from parallel.strategies.ddp import ReducerCommMeter
+
+
+@pytest.fixture
+def gloo_one_rank(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Linear(64, 64) for _ in range(6)])
+
+
+def test_logged_steps_are_timed_and_others_are_not(gloo_one_rank):
+    ddp = DDP(_model(), bucket_cap_mb=0.02)  # 16 KiB buckets: several per backward
+    meter = ReducerCommMeter(ddp, every=3)
+    seen = {}
+    for step in range(1, 8):
+        with meter.step():
+            ddp(torch.randn(8, 64)).sum().backward()
+        seen[step] = meter.take()
+    measured = {s for s, v in seen.items() if v is not None}
+    assert measured == {1, 3, 6}
+    for step in measured:
+        seconds, buckets = seen[step]
+        assert 0 < seconds < 5, seen[step]
+        assert buckets >= (1 if step == 1 else 2), seen  # the first backward: one 1 MiB bucket, then rebuilt
+    assert meter.take() is None  # read once per step
+
+
+def test_engine_reports_ddp_comm_with_accumulation(gloo_one_rank):
+    """Two accumulated chunks, the first under no_sync: the measured step's buckets are the synchronising
+    backward's, and the engine reports them as comm_time_s within the step."""
+    ddp = DDP(_model(), bucket_cap_mb=0.02)
+    meter = ReducerCommMeter(ddp, every=1)
+    engine = ModuleEngine(
+        ddp, accumulation=2, loss_fn=lambda out, y: (out - y).pow(2).mean(), no_sync=ddp.no_sync, dp_timer=meter
+    )
+    for step in range(1, 4):
+        engine.train_step(torch.randn(8, 64), torch.randn(8, 64))
+        metrics = engine.step_metrics()
+        assert metrics["comm_buckets"] >= (1 if step == 1 else 2), metrics
+        assert 0 < metrics["comm_time_s"] and 0 < metrics["comm_fraction"] <= 1, metrics
