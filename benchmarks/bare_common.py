@@ -41,21 +41,29 @@ def parse_args(**defaults) -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--clip", type=float, default=1.0)
     ap.add_argument("--launch-time", type=float, default=time.time())
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: one GPU per rank, NCCL")
     for key, value in defaults.items():
         ap.add_argument(f"--{key.replace('_', '-')}", type=type(value), default=value)
     return ap.parse_args()
 
 
-def init(args: argparse.Namespace) -> tuple[int, int]:
-    """One thread, the gloo process group torchrun set up; returns (rank, world size)."""
+def init(args: argparse.Namespace) -> tuple[int, int, torch.device]:
+    """One thread, the process group torchrun set up (gloo on CPU; NCCL on CUDA, this rank's GPU the
+    ``LOCAL_RANK``-th); returns (rank, world size, device)."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    return dist.get_rank(), dist.get_world_size()
+    if args.device == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    return dist.get_rank(), dist.get_world_size(), device
 
 
-def build_gpt(args: argparse.Namespace) -> GPT:
+def build_gpt(args: argparse.Namespace, *, device: torch.device) -> GPT:
     torch.manual_seed(0)
-    return GPT(**SHAPE, max_seq_len=args.seq)
+    return GPT(**SHAPE, max_seq_len=args.seq).to(device)
 
 
 def corpus(args: argparse.Namespace) -> TextCorpus:
@@ -89,14 +97,15 @@ def module_train_step(
     data: TextCorpus,
     rows: slice,
     clip: Callable[[], object],
+    device: torch.device,
 ) -> Callable[[int], torch.Tensor]:
     """The step of a loop that runs one whole (wrapped) module: this rank's rows, forward, loss, backward,
     ``clip()``, update."""
 
     def train_step(step: int) -> torch.Tensor:
-        x, y = data.global_batch(step)
+        x, y = (t[rows].to(device) for t in data.global_batch(step))
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x[rows]).reshape(-1, VOCAB), y[rows].reshape(-1))
+        loss = F.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1))
         loss.backward()
         clip()
         opt.step()
@@ -105,7 +114,9 @@ def module_train_step(
     return train_step
 
 
-def run_replicated(args: argparse.Namespace, model: torch.nn.Module, *, rank: int, world: int) -> None:
+def run_replicated(
+    args: argparse.Namespace, model: torch.nn.Module, *, rank: int, world: int, device: torch.device
+) -> None:
     """The whole loop of a module replicated over every rank (DDP, FSDP2): each replica its contiguous rows,
     AdamW, torch's ``clip_grad_norm_``, timed; rank 0 reports."""
     opt = adamw(model.parameters(), args)
@@ -115,14 +126,15 @@ def run_replicated(args: argparse.Namespace, model: torch.nn.Module, *, rank: in
         data=corpus(args),
         rows=replica_rows(replica=rank, replicas=world, batch=args.batch),
         clip=torch_clip(model.parameters(), args.clip),
+        device=device,
     )
     timed_loop(args, step, report=rank == 0)
 
 
-def pipeline_stage_module(args: argparse.Namespace, *, stage: int, stages: int) -> GPT:
+def pipeline_stage_module(args: argparse.Namespace, *, stage: int, stages: int, device: torch.device) -> GPT:
     """The whole GPT with what other stages own removed: an equal share of the blocks, the embeddings on
     the first stage, the final norm and head on the last (the model's forward skips parts set to None)."""
-    model = build_gpt(args)
+    model = build_gpt(args, device=device)
     per = SHAPE["n_layers"] // stages
     for key in list(model.layers.keys()):
         if not stage * per <= int(key) < (stage + 1) * per:
@@ -144,16 +156,17 @@ def pipeline_train_step(
     first: bool,
     last: bool,
     max_norm: float,
+    device: torch.device,
 ) -> Callable[[int], torch.Tensor | None]:
     """The step of a loop around a torch pipelining schedule: the first stage feeds inputs, the last the
     targets; the global norm sums every rank's local squares (stages hold disjoint parameters and, under
     FSDP2, each replica a disjoint shard of them)."""
 
     def train_step(step: int) -> torch.Tensor | None:
-        x, y = data.global_batch(step)
+        x, y = (t[rows].to(device) for t in data.global_batch(step))
         opt.zero_grad(set_to_none=True)
         losses: list[torch.Tensor] = []
-        schedule.step(*((x[rows],) if first else ()), target=y[rows] if last else None, losses=losses)
+        schedule.step(*((x,) if first else ()), target=y if last else None, losses=losses)
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
         sq = torch.nn.utils.get_total_norm(local, foreach=True).double() ** 2
@@ -177,16 +190,19 @@ def microbatch_loss(micro_batches: int) -> Callable[[torch.Tensor, torch.Tensor]
 
 def timed_loop(args: argparse.Namespace, train_step: Callable[[int], torch.Tensor | None], *, report: bool) -> None:
     """Run ``train_step(step)`` (batch, forward, backward, clip, update; returns the loss or None) for
-    ``args.steps`` steps; the ``report`` rank prints the JSON line."""
+    ``args.steps`` steps; the ``report`` rank prints the JSON line. On CUDA each step ends with a
+    synchronisation, so its time is the GPU's (as meshtrain's loop times it)."""
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     times, first_step_end, first_loss = [], None, None
     started = time.perf_counter()
     for step in range(1, args.steps + 1):
         t0 = time.perf_counter()
         loss = train_step(step)
+        sync()
         times.append(time.perf_counter() - t0)
         if first_step_end is None:
             first_step_end = time.time()
-            first_loss = mean_loss(loss)
+            first_loss = mean_loss(loss, device=args.device)
         elif step % 10 == 0 and loss is not None:
             loss.item()
     after_first = time.perf_counter() - started - times[0]
@@ -211,11 +227,11 @@ def close() -> None:
     dist.destroy_process_group()
 
 
-def mean_loss(loss: torch.Tensor | None) -> float:
-    """The loss averaged over the ranks that hold one (all ranks: a collective)."""
-    acc = torch.tensor([0.0, 0.0], dtype=torch.float64)
+def mean_loss(loss: torch.Tensor | None, *, device: str = "cpu") -> float:
+    """The loss averaged over the ranks that hold one (all ranks: a collective; on ``device``, NCCL's)."""
+    acc = torch.tensor([0.0, 0.0], dtype=torch.float64, device=device)
     if loss is not None:
-        acc += torch.tensor([float(loss), 1.0], dtype=torch.float64)
+        acc += torch.tensor([float(loss), 1.0], dtype=torch.float64, device=device)
     dist.all_reduce(acc)
     return float(acc[0] / acc[1])
 

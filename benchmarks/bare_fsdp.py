@@ -11,13 +11,13 @@ from benchmarks import bare_common as bare
 
 def main() -> None:
     args = bare.parse_args()
-    rank, world = bare.init(args)
-    mesh = init_device_mesh("cpu", (world,))
-    model = bare.build_gpt(args)
+    rank, world, device = bare.init(args)
+    mesh = init_device_mesh(device.type, (world,))
+    model = bare.build_gpt(args, device=device)
     for block in model.layers.values():
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    bare.run_replicated(args, model, rank=rank, world=world)
+    bare.run_replicated(args, model, rank=rank, world=world, device=device)
     del model
     bare.close()
 

@@ -6,7 +6,6 @@ meshtrain's ``parallel=hybrid tp.size=1`` does the same (FSDP2 on dp when pp > 1
 
 from __future__ import annotations
 
-import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
@@ -16,14 +15,14 @@ from benchmarks import bare_common as bare
 
 def main() -> None:
     args = bare.parse_args(micro_batches=4, pp=2)
-    rank, world = bare.init(args)
-    mesh = init_device_mesh("cpu", (args.pp, world // args.pp), mesh_dim_names=("pp", "dp"))
+    rank, world, device = bare.init(args)
+    mesh = init_device_mesh(device.type, (args.pp, world // args.pp), mesh_dim_names=("pp", "dp"))
     pp_rank, dp_rank = mesh.get_coordinate()
-    model = bare.pipeline_stage_module(args, stage=pp_rank, stages=args.pp)
+    model = bare.pipeline_stage_module(args, stage=pp_rank, stages=args.pp, device=device)
     for block in model.layers.values():
         fully_shard(block, mesh=mesh["dp"])
     fully_shard(model, mesh=mesh["dp"])
-    stage = PipelineStage(model, pp_rank, args.pp, torch.device("cpu"), group=mesh["pp"].get_group())
+    stage = PipelineStage(model, pp_rank, args.pp, device, group=mesh["pp"].get_group())
     schedule = Schedule1F1B(
         stage, n_microbatches=args.micro_batches, loss_fn=bare.microbatch_loss(args.micro_batches), scale_grads=False
     )
@@ -38,6 +37,7 @@ def main() -> None:
         first=pp_rank == 0,
         last=last,
         max_norm=args.clip,
+        device=device,
     )
     bare.timed_loop(args, step, report=last and dp_rank == 0)
     del model, opt, step, schedule, stage

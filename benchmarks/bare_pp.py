@@ -4,7 +4,6 @@ torchrun. Shared parts: ``benchmarks/bare_common.py``."""
 
 from __future__ import annotations
 
-import torch
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
 from benchmarks import bare_common as bare
@@ -12,9 +11,9 @@ from benchmarks import bare_common as bare
 
 def main() -> None:
     args = bare.parse_args(micro_batches=4)
-    rank, world = bare.init(args)
-    model = bare.pipeline_stage_module(args, stage=rank, stages=world)
-    stage = PipelineStage(model, rank, world, torch.device("cpu"))
+    rank, world, device = bare.init(args)
+    model = bare.pipeline_stage_module(args, stage=rank, stages=world, device=device)
+    stage = PipelineStage(model, rank, world, device)
     schedule = Schedule1F1B(
         stage, n_microbatches=args.micro_batches, loss_fn=bare.microbatch_loss(args.micro_batches), scale_grads=False
     )
@@ -29,6 +28,7 @@ def main() -> None:
         first=rank == 0,
         last=last,
         max_norm=args.clip,
+        device=device,
     )
     bare.timed_loop(args, step, report=last)
     del model, opt, step, schedule, stage

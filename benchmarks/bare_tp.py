@@ -27,9 +27,9 @@ def megatron_plan(n_layers: int) -> dict:
 
 def main() -> None:
     args = bare.parse_args()
-    rank, world = bare.init(args)
-    mesh = init_device_mesh("cpu", (world,))
-    model = parallelize_module(bare.build_gpt(args), mesh, megatron_plan(bare.SHAPE["n_layers"]))
+    rank, world, device = bare.init(args)
+    mesh = init_device_mesh(device.type, (world,))
+    model = parallelize_module(bare.build_gpt(args, device=device), mesh, megatron_plan(bare.SHAPE["n_layers"]))
     opt = bare.adamw(model.parameters(), args)
     params = list(model.parameters())
     sharded = [p for p in params if isinstance(p, DTensor) and p.placements[0].is_shard()]
@@ -43,7 +43,9 @@ def main() -> None:
         sq = shard_sq + torch.nn.utils.get_total_norm(local, foreach=True).double() ** 2
         return bare.clip_by_squared_norm_([p.grad for p in params], sq, args.clip)
 
-    step = bare.module_train_step(model=model, opt=opt, data=bare.corpus(args), rows=slice(0, args.batch), clip=clip)
+    step = bare.module_train_step(
+        model=model, opt=opt, data=bare.corpus(args), rows=slice(0, args.batch), clip=clip, device=device
+    )
     bare.timed_loop(args, step, report=rank == 0)
     del model, opt, step
     bare.close()

@@ -56,14 +56,14 @@ PAIRS = {
 }
 
 
-def run_bare(pair: Pair, *, steps: int, batch: int, seq: int) -> dict:
+def run_bare(pair: Pair, *, steps: int, batch: int, seq: int, device: str, nproc: int) -> dict:
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
     with tempfile.TemporaryDirectory(prefix="bench_bare_") as logs:
         launch = time.time()
         out = subprocess.run(
             [
                 torchrun,
-                f"--nproc_per_node={pair.nproc}",
+                f"--nproc_per_node={nproc}",
                 "--log-dir",
                 logs,
                 str(ROOT / "benchmarks" / pair.script),
@@ -71,6 +71,7 @@ def run_bare(pair: Pair, *, steps: int, batch: int, seq: int) -> dict:
                 f"--batch={batch}",
                 f"--seq={seq}",
                 f"--launch-time={launch}",
+                f"--device={device}",
             ],
             capture_output=True,
             text=True,
@@ -83,7 +84,7 @@ def run_bare(pair: Pair, *, steps: int, batch: int, seq: int) -> dict:
     return json.loads(lines[-1])
 
 
-def run_meshtrain(pair: Pair, *, steps: int, batch: int, seq: int, extra: list[str]) -> dict:
+def run_meshtrain(pair: Pair, *, steps: int, batch: int, seq: int, device: str, nproc: int, extra: list[str]) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench_meshtrain_") as tmp:
         run_dir = Path(tmp) / "run"
         launch = time.time()
@@ -97,6 +98,7 @@ def run_meshtrain(pair: Pair, *, steps: int, batch: int, seq: int, extra: list[s
                 f"data.global_batch_size={batch}",
                 f"data.seq_len={seq}",
                 f"hydra.run.dir={run_dir}",
+                *(layout_overrides(pair, device=device, nproc=nproc)),
                 *extra,
             ],
             capture_output=True,
@@ -122,6 +124,17 @@ def run_meshtrain(pair: Pair, *, steps: int, batch: int, seq: int, extra: list[s
     }
 
 
+def layout_overrides(pair: Pair, *, device: str, nproc: int) -> list[str]:
+    """train.py overrides for another device or rank count than the pair's own: on CUDA the topology's device
+    (NCCL follows); with fewer ranks the dimension the pair's parallelism spreads over shrinks to fit."""
+    out = [] if device == "cpu" else [f"topology.device={device}"]
+    if nproc != pair.nproc:
+        if pair.nproc != 2 or nproc != 1:
+            raise SystemExit(f"--nproc {nproc}: only 1 (one device) is supported besides the pairs' own counts")
+        out += [f"{dim}.size=1" for dim in ("dp", "tp", "pp")]
+    return out
+
+
 def children_cpu_s() -> float:
     """CPU seconds (user + system) of every waited-for descendant so far: a run's cost that load does not
     inflate the way it inflates wall time."""
@@ -145,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=32, help="global batch (sequences)")
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--overrides", nargs="*", default=[], help="extra train.py overrides (meshtrain side)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: NCCL, one GPU per rank")
+    ap.add_argument(
+        "--nproc", type=int, default=None, help="ranks per run instead of the pair's own (1: one GPU, ddp/fsdp)"
+    )
     args = ap.parse_args(argv)
     names = list(PAIRS) if args.strategy == "all" else [args.strategy]
     shape = {"steps": args.steps, "batch": args.batch, "seq": args.seq}
@@ -153,13 +170,14 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.rounds):
         for name in names:
             pair = PAIRS[name]
+            where = {"device": args.device, "nproc": args.nproc or pair.nproc}
             sides = ("bare", "meshtrain") if r % 2 == 0 else ("meshtrain", "bare")
             for side in sides:
                 cpu = children_cpu_s()
                 if side == "bare":
-                    result = run_bare(pair, **shape)
+                    result = run_bare(pair, **shape, **where)
                 else:
-                    result = run_meshtrain(pair, **shape, extra=args.overrides)
+                    result = run_meshtrain(pair, **shape, **where, extra=args.overrides)
                 got[name][side].append({**result, "cpu_s": children_cpu_s() - cpu})
             b, m = got[name]["bare"][-1], got[name]["meshtrain"][-1]
             print(
@@ -171,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
             )
     print(f"\nload average before: {load_before}; after: {loadavg()}; {time.perf_counter() - started:.0f} s in all")
     print(
-        f"{args.rounds} rounds of {args.steps} steps, global batch {args.batch} x {args.seq} tokens, 1 thread per rank"
+        f"{args.rounds} rounds of {args.steps} steps, global batch {args.batch} x {args.seq} tokens, 1 thread per rank, "
+        f"{args.device}"
+        + (f", {args.nproc} rank(s) per run" if args.nproc else "")
         + (f"; train.py overrides: {' '.join(args.overrides)}" if args.overrides else "")
     )
     print(
@@ -186,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         first = [m["launch_to_first_step_s"] / b["launch_to_first_step_s"] for b, m in zip(bare, mesh)]
         e2e = [m["end_to_end_tokens_per_s"] / b["end_to_end_tokens_per_s"] for b, m in zip(bare, mesh)]
         print(
-            f"| {PAIRS[name].describe} | {spread([b['tokens_per_s'] for b in bare], ',.0f')} "
+            f"| {PAIRS[name].describe if not args.nproc else f'{name}, {args.nproc} rank(s)'} | {spread([b['tokens_per_s'] for b in bare], ',.0f')} "
             f"| {spread([m['tokens_per_s'] for m in mesh], ',.0f')} | {spread(tps, '.3f')} "
             f"| {spread([b['launch_to_first_step_s'] for b in bare], '.2f')} s "
             f"| {spread([m['launch_to_first_step_s'] for m in mesh], '.2f')} s | {spread(first, '.2f')} "

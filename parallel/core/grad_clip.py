@@ -9,7 +9,8 @@ so every rank clips by the norm one process would compute over the whole model.
 
 For plain tensors on one stage (single, ddp) this is exactly torch's arithmetic: the same per-tensor
 norms, the same float32 norm (its square and root in float64 are exact), the same coefficient
-``max_norm / (norm + 1e-6)`` clamped at 1 in float32 (``torch.nn.utils.clip_grads_with_norm_``).
+``max_norm / (norm + 1e-6)`` clamped at 1 in float32, kept on the device and multiplied into every gradient
+(``torch.nn.utils.clip_grads_with_norm_``): clipping never waits for the GPU.
 """
 
 from __future__ import annotations
@@ -88,13 +89,14 @@ def clip_grad_norm_(
     norm = total_grad_norm(grads, pp_group=pp_group, device=params[0].device if params else None)
     if not grads or not 0 < max_norm < math.inf:
         return norm
-    coef = float(torch.clamp(max_norm / (norm + 1e-6), max=1.0))  # float32, as torch computes it
-    if coef < 1.0:
-        dtensor = _dtensor_class()
-        plain = [g for g in grads if dtensor is None or not isinstance(g, dtensor)]
-        if plain:
-            torch._foreach_mul_(plain, coef)
-        for g in grads:
-            if dtensor is not None and isinstance(g, dtensor):
-                g.mul_(coef)
+    # torch's clip_grads_with_norm_: the coefficient stays on the device (no host synchronisation) and
+    # multiplies every gradient, 1.0 included; DTensor gradients through their local shards
+    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    dtensor = _dtensor_class()
+    by_kind: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for g in grads:
+        local = g.to_local() if dtensor is not None and isinstance(g, dtensor) else g
+        by_kind.setdefault((local.device, local.dtype), []).append(local)
+    for (device, _), tensors in by_kind.items():
+        torch._foreach_mul_(tensors, coef.to(device))
     return norm

@@ -196,8 +196,9 @@ class Trainer:
             self.faults.wait_for_stop(step, lambda: preemption.requested)
         t0 = self.step_started = time.perf_counter()
         loss, grad_norm, data_s = self._forward_backward(step)
-        bad = not bool(torch.isfinite(grad_norm)) or (loss is not None and not bool(torch.isfinite(loss)))
-        preempt, bad_ranks = self._agree(preempt=bool(preemption and preemption.requested), bad=bad)
+        preempt, bad_ranks = self._agree(
+            preempt=bool(preemption and preemption.requested), grad_norm=grad_norm, loss=loss
+        )
         lr = self.optimizer.param_groups[0]["lr"]
         self._update(step, bad_ranks)
         if self.ctx.device.type == "cuda":
@@ -361,14 +362,20 @@ class Trainer:
             dist.all_reduce(buf)
         return (buf[0] / buf[1]).item() if buf[1] > 0 else float("nan")
 
-    def _agree(self, *, preempt: bool, bad: bool) -> tuple[bool, list[int]]:
-        """One small all-reduce per step: did any rank get a stop signal, which ranks went non-finite."""
+    def _agree(self, *, preempt: bool, grad_norm: torch.Tensor, loss: torch.Tensor | None) -> tuple[bool, list[int]]:
+        """One small all-reduce per step: did any rank get a stop signal, which ranks went non-finite (loss or
+        gradient norm). The flags are set on the device and read once: the step's one wait for the GPU before
+        the update, which has to know whether to skip."""
         flags = torch.zeros(1 + self.ctx.world_size, dtype=torch.int32, device=self.ctx.device)
         flags[0] = int(preempt)
-        flags[1 + self.ctx.rank] = int(bad)
+        finite = torch.isfinite(grad_norm.to(flags.device))
+        if loss is not None:
+            finite = finite & torch.isfinite(loss.to(flags.device))
+        flags[1 + self.ctx.rank] = (~finite).to(torch.int32)
         if self.ctx.world_size > 1:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        return bool(flags[0]), [r for r in range(self.ctx.world_size) if flags[1 + r]]
+        values = flags.tolist()
+        return bool(values[0]), [r for r in range(self.ctx.world_size) if values[1 + r]]
 
     def _as_collective_timeout(self, exc: RuntimeError, step: int) -> CollectiveTimeout | None:
         """A collective that timed out, as an error naming the ranks that stopped answering; None otherwise."""
