@@ -297,7 +297,7 @@ class ModuleEngine(Engine):
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         self._step_start = time.perf_counter()
         n = self.accumulation
-        total = torch.zeros((), device=inputs.device)
+        total = None
         with ExitStack() as stack:
             self._loss_context(stack)
             stack.enter_context(self.tp_meter.step())
@@ -305,9 +305,11 @@ class ModuleEngine(Engine):
                 stack.enter_context(self.dp_timer.step())
             for i, (x, y) in enumerate(zip(inputs.chunk(n), targets.chunk(n))):
                 with self.no_sync() if i < n - 1 else nullcontext():
-                    loss = self._loss(x, y) / n
+                    loss = self._loss(x, y)
+                    if n > 1:  # no extra kernels (and waits on a GPU's launch queue) without accumulation
+                        loss = loss / n
                     loss.backward()
-                total += loss.detach()
+                total = loss.detach() if total is None else total + loss.detach()
         return total
 
     @torch.no_grad()

@@ -116,6 +116,10 @@ class Trainer:
         clip = float(self.cfg.trainer.grad_clip)
         self.max_grad_norm = clip if clip > 0 else float("inf")
         self.skip_nonfinite = self.cfg.trainer.on_nonfinite == "skip"
+        # read once: an OmegaConf lookup costs ~20 us, and the loop asks these several times a step
+        self.log_every = int(self.cfg.trainer.log_every)
+        self.eval_every = int(self.cfg.trainer.get("eval_every", 0))
+        self.checkpoint_every = int(self.cfg.trainer.checkpoint_every)
         self.tokens_per_step = int(self.cfg.data.global_batch_size) * int(self.data.tokens_per_sample)
         self.faults = FaultInjector.from_config(self.cfg.get("debug"), rank=ctx.rank, log=ctx.log)
         self.stats = StepStats()
@@ -301,14 +305,12 @@ class Trainer:
         return True
 
     def _should_log(self, step: int) -> bool:
-        every = int(self.cfg.trainer.log_every)
-        return step == 1 or step % every == 0 or step == self.max_steps or self._eval_due(step)
+        return step == 1 or step % self.log_every == 0 or step == self.max_steps or self._eval_due(step)
 
     # ---- evaluation ----------------------------------------------------------------------------
 
     def _eval_due(self, step: int) -> bool:
-        every = int(self.cfg.trainer.get("eval_every", 0))
-        return every > 0 and (step % every == 0 or step == self.max_steps)
+        return self.eval_every > 0 and (step % self.eval_every == 0 or step == self.max_steps)
 
     def evaluate(self, step: int) -> dict[str, float]:
         """Validation loss over ``trainer.eval_batches`` held-out batches (the same ones every time), every
@@ -441,8 +443,7 @@ class Trainer:
         return 0
 
     def _checkpoint_due(self, step: int) -> bool:
-        every = int(self.cfg.trainer.checkpoint_every)
-        return every > 0 and (step % every == 0 or step == self.max_steps)
+        return self.checkpoint_every > 0 and (step % self.checkpoint_every == 0 or step == self.max_steps)
 
     def _latest_checkpoint(self) -> str:
         from trainer.checkpoint.files import checkpoints_root, complete_checkpoints
