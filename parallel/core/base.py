@@ -228,8 +228,13 @@ class Engine(ABC):
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Clip by the global gradient norm (over every shard and, with ``pp_group``, every stage);
-        returns the norm before clipping. One path for every engine: ``parallel/core/grad_clip.py``."""
-        return clip_grad_norm_(self.parameters(), max_norm, pp_group=self.pp_group)
+        returns the norm before clipping. One path for every engine: ``parallel/core/grad_clip.py``. The
+        parameter list is taken at the first call (after any checkpoint or weights were loaded in place): walking
+        the modules every step is host time a GPU waits for."""
+        params = self.__dict__.get("_clip_params")
+        if params is None:
+            params = self.__dict__["_clip_params"] = list(self.parameters())
+        return clip_grad_norm_(params, max_norm, pp_group=self.pp_group)
 
     def step_metrics(self) -> dict[str, float]:
         """Measured extras for the step just taken (comm_fraction, bubble_fraction ...)."""

@@ -37,12 +37,17 @@ def total_grad_norm(
         g = _without_partial(g) if is_dtensor else g
         key = (g.device_mesh, tuple(g.placements)) if is_dtensor else None
         groups.setdefault(key, []).append(g)
+    across_stages = pp_group is not None and dist.get_world_size(pp_group) > 1
+    if list(groups) == [None] and not across_stages:
+        # plain tensors, one process holding them all (single, ddp): torch's own norm, the number the path
+        # below gives too, without its float64 kernels (each one a launch on a GPU)
+        return torch.nn.utils.get_total_norm(groups[None], norm_type=2.0).float()
     if device is None:
         device = grads[0].device if grads else torch.device("cpu")
     sq = torch.zeros((), dtype=torch.float64, device=device)
     for key, group in groups.items():
         sq += _squared_norm(group, key)
-    if pp_group is not None and dist.get_world_size(pp_group) > 1:
+    if across_stages:
         dist.all_reduce(sq, group=pp_group)
     return sq.sqrt().float()
 

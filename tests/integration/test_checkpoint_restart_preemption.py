@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -147,7 +148,10 @@ def test_sigkill_of_one_worker_at_a_random_step_recovers(tmp_path, layout):
         run_dir=tmp_path / "run",
         timeout=600,
     )
-    assert f"rank(s) [{rank}] died without an exit record" in run.output, run.output[-3000:]
+    # the killed rank is named; its pipeline peer, blocked in a receive from it, may be named too when the agent
+    # had to SIGKILL it before it saw the broken connection (seen once on a loaded machine: "[1, 3]")
+    named = re.search(r"rank\(s\) \[([\d, ]+)\] died without an exit record", run.output)
+    assert named and rank in [int(r) for r in named.group(1).split(",")], run.output[-3000:]
     last_ckpt = (step - 1) // 4 * 4
     assert f"step_{last_ckpt:07d} at step {last_ckpt}" in run.output
     summary = run.summary()

@@ -369,11 +369,12 @@ class Trainer:
         gradient norm). The flags are set on the device and read once: the step's one wait for the GPU before
         the update, which has to know whether to skip."""
         flags = torch.zeros(1 + self.ctx.world_size, dtype=torch.int32, device=self.ctx.device)
-        flags[0] = int(preempt)
+        if preempt:
+            flags[0] = 1
         finite = torch.isfinite(grad_norm.to(flags.device))
         if loss is not None:
-            finite = finite & torch.isfinite(loss.to(flags.device))
-        flags[1 + self.ctx.rank] = (~finite).to(torch.int32)
+            finite &= torch.isfinite(loss.to(flags.device))
+        flags[1 + self.ctx.rank] = ~finite
         if self.ctx.world_size > 1:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         values = flags.tolist()
