@@ -1,9 +1,10 @@
 """Planner vs measurement on this machine: every local layout's predicted and measured step time and memory.
 
-``python benchmarks/planner.py [--steps N] [--write] [--quick]`` calibrates this machine
-(``topology.calibrate=true``: FLOP/s, per-micro-batch cost, AdamW bandwidth, gloo all-reduce and p2p, a
-pipeline action's and a tensor-parallel collective's fixed cost), then trains every layout of the sweep for a
-few steps with train.py: single, ddp, fsdp, mp, tp, pp under gpipe / 1f1b / interleaved_1f1b / zbv at
+``python benchmarks/planner.py [--steps N] [--calibrations K] [--rounds R] [--write] [--quick]`` calibrates this
+machine K times, keeping each quantity's median (``topology.calibrate=true``: FLOP/s, per-micro-batch cost,
+AdamW bandwidth, gloo all-reduce and p2p, the fixed costs of a pipeline action, a TP collective, an FSDP2
+collective and a DDP bucket), then trains every layout of the sweep for N steps (40) with train.py, in R rounds
+(3) whose median is kept: single, ddp, fsdp, mp, tp, pp under gpipe / 1f1b / interleaved_1f1b / zbv at
 m = 1, 2, 4, 8 where the schedule accepts it, and the 4-worker hybrids. It prints predicted vs measured median
 step time and memory per layout, the median and worst error, and whether the planner's first choice among
 these layouts is within 10% of the best measured one (the choice's own measured time, not the best's).
@@ -21,7 +22,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, is_dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,9 +106,28 @@ QUICK = tuple(
 )
 
 
-def calibrated() -> HardwareSpec:
+def calibrated(times: int = 1) -> HardwareSpec:
+    """This machine measured (``topology.calibrate=true``); ``times`` > 1: every measured quantity's median over
+    that many calibrations. A fixed cost is a difference of measured step times: on this VM three calibrations in
+    a row solved ``ddp_bucket_us`` at 0, 3,690 and 16,164 and ``pipeline_action_ms`` at 0.55, 1.14 and 2.61."""
     cfg = compose([*BASE, f"data.global_batch_size={BATCH}", "topology.calibrate=true"])
-    return specs_from_cfg(cfg)[1]
+    return median_spec([specs_from_cfg(cfg)[1] for _ in range(times)])
+
+
+def median_spec(specs: list[HardwareSpec]) -> HardwareSpec:
+    """One spec whose every number (links' and the ``measured`` record's included) is the median over ``specs``."""
+
+    def median(values: list):
+        first = values[0]
+        if isinstance(first, (int, float)) and not isinstance(first, bool):
+            return statistics.median(values)
+        if is_dataclass(first):
+            return replace(first, **{f.name: median([getattr(v, f.name) for v in values]) for f in fields(first)})
+        if isinstance(first, dict):
+            return {k: median([v[k] for v in values]) for k in first}
+        return first
+
+    return median(specs)
 
 
 def _hardware_for(c: Candidate, hardware: HardwareSpec) -> HardwareSpec:
@@ -150,21 +170,39 @@ def measure(layout: Layout, *, steps: int, run_dir: Path, train=train_cold) -> d
     }
 
 
-def sweep(layouts=SWEEP, *, steps: int = 12, hardware: HardwareSpec | None = None, train=train_cold) -> list[dict]:
+def sweep(
+    layouts=SWEEP, *, steps: int = 12, hardware: HardwareSpec | None = None, train=train_cold, rounds: int = 1
+) -> list[dict]:
+    """Every layout measured in ``rounds`` rounds (the order reversed every other round) and predicted; the
+    measured step is the median over rounds, the memory the first round's (it does not vary). Rounds because 4
+    ranks on 2 cores wait on the scheduler: four sweeps in a row measured the same hybrid at 0.17-0.23 s,
+    0.29-0.46 s and 0.24-0.37 s."""
     hardware = hardware or calibrated()
-    rows = []
+    got: dict[str, list[dict]] = {lay.label: [] for lay in layouts}
     with tempfile.TemporaryDirectory() as tmp:
-        for i, lay in enumerate(layouts):
-            got = measure(lay, steps=steps, run_dir=Path(tmp) / str(i), train=train)
-            pred = predict(lay, hardware)
-            rows.append(
-                {"layout": lay.label, "predicted": pred, "measured": got, "error": pred["step_s"] / got["step_s"] - 1}
-            )
-            print(
-                f"{lay.label}: predicted {pred['step_s']:.4f} s, measured {got['step_s']:.4f} s "
-                f"({rows[-1]['error']:+.0%})",
-                flush=True,
-            )
+        for r in range(rounds):
+            for i, lay in enumerate(layouts) if r % 2 == 0 else reversed(list(enumerate(layouts))):
+                got[lay.label].append(measure(lay, steps=steps, run_dir=Path(tmp) / f"{r}_{i}", train=train))
+                print(
+                    f"[round {r + 1}/{rounds}] {lay.label}: measured {got[lay.label][-1]['step_s']:.4f} s", flush=True
+                )
+    rows = []
+    for lay in layouts:
+        measured = {**got[lay.label][0], "step_s": statistics.median(g["step_s"] for g in got[lay.label])}
+        pred = predict(lay, hardware)
+        rows.append(
+            {
+                "layout": lay.label,
+                "predicted": pred,
+                "measured": measured,
+                "error": pred["step_s"] / measured["step_s"] - 1,
+            }
+        )
+        print(
+            f"{lay.label}: predicted {pred['step_s']:.4f} s, measured {measured['step_s']:.4f} s "
+            f"({rows[-1]['error']:+.0%})",
+            flush=True,
+        )
     return rows
 
 
@@ -189,7 +227,14 @@ def summary_of(rows: list[dict], layouts) -> dict[str, float]:
 
 
 def markdown(
-    rows: list[dict], *, layouts, steps: int, hardware: HardwareSpec, load: tuple[float, float] | None = None
+    rows: list[dict],
+    *,
+    layouts,
+    steps: int,
+    hardware: HardwareSpec,
+    load: tuple[float, float] | None = None,
+    calibrations: int = 1,
+    rounds: int = 1,
 ) -> str:
     """The "## Planner" section; ``load``: the 1-minute load average before calibrating and after the sweep (on a
     shared machine other jobs take the cores the layouts are timed on: judge the errors by it)."""
@@ -200,7 +245,13 @@ def markdown(
         "## Planner",
         "",
         f"`python benchmarks/planner.py --write` on this machine (gpt_small, batch {BATCH} x seq 64, {steps} steps "
-        "per layout, median step time after the warm-up; calibrated first: " + measured + "). Memory: the "
+        "per layout, median step time after the warm-up"
+        + (f", the median over {rounds} rounds of the sweep" if rounds > 1 else "")
+        + "; calibrated first"
+        + (f", each quantity the median of {calibrations} calibrations" if calibrations > 1 else "")
+        + ": "
+        + measured
+        + "). Memory: the "
         "predicted fullest rank (model state + activations) beside the measured largest model state (local "
         "shards) plus, for pipelines, the stage's measured peak saved activations; peak RSS for scale."
         + (
@@ -365,7 +416,9 @@ def ddp_parts(cycles: int = 30) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--steps", type=int, default=40, help="steps per layout (the median skips the warm-up)")
+    ap.add_argument("--calibrations", type=int, default=3, help="calibrations, each quantity's median kept")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds over the layouts, each layout's median step kept")
     ap.add_argument("--quick", action="store_true", help="one layout per strategy family (QUICK)")
     ap.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
     ap.add_argument("--ddp-parts", type=int, metavar="CYCLES", help="explain the ddp step instead (CYCLES rounds)")
@@ -379,11 +432,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     layouts = QUICK if args.quick else SWEEP
     load_before = os.getloadavg()[0]
-    hardware = calibrated()
+    hardware = calibrated(args.calibrations)
     print("measured:", json.dumps(hardware.measured))
-    rows = sweep(layouts, steps=args.steps, hardware=hardware)
+    rows = sweep(layouts, steps=args.steps, hardware=hardware, rounds=args.rounds)
     load = (load_before, os.getloadavg()[0])
-    text = markdown(rows, layouts=layouts, steps=args.steps, hardware=hardware, load=load)
+    text = markdown(
+        rows,
+        layouts=layouts,
+        steps=args.steps,
+        hardware=hardware,
+        load=load,
+        calibrations=args.calibrations,
+        rounds=args.rounds,
+    )
     print(text)
     if args.write:
         write_section(text)

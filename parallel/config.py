@@ -43,9 +43,9 @@ class DPConfig:
     """Convert BatchNorm layers to SyncBatchNorm so statistics span the global batch."""
     find_unused_parameters: bool = False
     measure_comm: bool = True
-    """DDP: time each gradient bucket's all-reduce (comm_time_s) with a Python comm hook, which replaces DDP's
-    C++ all-reduce path; false keeps that path (2 CPU ranks, W&B off: 0.97x the hand-written loop's tokens/s with
-    the hook, 1.00-1.02x without; docs/benchmarks.md)."""
+    """DDP: on logged steps, read DDP's own reducer timer (from the first bucket all-reduce's launch to the last
+    one's completion: comm_time_s, comm_buckets); DDP keeps its C++ all-reduce path on every step. An earlier
+    Python comm hook cost 2-5% of tokens/s on 2 CPU ranks (docs/benchmarks.md). False: not measured."""
 
 
 @dataclass

@@ -10,7 +10,7 @@ was measured:
 - point-to-point: ping-pong between the same two processes; t = α + bytes/β one way;
 - four fixed costs the FLOPs and the links do not explain, each from a whole training step (forward,
   backward, clipping, AdamW) of the configured model (or its proxy) run by the two processes as meshtrain runs
-  it: DDP with 25 MiB buckets and the trainer's timing hook (``ddp_bucket_us``: the reducer's hooks and bucket
+  it: DDP with 25 MiB buckets and no comm hook, as the trainer runs it (``ddp_bucket_us``: the reducer's hooks and bucket
   copies, and the all-reduce left exposed after the backward while gloo's thread competes with the other
   rank's compute), GPipe over two stages with 4 micro-batches (``pipeline_action_ms``: the schedule's bookkeeping,
   posting send/recv, waking the peer), the family's TP plan (``tp_collective_us``: DTensor's dispatch of the
@@ -27,8 +27,8 @@ was measured:
   assumed independent devices.
 
 Every timing (forward+backward, links, busy and fixed-cost steps) is taken in interleaved rounds, keeping
-each one's quietest round (``_quietest``): a fixed cost is a difference of measured times, and one noisy
-window of a few seconds doubled it (docs/planner.md, Calibration).
+the median of each one's round medians (``_quietest``): a fixed cost is a difference of measured times, and one
+noisy window of a few seconds doubled it (docs/planner.md, Calibration).
 """
 
 from __future__ import annotations

@@ -436,12 +436,15 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
 
     budget = hardware.memory_bytes * workload.memory_fraction
     step = pipeline_s + dp_comm_s + optimizer_s
-    # CPU ranks beyond the node's cores time-share them, and on a CPU everything a rank does is its cores' work
-    # (compute, the collectives' copies and hooks, AdamW); a rank idle in the pipeline's bubble leaves its core
-    # to the others: 4 ranks of 1 thread on 2 cores run at half speed, at 0.8 of that with a 20% bubble
+    # CPU ranks beyond the node's cores time-share them: the step takes at least the node's computing (each
+    # rank's micro-batches and its AdamW) spread over its cores. Not the step itself times ranks per core: a rank
+    # waiting in a collective or a pipeline bubble sleeps and leaves its core to the others; on the 2-core machine
+    # 4-rank hybrids measured 0.17-0.32 s, where scaling their whole step by 2 x (1 - bubble) predicted 1.5-1.6x
+    # that (docs/planner.md, "Ranks beyond the cores")
     t = 1.0
-    if hardware.cores_per_node:
-        t = max(1.0, on_node * hardware.threads_per_device * (1 - bubble) / hardware.cores_per_node)
+    if hardware.cores_per_node and step > 0:
+        work = c.micro_batches * sum(stage_compute) / len(stage_compute) + optimizer_s
+        t = max(1.0, on_node * hardware.threads_per_device * work / hardware.cores_per_node / step)
     return Estimate(
         candidate=c,
         memory=worst,
