@@ -181,6 +181,7 @@ class Trainer:
         finally:
             self._prefetch.close()
             progress.close()
+            gc.unfreeze()  # the run's objects collectable again: the worker frees the model before the group goes
         if self._checkpointer is not None:  # a background save still running: its marker comes now
             self._checkpointer.wait()
         summary = self._summary(wall=time.perf_counter() - self.started_at)
