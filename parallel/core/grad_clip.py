@@ -7,8 +7,8 @@ summed per (mesh, placements) group over the mesh dimensions they are split on (
 dimensions hold copies), then over the pipeline group when the engine holds one stage of several,
 so every rank clips by the norm one process would compute over the whole model.
 
-For plain tensors on one stage (single, ddp) this is exactly torch's arithmetic: the same per-tensor
-norms, the same float32 norm (its square and root in float64 are exact), the same coefficient
+For plain tensors on one stage (single, ddp) the norm is torch's own (``get_total_norm``); the path for shards
+gives the same float32 norm (its square and root in float64 are exact). The coefficient is torch's,
 ``max_norm / (norm + 1e-6)`` clamped at 1 in float32, kept on the device and multiplied into every gradient
 (``torch.nn.utils.clip_grads_with_norm_``): clipping never waits for the GPU.
 """

@@ -27,7 +27,7 @@ was measured:
   assumed independent devices.
 
 Every timing (forward+backward, links, busy and fixed-cost steps) is taken in interleaved rounds, keeping
-the median of each one's round medians (``_quietest``): a fixed cost is a difference of measured times, and one
+the median of each one's round medians (``_median_of_rounds``): a fixed cost is a difference of measured times, and one
 noisy window of a few seconds doubled it (docs/planner.md, Calibration).
 """
 
@@ -80,7 +80,7 @@ def _timed(
     return times[len(times) // 2]
 
 
-def _quietest(
+def _median_of_rounds(
     steps: dict[str, Callable[[], None]],
     *,
     rounds: int = STEP_ROUNDS,
@@ -185,7 +185,7 @@ def measure_compute(model_cfg: Any, *, seq_len: int, threads: int, max_rows: int
         return _lm_step(model, torch.randint(0, measured.vocab_size, (b, seq_len)), loss)
 
     b1, b2 = 1, min(max(BUSY_BATCH, max_rows), COMPUTE_MAX_ROWS)
-    t = _quietest({"t1": step(b1), "t2": step(b2)})
+    t = _median_of_rounds({"t1": step(b1), "t2": step(b2)})
     t1, t2 = t["t1"], t["t2"]
     overhead, s_per_flop = _fit_line(b1 * seq_len * flops_per_token, t1, b2 * seq_len * flops_per_token, t2)
     proxy_overhead = overhead
@@ -242,7 +242,7 @@ def _comm_worker(rank: int, port: int, out_path: str, sizes: tuple[int, ...], bu
                 dist.send(buf, 0)
 
         links[f"allreduce_{n}"], links[f"pingpong_{n}"] = allreduce, pingpong
-    timed = _quietest(links, reps=COMM_REPS, sync=dist.barrier)
+    timed = _median_of_rounds(links, reps=COMM_REPS, sync=dist.barrier)
     for n in sizes:
         results[f"allreduce_{n}"] = timed[f"allreduce_{n}"]
         results[f"p2p_{n}"] = timed[f"pingpong_{n}"] / 2  # a round trip is two messages
@@ -262,7 +262,7 @@ def _comm_worker(rank: int, port: int, out_path: str, sizes: tuple[int, ...], bu
         fb = _lm_step(build_family(family, kwargs), x, loss)
         steps = {"alone_s": fb if rank == 0 else lambda: None, "busy_s": fb}
         steps.update({f"step_{name}": builders[name]() for name in busy["fixed_costs"]})  # same list on both ranks
-        results.update(_quietest(steps, sync=dist.barrier))
+        results.update(_median_of_rounds(steps, sync=dist.barrier))
         del steps, builders
         gc.collect()  # free the DDP module before the group goes: freeing it later can hang (docs/stack.md)
     if rank == 0:

@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from parallel.core.base import ModuleEngine
 from parallel.strategies.ddp import ReducerCommMeter
-
-
-@pytest.fixture
-def gloo_one_rank(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _model() -> nn.Module:

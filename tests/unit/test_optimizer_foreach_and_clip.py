@@ -4,22 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
 from parallel.core.grad_clip import clip_grad_norm_
 from parallel.core.optimizer import foreach_for
-
-
-@pytest.fixture
-def gloo_one_rank(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _params(n: int = 3) -> list[nn.Parameter]:
