@@ -108,8 +108,8 @@ QUICK = tuple(
 
 def calibrated(times: int = 1) -> HardwareSpec:
     """This machine measured (``topology.calibrate=true``); ``times`` > 1: every measured quantity's median over
-    that many calibrations. A fixed cost is a difference of measured step times: on this VM three calibrations in
-    a row solved ``ddp_bucket_us`` at 0, 3,690 and 16,164 and ``pipeline_action_ms`` at 0.55, 1.14 and 2.61."""
+    that many calibrations. A fixed cost is a difference of measured step times: on this VM three calibrations within
+    ten minutes solved ``ddp_bucket_us`` at 0, 3,690 and 16,164 and ``pipeline_action_ms`` at 0.55, 1.14 and 2.61."""
     cfg = compose([*BASE, f"data.global_batch_size={BATCH}", "topology.calibrate=true"])
     return median_spec([specs_from_cfg(cfg)[1] for _ in range(times)])
 
