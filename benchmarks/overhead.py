@@ -98,7 +98,7 @@ def run_meshtrain(pair: Pair, *, steps: int, batch: int, seq: int, device: str, 
                 f"data.global_batch_size={batch}",
                 f"data.seq_len={seq}",
                 f"hydra.run.dir={run_dir}",
-                *(layout_overrides(pair, device=device, nproc=nproc)),
+                *layout_overrides(pair, device=device, nproc=nproc),
                 *extra,
             ],
             capture_output=True,
@@ -164,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     names = list(PAIRS) if args.strategy == "all" else [args.strategy]
+    for name in names:  # an unsupported --nproc is refused before anything runs
+        layout_overrides(PAIRS[name], device=args.device, nproc=args.nproc or PAIRS[name].nproc)
     shape = {"steps": args.steps, "batch": args.batch, "seq": args.seq}
     got: dict[str, dict[str, list[dict]]] = {n: {"bare": [], "meshtrain": []} for n in names}
     load_before, started = loadavg(), time.perf_counter()
