@@ -130,7 +130,10 @@ def layout_overrides(pair: Pair, *, device: str, nproc: int) -> list[str]:
     out = [] if device == "cpu" else [f"topology.device={device}"]
     if nproc != pair.nproc:
         if pair.nproc != 2 or nproc != 1:
-            raise SystemExit(f"--nproc {nproc}: only 1 (one device) is supported besides the pairs' own counts")
+            raise SystemExit(
+                f"--nproc {nproc} for {pair.describe}: only a 2-rank pair (ddp, fsdp, tp, pp) shrinks, to 1 rank "
+                f"(one device); this one runs on its own {pair.nproc}"
+            )
         out += [f"{dim}.size=1" for dim in ("dp", "tp", "pp")]
     return out
 
