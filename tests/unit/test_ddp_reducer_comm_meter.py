@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -27,7 +29,7 @@ def test_logged_steps_are_timed_and_others_are_not(gloo_one_rank):
     assert measured == {1, 3, 6}
     for step in measured:
         seconds, buckets = seen[step]
-        assert 0 < seconds < 5, seen[step]
+        assert 0 < seconds and math.isfinite(seconds), seen[step]  # measured; how long is the machine's
         assert buckets >= (1 if step == 1 else 2), seen  # the first backward: one 1 MiB bucket, then rebuilt
     assert meter.take() is None  # read once per step
 
