@@ -45,7 +45,9 @@ class DPConfig:
     measure_comm: bool = True
     """DDP: on logged steps, read DDP's own reducer timer (from the first bucket all-reduce's launch to the last
     one's completion: comm_time_s, comm_buckets); DDP keeps its C++ all-reduce path on every step. An earlier
-    Python comm hook cost 2-5% of tokens/s on 2 CPU ranks (docs/benchmarks.md). False: not measured."""
+    Python comm hook cost 2-5% of tokens/s on 2 CPU ranks (docs/benchmarks.md). FSDP2: its all-gathers and
+    reduce-scatters timed on every step through timed custom collectives (comm_time_s, comm_collectives).
+    False: neither is measured (FSDP2 keeps its own collectives)."""
 
 
 @dataclass

@@ -85,7 +85,8 @@ def compose(module: nn.Module, *, ctx: WorkerContext, composition: Composition) 
 
         apply_fsdp(module, dp_mesh=ctx.mesh["dp"], mp_policy=ctx.fsdp_mp_policy())
         module = ctx.place(module)  # storage for this rank's shards only, then their init
-        return Composed(module, no_sync=fsdp_no_sync(module), dp_timer=FSDPCommTimer().attach(module))
+        timer = FSDPCommTimer().attach(module) if ctx.cfg.dp.get("measure_comm", True) else None
+        return Composed(module, no_sync=fsdp_no_sync(module), dp_timer=timer)
     from parallel.strategies.ddp import wrap_ddp
 
     ddp, timer = wrap_ddp(ctx.place(module), ctx=ctx)

@@ -12,7 +12,8 @@ Communication is measured per step: ``FSDPCommTimer`` replaces FSDP2's all-gathe
 with the same calls timed (``set_custom_all_gather`` / ``set_custom_reduce_scatter``), from issue to the
 ``wait`` FSDP2 does on the work; the union of those intervals over a step is ``comm_time_s``. That is
 host time: on gloo the whole collective; on CUDA, where FSDP2 runs them on side streams, the launch
-and any wait the host does, not the kernels' device time.
+and any wait the host does, not the kernels' device time. ``dp.measure_comm=false`` leaves FSDP2's own
+collectives in place.
 """
 
 from __future__ import annotations
