@@ -204,6 +204,10 @@ class Engine(ABC):
     model_parts: list[nn.Module]
     #: the pipeline group whose stages together hold the model; None when this rank holds all of it
     pp_group: Any = None
+    #: whether the next ``train_step`` is one the loop logs: set by the loop before each step, so an engine's
+    #: sampled meters (DDP's reducer timer, the TP collective timer) run on exactly the logged steps, a resumed
+    #: run's included
+    measure_step: bool = True
 
     def parameters(self) -> Iterator[nn.Parameter]:
         for part in self.model_parts:
@@ -285,7 +289,7 @@ class ModuleEngine(Engine):
         self.no_sync = no_sync or nullcontext
         self.dp_timer = dp_timer
         self.loss_parallel = loss_parallel
-        self.tp_meter = tp_meter or SampledCommMeter(None, every=1)
+        self.tp_meter = tp_meter or SampledCommMeter(None)
         self.rank_map = rank_map or {}
         self._step_start = time.perf_counter()
 
@@ -305,9 +309,9 @@ class ModuleEngine(Engine):
         total = None
         with ExitStack() as stack:
             self._loss_context(stack)
-            stack.enter_context(self.tp_meter.step())
+            stack.enter_context(self.tp_meter.step(self.measure_step))
             if self.dp_timer is not None:
-                stack.enter_context(self.dp_timer.step())
+                stack.enter_context(self.dp_timer.step(self.measure_step))
             for i, (x, y) in enumerate(zip(inputs.chunk(n), targets.chunk(n))):
                 with self.no_sync() if i < n - 1 else nullcontext():
                     loss = self._loss(x, y)

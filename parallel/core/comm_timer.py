@@ -74,24 +74,21 @@ class CollectiveTimer(TorchDispatchMode):
 
 
 class SampledCommMeter:
-    """Runs a ``CollectiveTimer`` on steps 1, k, 2k ... (the steps the loop logs, k = log_every).
+    """Runs a ``CollectiveTimer`` on the steps the loop logs (it says which: ``Engine.measure_step``).
 
     The timer costs a Python dispatch per op, so unlogged steps run without it.
     """
 
-    def __init__(self, timer: CollectiveTimer | None, *, every: int, prefix: str = "tp"):
+    def __init__(self, timer: CollectiveTimer | None, *, prefix: str = "tp"):
         self.timer = timer
-        self.every = max(1, every)
         self.prefix = prefix
-        self.steps = 0
         self.active = False
         self._start = 0.0
         self._step_s = 0.0
 
-    def step(self) -> AbstractContextManager:
-        """Context for one whole step (forward and backward of all its micro-batches)."""
-        self.steps += 1
-        self.active = self.timer is not None and (self.steps == 1 or self.steps % self.every == 0)
+    def step(self, measure: bool = True) -> AbstractContextManager:
+        """Context for one whole step (forward and backward of all its micro-batches), timed if ``measure``."""
+        self.active = self.timer is not None and measure
         return self._measuring() if self.active else nullcontext()
 
     @contextmanager

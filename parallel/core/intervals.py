@@ -31,7 +31,9 @@ class StepCommMeter(Protocol):
 
     count_key: str
 
-    def step(self) -> AbstractContextManager: ...
+    def step(self, measure: bool = True) -> AbstractContextManager:
+        """Context for one whole step; ``measure``: the loop logs this step (a sampling meter times only those)."""
+        ...
 
     def take(self) -> tuple[float, int] | None:
         """(busy seconds, collectives) of the step just run; None when that step was not measured."""
@@ -57,8 +59,8 @@ class IntervalLog:
             intervals, self._intervals = self._intervals, []
         return intervals
 
-    def step(self) -> AbstractContextManager:
-        """Context for one whole step; intervals are logged on every step."""
+    def step(self, measure: bool = True) -> AbstractContextManager:
+        """Context for one whole step; intervals are logged on every step, ``measure`` or not."""
         return nullcontext()
 
     def take(self) -> tuple[float, int] | None:

@@ -119,7 +119,7 @@ class PipelineEngine(Engine):
         rank_map: dict[str, Any] | None = None,
     ):
         self.ctx = ctx
-        self.tp_meter = tp_meter or SampledCommMeter(None, every=1)
+        self.tp_meter = tp_meter or SampledCommMeter(None)
         self.dp_timers = dp_timers or []
         self.rank_map = rank_map or {}
         self._step_start = time.perf_counter()
@@ -153,7 +153,7 @@ class PipelineEngine(Engine):
         losses: list[torch.Tensor] | None = [] if self.has_last else None
         args = (inputs,) if self.has_first else ()
         self.recorder.begin_step()
-        with self.tp_meter.step():
+        with self.tp_meter.step(self.measure_step):
             self.schedule.step(*args, target=targets if self.has_last else None, losses=losses)
         self._last = self.recorder.end_step()
         if not losses:

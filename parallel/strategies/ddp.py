@@ -2,7 +2,7 @@
 
 DDP's C++ reducer times its own backward when asked (``_set_ddp_runtime_logging_sample_rate``): from the first
 bucket's all-reduce launch to the last one's completion, and how much of that overlapped the backward's compute.
-``ReducerCommMeter`` turns that on for the steps the loop logs (1, k, 2k ...) and reads it after them, so DDP
+``ReducerCommMeter`` turns that on for the steps the loop logs (the loop says which) and reads it after them, so DDP
 keeps its C++ all-reduce path on every step. A Python comm hook would time each bucket, but it replaces that
 path and cost 2-5% of the tokens/s on 2 CPU ranks (docs/benchmarks.md); ``CommTimer`` is that hook, kept for
 the planner's calibration, which fits a per-bucket cost. ``dp.measure_comm=false`` measures nothing. The
@@ -46,9 +46,9 @@ _NEVER = 2**31 - 1
 
 
 class ReducerCommMeter:
-    """DDP's C++ reducer timer on steps 1, k, 2k ... (k = ``trainer.log_every``, the steps the loop logs).
+    """DDP's C++ reducer timer on the steps the loop logs (it says which: ``Engine.measure_step``).
 
-    ``step()`` wraps a whole step (every micro-batch); ``take()`` after it gives (seconds from the first bucket
+    ``step(measure)`` wraps a whole step (every micro-batch); ``take()`` after it gives (seconds from the first bucket
     all-reduce's launch to the last one's completion in the step's synchronising backward, buckets reduced),
     or None on a step that was not measured. On CUDA the reducer reads its events with a synchronisation, which
     is why unmeasured steps leave the timer off.
@@ -56,16 +56,13 @@ class ReducerCommMeter:
 
     count_key = "comm_buckets"
 
-    def __init__(self, ddp: DDP, *, every: int):
+    def __init__(self, ddp: DDP):
         self.ddp = ddp
-        self.every = max(1, every)
-        self.steps = 0
         self.active = False
         ddp._set_ddp_runtime_logging_sample_rate(_NEVER)
 
-    def step(self) -> AbstractContextManager:
-        self.steps += 1
-        self.active = self.steps == 1 or self.steps % self.every == 0
+    def step(self, measure: bool = True) -> AbstractContextManager:
+        self.active = measure
         return self._measuring() if self.active else nullcontext()
 
     @contextmanager
@@ -101,7 +98,7 @@ def wrap_ddp(model: nn.Module, *, ctx: WorkerContext) -> tuple[DDP, ReducerCommM
     )
     if not cfg.get("measure_comm", True):
         return ddp, None
-    return ddp, ReducerCommMeter(ddp, every=int(ctx.cfg.trainer.log_every))
+    return ddp, ReducerCommMeter(ddp)
 
 
 class DDPStrategy(Strategy):

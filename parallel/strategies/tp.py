@@ -27,7 +27,7 @@ def tp_meter(ctx: WorkerContext) -> SampledCommMeter:
         ctx.log.info("tp_comm_time_s is not measured with trainer.compile=true (it would disable compile)")
     elif ctx.layout.tp > 1 and ctx.cfg.tp.get("measure_comm", True):
         timer = CollectiveTimer(group_name=ctx.mesh["tp"].get_group().group_name)
-    return SampledCommMeter(timer, every=int(ctx.cfg.trainer.log_every), prefix="tp")
+    return SampledCommMeter(timer, prefix="tp")
 
 
 def parallelize_for_tp(model: nn.Module, *, ctx: WorkerContext) -> nn.Module:

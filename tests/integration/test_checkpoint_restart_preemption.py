@@ -112,6 +112,25 @@ def test_resume_under_another_layout(tmp_path, straight, crashed):
     assert "written under ddp with 2 ranks; resharded by DCP" in out
 
 
+def test_resumed_run_measures_comm_on_the_steps_it_logs(tmp_path, crashed):
+    """Resumed at step 11 with trainer.log_every=4, a run logs steps 12, 16 and 20: DDP's reducer timer and the TP
+    collective timer run on exactly those (the loop tells the engine), not on the resumed run's 1st, 4th ... step."""
+    _, ckpt = crashed("ddp")
+    for layout, key in ((LAYOUTS["ddp"], "comm_time_s"), (("parallel=tp",), "tp_comm_time_s")):
+        run = run_train(
+            *layout,
+            *FAST,
+            "trainer.log_every=4",
+            "trainer.checkpoint_every=0",
+            "trainer.max_steps=20",
+            f"trainer.resume={ckpt}",
+            run_dir=tmp_path / layout[0].split("=")[1],
+        )
+        logged = {m["step"]: m for m in run.metrics()}
+        assert sorted(logged) == [12, 16, 20], layout
+        assert all(m.get(key, 0) > 0 for m in logged.values()), {s: m.get(key) for s, m in logged.items()}
+
+
 CHAOS = {
     "ddp": ("parallel=ddp",),
     "pp_1f1b": ("parallel=pp", "pp.schedule=1f1b", "pp.micro_batches=2", "pp.trace_step=0"),

@@ -239,8 +239,9 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if self.faults is not None:
             self.faults.before_step(step)
-        # saved activations on logged steps; profiler at trainer.profile_steps
-        with self.instruments.step(step, measure=self._should_log(step)):
+        # saved activations and the engine's sampled comm meters on logged steps; profiler at trainer.profile_steps
+        measure = self.engine.measure_step = self._should_log(step)
+        with self.instruments.step(step, measure=measure):
             loss = self.engine.train_step(x, y)
         if self.faults is not None:
             loss = self.faults.after_backward(step, loss, self.engine.parameters())
