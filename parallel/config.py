@@ -86,6 +86,18 @@ class MPConfig:
 
 
 @dataclass
+class FixedCostCpuShare:
+    """Of each planner fixed cost (``topology.*_us`` / ``*_ms``), the share that is CPU work on the rank rather than
+    waiting for a peer, 0-1. CPU ranks beyond the node's cores count it in the time the node needs to compute
+    (``topology.calibrate=true`` measures it from the process CPU time of the same whole steps)."""
+
+    ddp_bucket: float = 0.0
+    pipeline_action: float = 0.0
+    tp_collective: float = 0.0
+    fsdp_collective: float = 0.0
+
+
+@dataclass
 class TopologyConfig:
     name: str = "local_cpu"
     nnodes: int = 1
@@ -138,6 +150,8 @@ class TopologyConfig:
     """Fixed cost of one DDP gradient bucket besides the ring formula: the reducer's hooks and bucket copies, and
     the all-reduce exposed after the backward while its thread competes with the node's compute (calibrate
     measures it on a whole DDP step)."""
+    fixed_cost_cpu_share: FixedCostCpuShare = field(default_factory=lambda: FixedCostCpuShare())
+    """Of each fixed cost above, the share that is CPU work on the rank rather than waiting for a peer."""
     p2p_gbps: Optional[float] = None
     """Point-to-point bandwidth between pipeline neighbours (Gbit/s); null = the link's bandwidth."""
     p2p_latency_us: Optional[float] = None

@@ -17,7 +17,9 @@ was measured:
   sharded ops and optimizer, each rank waiting for the other at every collective) and FSDP2 with each block
   and the root a unit (``fsdp_collective_us``: its hooks and copies, the sharded optimizer). The cost model's
   step is linear in each of them, so each is solved from it: measured = step(cost 0) + cost x (how often the
-  model charges it). Tiny benchmarks did not reproduce them: a pair of 16-feature TP layers gave 0-7 ms per
+  model charges it). The same steps' process CPU time (all the rank's threads) gives each cost's CPU share: the
+  CPU seconds beyond the model's computing and AdamW over the seconds the cost explains (``fixed_cost_cpu_share``:
+  the rest is waiting for the peer, which ranks sharing cores overlap with each other's work). Tiny benchmarks did not reproduce them: a pair of 16-feature TP layers gave 0-7 ms per
   collective run to run where gpt_small's TP step spent 6.4 ms per collective in ``wait_tensor`` alone, and
   a 16-feature pipeline's 0.6-1.4 ms per action left gpt_small's pipelines 15-60% under-predicted;
 - a busy node: the same forward + backward run by both processes at once, over the time of one of them
@@ -65,19 +67,27 @@ def _timed(
 
     ``reps`` fixes the number of calls: a collective must be called equally often on every rank, and a
     count decided by each rank's own clock deadlocks (seen here: one rank stopped, the other waited)."""
+    return _timed_wall_cpu(fn, min_time=min_time, min_reps=min_reps, reps=reps, warmup=warmup)[0]
+
+
+def _timed_wall_cpu(
+    fn: Callable[[], None], *, min_time: float = 0.15, min_reps: int = 5, reps: int | None = None, warmup: int = 2
+) -> tuple[float, float]:
+    """``_timed``'s median wall time, and the median CPU time of the same calls: the process's, all its
+    threads (a collective backend's included), which is what the call takes from cores other ranks share."""
     for _ in range(warmup):
         fn()
-    times, start = [], time.perf_counter()
+    times, cpu, start = [], [], time.perf_counter()
     while (
         (len(times) < reps) if reps is not None else (len(times) < min_reps or time.perf_counter() - start < min_time)
     ):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
         if len(times) >= 50:
             break
-    times.sort()
-    return times[len(times) // 2]
+    return sorted(times)[len(times) // 2], sorted(cpu)[len(cpu) // 2]
 
 
 def _median_of_rounds(
@@ -86,6 +96,7 @@ def _median_of_rounds(
     rounds: int = STEP_ROUNDS,
     reps: int = STEP_REPS,
     sync: Callable[[], None] = lambda: None,
+    cpu: bool = False,
 ) -> dict[str, float]:
     """Each step's median over ``reps`` calls, in ``rounds`` rounds that take the steps in turn; per step the
     median of the round medians. This VM has noisy phases lasting seconds (one calibration measured the same TP
@@ -94,14 +105,19 @@ def _median_of_rounds(
     median drops the one that did. Not the lowest round: a training run's median step meets the machine's
     ordinary interference too, and the lowest round under-predicted every 2-rank layout of
     ``benchmarks/planner.py`` by 13-24%. ``sync`` (a barrier) before each window: with several processes,
-    every rank runs the same steps in the same order, so their collectives match."""
+    every rank runs the same steps in the same order, so their collectives match. ``cpu``: also each step's
+    process CPU time per call, the same way, as ``cpu_<name>``."""
     for step in steps.values():
         step(), step()
     medians: dict[str, list[float]] = {name: [] for name in steps}
+    medians.update({f"cpu_{name}": [] for name in steps} if cpu else {})
     for _ in range(rounds):
         for name, step in steps.items():
             sync()
-            medians[name].append(_timed(step, reps=reps, warmup=0))
+            wall, used = _timed_wall_cpu(step, reps=reps, warmup=0)
+            medians[name].append(wall)
+            if cpu:
+                medians[f"cpu_{name}"].append(used)
     return {name: statistics.median(m) for name, m in medians.items()}
 
 
@@ -262,7 +278,7 @@ def _comm_worker(rank: int, port: int, out_path: str, sizes: tuple[int, ...], bu
         fb = _lm_step(build_family(family, kwargs), x, loss)
         steps = {"alone_s": fb if rank == 0 else lambda: None, "busy_s": fb}
         steps.update({f"step_{name}": builders[name]() for name in busy["fixed_costs"]})  # same list on both ranks
-        results.update(_median_of_rounds(steps, sync=dist.barrier))
+        results.update(_median_of_rounds(steps, sync=dist.barrier, cpu=True))
         del steps, builders
         gc.collect()  # free the DDP module before the group goes: freeing it later can hang (docs/stack.md)
     if rank == 0:
@@ -400,6 +416,7 @@ def measure_links(sizes: tuple[int, ...] = COMM_SIZES, *, busy: dict[str, Any] |
     busy_slowdown = max(1.0, r["busy_s"] / r["alone_s"]) if busy is not None else 1.0
     return {
         **{k.removeprefix("step_"): v for k, v in r.items() if k.startswith("step_")},
+        **{"cpu_" + k.removeprefix("cpu_step_"): v for k, v in r.items() if k.startswith("cpu_step_")},
         "busy_node_slowdown": busy_slowdown,
         "allreduce_gbps": 8 / ar_spb / 1e9,
         "allreduce_latency_s": ar_lat2 / 2,
@@ -430,14 +447,22 @@ def solve_fixed_costs(hardware: HardwareSpec, *, compute: dict[str, Any], steps:
         fsdp_collective_s=0.0,
         devices_per_node=max(hardware.devices_per_node, 2),
     )
-    solved = {}
+    solved: dict[str, Any] = {}
+    shares: dict[str, float] = {}
     for name, (candidate, batches) in FIXED_COST_LAYOUTS.items():
         if name not in steps:
             continue
         workload = Workload(global_batch_size=batches * BUSY_BATCH, seq_len=compute["seq_len"])
-        t0 = estimate(candidate, model=shape, hardware=base, workload=workload).step_time_s
+        at_zero = estimate(candidate, model=shape, hardware=base, workload=workload)
+        t0 = at_zero.step_time_s
         t1 = estimate(candidate, model=shape, hardware=replace(base, **{name: 1e-3}), workload=workload).step_time_s
         solved[name] = max(0.0, (steps[name] - t0) / (t1 - t0) * 1e-3) if t1 > t0 else 0.0
+        charged = steps[name] - t0  # the step's seconds the cost explains
+        if f"cpu_{name}" in steps and solved[name] > 0 and charged > 0:
+            # of those, the seconds the rank's process was on a CPU beyond its computing and AdamW
+            shares[name] = min(1.0, max(0.0, (steps[f"cpu_{name}"] - at_zero.rank_work_s) / charged))
+    if shares:
+        solved["fixed_cost_cpu_share"] = shares
     return solved
 
 
@@ -482,4 +507,6 @@ def calibrate_hardware(
         ):
             if f"{name}_s" in updates:
                 measured[f"{name}_{unit}"] = updates[f"{name}_s"] * scale
+            if f"{name}_s" in updates.get("fixed_cost_cpu_share", {}):
+                measured[f"{name}_cpu_share"] = updates["fixed_cost_cpu_share"][f"{name}_s"]
     return replace(hardware, measured=measured, **updates)

@@ -72,6 +72,9 @@ class Estimate:
     """Memory of every pipeline rank (``memory`` is the fullest)."""
     rank_activation_per_micro_batch: tuple[float, ...] = ()
     """Saved-activation bytes of one micro-batch on every pipeline rank (logits included on the last)."""
+    rank_work_s: float = 0.0
+    """A mean rank's CPU seconds per step, as the time-share floor counts them (its micro-batches, its AdamW and
+    the measured CPU share of its fixed costs): what it takes from cores that ranks beyond them share."""
 
     @property
     def comm_fraction(self) -> float:
@@ -378,7 +381,7 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
     ar_per_layer = tp_collectives_per_layer(model, meshtrain=meshtrain, recompute=c.recompute)
     tp_ar = ring_allreduce_s(tokens * model.d_model * e, n=c.tp, link=tp_link)
     tp_ar += hardware.tp_collective_s if c.tp > 1 else 0.0
-    stage_compute, stage_tp = [], []
+    stage_compute, stage_tp, stage_tp_calls = [], [], []
     # ranks sharing a node slow each other down (memory bandwidth, caches): measured, see calibrate.py
     on_node = min(c.world_size, hardware.devices_per_node)
     busy = hardware.busy_node_slowdown if on_node > 1 else 1.0
@@ -391,7 +394,8 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
         share = (len(layers) + (r == 0) + (r == last)) / (model.n_layers + 2)
         stage_compute.append((flops * tokens / c.tp / hardware.flops + hardware.microbatch_overhead_s * share) * busy)
         head = TP_HEAD_COLLECTIVES if meshtrain and r == last else 0
-        stage_tp.append((len(layers) * ar_per_layer + head) * tp_ar if c.tp > 1 else 0.0)
+        stage_tp_calls.append(len(layers) * ar_per_layer + head if c.tp > 1 else 0)
+        stage_tp.append(stage_tp_calls[-1] * tp_ar)
     pp_link = hardware.link_for(span=c.pp, stride=c.stride("pp")) if c.pp > 1 else hardware.p2p
     if pp_link is hardware.intra:
         pp_link = hardware.p2p
@@ -419,15 +423,22 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
     # dp_comm_overlap of itself, and never more than the step's backward compute (2/3 of the compute)
     hidden = min(hardware.dp_comm_overlap * dp_total, (2 / 3) * compute_s)
     dp_comm_s = dp_total - hidden
+    # each fixed cost's calls on a mean rank per step (the floor below counts their CPU share)
+    fixed_calls = {
+        "tp_collective_s": c.micro_batches * sum(stage_tp_calls) / len(stage_tp_calls),
+        "pipeline_action_s": c.micro_batches * actions_per_micro_batch(c.schedule, v=v) if c.pp > 1 else 0,
+    }
     if c.zero_stage == 0 and c.dp > 1:
         # DDP's reducer, per bucket: autograd hooks, copies into and out of the bucket, and the all-reduce's
         # exposed wait while gloo's thread competes with the node's compute (measured on a whole DDP step)
         dp_comm_s += buckets * hardware.ddp_bucket_s
+        fixed_calls["ddp_bucket_s"] = buckets
     if c.zero_stage >= 3 and c.dp > 1:
         # FSDP2 units (each block, and the root): all-gather for forward and again for backward on every
         # micro-batch, reduce-scatter once per step (meshtrain skips it on the others); each pays a fixed cost
         units = max(len(layers) for layers in layers_of) + 1
         dp_comm_s += units * (2 * c.micro_batches + 1) * hardware.fsdp_collective_s
+        fixed_calls["fsdp_collective_s"] = units * (2 * c.micro_batches + 1)
     w, g, k = workload.bytes_per_param
     shard_params = worst.optimizer / k  # parameters whose optimizer states this rank updates
     optimizer_s = (
@@ -436,14 +447,18 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
 
     budget = hardware.memory_bytes * workload.memory_fraction
     step = pipeline_s + dp_comm_s + optimizer_s
-    # CPU ranks beyond the node's cores time-share them: the step takes at least the node's computing (each
-    # rank's micro-batches and its AdamW) spread over its cores. Not the step itself times ranks per core: a rank
-    # waiting in a collective or a pipeline bubble sleeps and leaves its core to the others; on the 2-core machine
-    # 4-rank hybrids measured 0.17-0.32 s, where scaling their whole step by 2 x (1 - bubble) predicted 1.5-1.6x
-    # that (docs/planner.md, "Ranks beyond the cores")
+    # CPU ranks beyond the node's cores time-share them: the step takes at least the node's CPU work (each
+    # rank's micro-batches, its AdamW, and the share of its fixed costs that calibration measured as CPU time)
+    # spread over its cores. Not the step itself times ranks per core: a rank waiting in a collective or a
+    # pipeline bubble sleeps and leaves its core to the others; on the 2-core machine 4-rank hybrids measured
+    # 0.17-0.32 s, where scaling their whole step by 2 x (1 - bubble) predicted 1.5-1.6x that (docs/planner.md,
+    # "Ranks beyond the cores")
+    work = c.micro_batches * sum(stage_compute) / len(stage_compute) + optimizer_s
+    work += sum(
+        n * getattr(hardware, name) * hardware.fixed_cost_cpu_share.get(name, 0.0) for name, n in fixed_calls.items()
+    )
     t = 1.0
     if hardware.cores_per_node and step > 0:
-        work = c.micro_batches * sum(stage_compute) / len(stage_compute) + optimizer_s
         t = max(1.0, on_node * hardware.threads_per_device * work / hardware.cores_per_node / step)
     return Estimate(
         candidate=c,
@@ -460,4 +475,5 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
         budget_bytes=budget,
         rank_memory=tuple(rank_memory),
         rank_activation_per_micro_batch=tuple(rank_per_mb),
+        rank_work_s=work,
     )

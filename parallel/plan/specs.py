@@ -34,6 +34,10 @@ class Link:
         return self.gbps * 1e9 / 8
 
 
+#: the cost model's fixed costs, each measured on a whole training step by the calibration (``<name>_s`` fields)
+FIXED_COSTS = ("ddp_bucket", "pipeline_action", "tp_collective", "fsdp_collective")
+
+
 @dataclass(frozen=True)
 class HardwareSpec:
     """One device and the links between devices, from ``topology`` (or measured: ``parallel.plan.calibrate``)."""
@@ -63,6 +67,10 @@ class HardwareSpec:
     ddp_bucket_s: float = 0.0
     """Fixed cost of one DDP gradient bucket besides the ring formula (reducer hooks, bucket copies, the exposed
     all-reduce competing with the node's compute), solved from a whole DDP step by the calibration."""
+    fixed_cost_cpu_share: dict[str, float] = field(default_factory=dict)
+    """Per fixed cost (``"tp_collective_s"`` ...), the share of it that is CPU work on the rank rather than waiting
+    for a peer: measured by the calibration from the same whole steps' process CPU time. CPU ranks beyond the
+    node's cores count it in their time-share floor (``cost_model.estimate``); absent: 0."""
     dp_comm_overlap: float = 0.0
     busy_node_slowdown: float = 1.0
     """How much slower one device computes while the other devices of its node compute too (shared
@@ -98,6 +106,13 @@ class HardwareSpec:
         for key in ("device_memory_gb", "device_tflops", "intra_node_gbps", "inter_node_gbps", "memory_gbps"):
             if float(topo.get(key, 1.0)) <= 0:
                 raise PlanError(f"topology.{key}={topo.get(key)}: must be > 0 for the planner")
+        shares = {k: float(v) for k, v in (topo.get("fixed_cost_cpu_share") or {}).items() if v}
+        for key, value in shares.items():
+            if key not in FIXED_COSTS or not 0.0 <= value <= 1.0:
+                raise PlanError(
+                    f"topology.fixed_cost_cpu_share.{key}={value}: the keys are {', '.join(FIXED_COSTS)}, each the "
+                    "share from 0 to 1 of that fixed cost that is CPU work on the rank"
+                )
         return cls(
             name=str(topo.get("name", "topology")),
             nnodes=int(topo.nnodes),
@@ -119,6 +134,7 @@ class HardwareSpec:
             dp_comm_overlap=float(topo.get("dp_comm_overlap", 0.0)),
             busy_node_slowdown=float(topo.get("busy_node_slowdown", 1.0)),
             devices_per_nic=sharing,
+            fixed_cost_cpu_share={f"{k}_s": float(v) for k, v in shares.items()},
         )
 
 
