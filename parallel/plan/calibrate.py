@@ -458,9 +458,9 @@ def solve_fixed_costs(hardware: HardwareSpec, *, compute: dict[str, Any], steps:
         t1 = estimate(candidate, model=shape, hardware=replace(base, **{name: 1e-3}), workload=workload).step_time_s
         solved[name] = max(0.0, (steps[name] - t0) / (t1 - t0) * 1e-3) if t1 > t0 else 0.0
         charged = steps[name] - t0  # the step's seconds the cost explains
-        if f"cpu_{name}" in steps and solved[name] > 0 and charged > 0:
-            # of those, the seconds the rank's process was on a CPU beyond its computing and AdamW
-            shares[name] = min(1.0, max(0.0, (steps[f"cpu_{name}"] - at_zero.rank_work_s) / charged))
+        if f"cpu_{name}" in steps:  # of those, the seconds the process was on a CPU beyond computing and AdamW
+            beyond = steps[f"cpu_{name}"] - at_zero.rank_work_s
+            shares[name] = min(1.0, max(0.0, beyond / charged)) if solved[name] > 0 and charged > 0 else 0.0
     if shares:
         solved["fixed_cost_cpu_share"] = shares
     return solved
