@@ -22,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, fields, is_dataclass, replace
 from pathlib import Path
 
@@ -244,7 +245,8 @@ def markdown(
     lines = [
         "## Planner",
         "",
-        f"`python benchmarks/planner.py --write` on this machine (gpt_small, batch {BATCH} x seq 64, {steps} steps "
+        f"`python benchmarks/planner.py --write` on this machine (finished {time.strftime('%Y-%m-%d %H:%M', time.gmtime())}"
+        f" UTC; gpt_small, batch {BATCH} x seq 64, {steps} steps "
         "per layout, median step time after the warm-up"
         + (f", the median over {rounds} rounds of the sweep" if rounds > 1 else "")
         + "; calibrated first"
@@ -269,8 +271,8 @@ def markdown(
             for r in rows
         ],
         "",
-        f"Step time error over {len(rows)} layouts: median {s['median_abs_error']:.0%} (target ≤ 15%), worst "
-        f"{s['worst_abs_error']:.0%} ({worst['layout']}; target ≤ 25%). The planner's first choice among them, "
+        f"Step time error over {len(rows)} layouts: median {s['median_abs_error']:.1%} (target ≤ 15%), worst "
+        f"{s['worst_abs_error']:.1%} ({worst['layout']}; target ≤ 25%). The planner's first choice among them, "
         f"**{s['choice']}**, measured {s['choice_vs_best']:+.0%} from the best measured layout ({s['best']}; "
         "target: within 10%).",
         "",
