@@ -17,7 +17,8 @@ from parallel.plan.specs import HardwareSpec, PlanError, Workload
 def small():
     cfg = compose(["model=gpt_small", "data.seq_len=64", "data.global_batch_size=16"])
     shape, hardware, workload = specs_from_cfg(cfg, calibrate=False)
-    return shape, replace(hardware, cores_per_node=2, devices_per_node=4, tp_collective_s=4e-3), workload
+    hardware = replace(hardware, cores_per_node=2, devices_per_node=4, tp_collective_s=4e-3, fixed_cost_cpu_share={})
+    return shape, hardware, workload
 
 
 def test_the_floor_counts_the_cpu_share_of_tp_collectives_on_four_ranks_of_two_cores(small):
