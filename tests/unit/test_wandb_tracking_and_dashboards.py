@@ -180,3 +180,21 @@ def test_init_is_retried_while_the_run_id_is_in_use(monkeypatch):
         WandbSink._init_while_id_in_use(broken, patience_s=60)
     with pytest.raises(RuntimeError, match="in use"):  # no patience left: the error stands
         WandbSink._init_while_id_in_use(lambda: (_ for _ in ()).throw(RuntimeError("id in use")), patience_s=0)
+
+
+def test_a_sink_starts_its_own_service_and_leaves_none_behind(tmp_path, monkeypatch):
+    """An inherited WANDB_SERVICE (the caller's Python wrote a report first) is not the run's service: one that
+    outlives a killed rank 0 kept the run id in use for the elastic restart. After finish, no WANDB_SERVICE is left
+    for processes started later from this one."""
+    import logging
+    import os
+
+    from trainer.observe.wandb_sink import WandbSink
+
+    monkeypatch.setenv("WANDB_SERVICE", "2-99999-tcp-localhost-9")  # a service that is not there
+    sink = WandbSink(mode="offline", project="p", run_dir=tmp_path, config={}, log=logging.getLogger("t"))
+    sink.log_metrics({"train/loss": 1.0}, step=1)
+    assert sink.ready() and sink.error is None, sink.error
+    sink.finish()
+    assert "WANDB_SERVICE" not in os.environ
+    assert len(list(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))) == 1

@@ -85,6 +85,10 @@ class WandbSink:
         )
 
     def _init(self, mode: str, kwargs: dict, settings: dict, init_timeout: float) -> None:
+        # Our own W&B service, not one inherited through WANDB_SERVICE from a process that started us (a sweep's
+        # report run in the same Python, a notebook): an inherited service outlives a killed rank 0 and kept its
+        # run id "in use" for over 15 s while the elastic restart's rank 0 waited for it (seen in the suite).
+        os.environ.pop("WANDB_SERVICE", None)
         try:
             import wandb
 
@@ -261,4 +265,9 @@ class WandbSink:
             for m, s in self._drain():
                 self._log(m, s)
             self._guard("finishing the run", lambda: self.run.finish(exit_code=exit_code))
+            import wandb
+
+            # stop the service this process started and clear its WANDB_SERVICE, which processes started
+            # from this one later would otherwise inherit (a report written in the caller's Python)
+            self._guard("stopping W&B's service", wandb.teardown)
             self.run = None
