@@ -65,5 +65,5 @@ def test_topology_shares_are_read_and_bad_ones_refused():
     cfg = compose(["topology=local_cpu", "topology.fixed_cost_cpu_share.tp_collective=0.7"])
     assert HardwareSpec.from_cfg(cfg.topology).fixed_cost_cpu_share["tp_collective_s"] == 0.7
     bad = compose(["topology=local_cpu", "topology.fixed_cost_cpu_share.fsdp_collective=1.5"])
-    with pytest.raises(PlanError, match=r"fixed_cost_cpu_share\.fsdp_collective=1\.5: the keys are ddp_bucket, "):
+    with pytest.raises(PlanError, match=r"fixed_cost_cpu_share\.fsdp_collective=1\.5: must be a share from 0 to 1"):
         HardwareSpec.from_cfg(bad.topology)
