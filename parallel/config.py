@@ -150,7 +150,7 @@ class TopologyConfig:
     """Fixed cost of one DDP gradient bucket besides the ring formula: the reducer's hooks and bucket copies, and
     the all-reduce exposed after the backward while its thread competes with the node's compute (calibrate
     measures it on a whole DDP step)."""
-    fixed_cost_cpu_share: FixedCostCpuShare = field(default_factory=lambda: FixedCostCpuShare())
+    fixed_cost_cpu_share: FixedCostCpuShare = field(default_factory=FixedCostCpuShare)
     """Of each fixed cost above, the share that is CPU work on the rank rather than waiting for a peer."""
     p2p_gbps: Optional[float] = None
     """Point-to-point bandwidth between pipeline neighbours (Gbit/s); null = the link's bandwidth."""

@@ -21,7 +21,8 @@ was measured:
   CPU seconds beyond the model's computing and AdamW over the seconds the cost explains (``fixed_cost_cpu_share``:
   the rest is waiting for the peer, which ranks sharing cores overlap with each other's work). Tiny benchmarks
   did not reproduce the costs: a pair of 16-feature TP layers gave 0-7 ms per collective run to run where
-  gpt_small's TP step spent 6.4 ms per collective in ``wait_tensor`` alone, and a 16-feature pipeline's 0.6-1.4 ms per action left gpt_small's pipelines 15-60% under-predicted;
+  gpt_small's TP step spent 6.4 ms per collective in ``wait_tensor`` alone, and a 16-feature pipeline's
+  0.6-1.4 ms per action left gpt_small's pipelines 15-60% under-predicted;
 - a busy node: the same forward + backward run by both processes at once, over the time of one of them
   alone in the same rounds (``busy_node_slowdown``): ranks of one node share memory bandwidth and caches (and on a CPU, the
   cores' turbo budget), so a rank computes slower when its neighbours compute too. On 2 cores here

@@ -431,14 +431,14 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
     if c.zero_stage == 0 and c.dp > 1:
         # DDP's reducer, per bucket: autograd hooks, copies into and out of the bucket, and the all-reduce's
         # exposed wait while gloo's thread competes with the node's compute (measured on a whole DDP step)
-        dp_comm_s += buckets * hardware.ddp_bucket_s
         fixed_calls["ddp_bucket_s"] = buckets
+        dp_comm_s += buckets * hardware.ddp_bucket_s
     if c.zero_stage >= 3 and c.dp > 1:
         # FSDP2 units (each block, and the root): all-gather for forward and again for backward on every
         # micro-batch, reduce-scatter once per step (meshtrain skips it on the others); each pays a fixed cost
         units = max(len(layers) for layers in layers_of) + 1
-        dp_comm_s += units * (2 * c.micro_batches + 1) * hardware.fsdp_collective_s
         fixed_calls["fsdp_collective_s"] = units * (2 * c.micro_batches + 1)
+        dp_comm_s += fixed_calls["fsdp_collective_s"] * hardware.fsdp_collective_s
     w, g, k = workload.bytes_per_param
     shard_params = worst.optimizer / k  # parameters whose optimizer states this rank updates
     optimizer_s = (

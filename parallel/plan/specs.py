@@ -130,7 +130,7 @@ class HardwareSpec:
             dp_comm_overlap=float(topo.get("dp_comm_overlap", 0.0)),
             busy_node_slowdown=float(topo.get("busy_node_slowdown", 1.0)),
             devices_per_nic=sharing,
-            fixed_cost_cpu_share={f"{k}_s": float(v) for k, v in shares.items()},
+            fixed_cost_cpu_share={f"{k}_s": v for k, v in shares.items()},
         )
 
 
