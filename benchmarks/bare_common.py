@@ -3,10 +3,11 @@
 The model shape (``conf/model/gpt_small.yaml``), the byte data (``TextCorpus``, the same global batch per step
 as meshtrain's), AdamW with ``conf/optim/adamw.yaml``'s lr and betas, clipping at ``trainer.grad_clip``'s 1.0,
 one thread per rank, and the timing each loop prints: one JSON line with the median steady-state tokens/s
-(steps 3 on, as meshtrain's summary), the time from launch to the end of step 1, and the step-1 loss averaged
-over the ranks that compute one (meshtrain's ``first_loss``); and the end-to-end rate of steps 2 on (every
-second of the loop after step 1, logging included: meshtrain's steady median times the step alone). Plain torch only: no meshtrain parallel or
-trainer code besides the model class and the data source.
+(steps 3 on, as meshtrain's summary), each rank's median process CPU seconds per step, the time from launch
+to the end of step 1, and the step-1 loss averaged over the ranks that compute one (meshtrain's
+``first_loss``); and the end-to-end rate of steps 2 on (every second of the loop after step 1, logging
+included: meshtrain's steady median times the step alone). Plain torch only: no meshtrain parallel or trainer
+code besides the model class and the data source.
 """
 
 from __future__ import annotations
@@ -190,27 +191,32 @@ def microbatch_loss(micro_batches: int) -> Callable[[torch.Tensor, torch.Tensor]
 
 def timed_loop(args: argparse.Namespace, train_step: Callable[[int], torch.Tensor | None], *, report: bool) -> None:
     """Run ``train_step(step)`` (batch, forward, backward, clip, update; returns the loss or None) for
-    ``args.steps`` steps; the ``report`` rank prints the JSON line. On CUDA each step ends with a
+    ``args.steps`` steps on every rank; the ``report`` rank prints the JSON line, with every rank's median
+    process CPU seconds per steady step (as meshtrain's summary). On CUDA each step ends with a
     synchronisation, so its time is the GPU's (as meshtrain's loop times it)."""
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
-    times, first_step_end, first_loss = [], None, None
+    times, cpu, first_step_end, first_loss = [], [], None, None
     started = time.perf_counter()
     for step in range(1, args.steps + 1):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         loss = train_step(step)
         sync()
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
         if first_step_end is None:
             first_step_end = time.time()
             first_loss = mean_loss(loss, device=args.device)
         elif step % 10 == 0 and loss is not None:
             loss.item()
     after_first = time.perf_counter() - started - times[0]
+    cpu_per_rank: list[float | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(cpu_per_rank, statistics.median(cpu[WARMUP_STEPS:]))
     if report:
         median = statistics.median(times[WARMUP_STEPS:])
         result = {
             "tokens_per_s": args.batch * args.seq / median,
             "median_step_time_s": median,
+            "median_step_cpu_s_per_rank": cpu_per_rank,
             "launch_to_first_step_s": first_step_end - args.launch_time,
             "first_step_s": times[0],
             "end_to_end_tokens_per_s": args.batch * args.seq * (args.steps - 1) / after_first,

@@ -8,8 +8,9 @@ interpreter. Rounds alternate the order inside each pair (bare first, then mesht
 noise hits both. Per strategy: the median (and range) over rounds of each round's ratio meshtrain / bare of
 median steady-state tokens/s (steps 3 on, as each side times its steps), of the end-to-end rate of steps 2
 on (all the loop's time after step 1: logging and between-step measurement included), and of the time from
-launch to the end of step 1 (split below the table into the start, launch to the loop, and step 1 itself);
-the step-1 losses side by side (the same seed, model and batch: they should agree to about 1e-6).
+launch to the end of step 1 (split below the table into the start, launch to the loop, and step 1 itself,
+beside the CPU seconds of each whole run and of a steady step); the step-1 losses side by side (the same
+seed, model and batch: they should agree to about 1e-6).
 
     python benchmarks/overhead.py --strategy all            # every pair, 3 rounds of 40 steps
     python benchmarks/overhead.py --strategy tp --rounds 5 --overrides tp.measure_comm=false
@@ -81,7 +82,8 @@ def run_bare(pair: Pair, *, steps: int, batch: int, seq: int, device: str, nproc
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode != 0 or not lines:
         raise RuntimeError(f"{pair.script} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
-    return json.loads(lines[-1])
+    result = json.loads(lines[-1])
+    return {**result, "step_cpu_s": sum(result["median_step_cpu_s_per_rank"])}
 
 
 def run_meshtrain(pair: Pair, *, steps: int, batch: int, seq: int, device: str, nproc: int, extra: list[str]) -> dict:
@@ -121,6 +123,8 @@ def run_meshtrain(pair: Pair, *, steps: int, batch: int, seq: int, device: str, 
         * (steps - 1)
         / (summary["wall_time_s"] - summary["time_to_first_step_s"]),
         "first_loss": summary["first_loss"],
+        "step_cpu_s": sum(summary["median_step_cpu_s_per_rank"]),
+        "median_step_cpu_s_per_rank": summary["median_step_cpu_s_per_rank"],
     }
 
 
@@ -225,12 +229,15 @@ def main(argv: list[str] | None = None) -> int:
             f"(end-to-end tokens/s ratio {statistics.median(e2e):.3f})"
         )
     print(
-        "\nTime to first step, split (medians): launch to the loop's start, then step 1 itself; and the CPU "
-        "seconds each whole run used (all its processes; load does not inflate them as it does wall time)"
+        "\nTime to first step, split (medians): launch to the loop's start, then step 1 itself; the CPU "
+        "seconds each whole run used (all its processes; load does not inflate them as it does wall time); and "
+        "the CPU milliseconds of a steady step (each rank's process median, summed over the ranks), with the "
+        "ratio meshtrain / bare per round: the host work a step costs, apart from waiting"
     )
     print(
         "\n| strategy | start bare | start meshtrain | step 1 bare | step 1 meshtrain | CPU s per run bare "
-        "| CPU s per run meshtrain |\n|---|---:|---:|---:|---:|---:|---:|"
+        "| CPU s per run meshtrain | CPU ms per step bare | CPU ms per step meshtrain | CPU-per-step ratio |"
+        "\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     for name in names:
         start = {k: [r["launch_to_first_step_s"] - r["first_step_s"] for r in v] for k, v in got[name].items()}
@@ -239,7 +246,10 @@ def main(argv: list[str] | None = None) -> int:
             f"| {name} | {statistics.median(start['bare']):.2f} s | {statistics.median(start['meshtrain']):.2f} s "
             f"| {statistics.median(step1['bare']):.2f} s | {statistics.median(step1['meshtrain']):.2f} s "
             f"| {spread([r['cpu_s'] for r in got[name]['bare']], '.1f')} "
-            f"| {spread([r['cpu_s'] for r in got[name]['meshtrain']], '.1f')} |"
+            f"| {spread([r['cpu_s'] for r in got[name]['meshtrain']], '.1f')} "
+            f"| {spread([r['step_cpu_s'] * 1e3 for r in got[name]['bare']], '.1f')} "
+            f"| {spread([r['step_cpu_s'] * 1e3 for r in got[name]['meshtrain']], '.1f')} "
+            f"| {spread([m['step_cpu_s'] / b['step_cpu_s'] for b, m in zip(got[name]['bare'], got[name]['meshtrain'])], '.3f')} |"
         )
     print("\nTargets (medians over rounds):")
     print("\n".join(targets))

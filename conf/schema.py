@@ -26,6 +26,7 @@ from models.registry import model_schemas
 from models.spec import import_object
 from parallel.config import MPConfig, ParallelConfig, PlannerConfig, TopologyConfig
 from parallel.core import dims
+from parallel.core.optimizer import IMPLEMENTATIONS
 
 #: trainer.activation_checkpointing modes (trainer.precision's values are parallel/core/precision.py's PRECISIONS)
 AC_MODES = ("none", "full", "selective")
@@ -35,6 +36,7 @@ OnNonFinite = choices("OnNonFinite", ("stop", "skip"), module=__name__)
 WandbMode = choices("WandbMode", ("offline", "online", "disabled"), module=__name__)
 WandbConsole = choices("WandbConsole", ("off", "wrap", "redirect", "auto"), module=__name__)
 Decay = choices("Decay", ("cosine", "linear", "constant"), module=__name__)
+OptimImplementation = choices("OptimImplementation", IMPLEMENTATIONS, module=__name__)
 
 
 @dataclass
@@ -171,6 +173,9 @@ class OptimConfig:
     scheduler: Optional[Any] = None
     """A torch LR scheduler as a partial ({_target_: torch.optim.lr_scheduler.StepLR, _partial_: true, ...});
     null: warmup_steps + decay."""
+    implementation: OptimImplementation = OptimImplementation["auto"]
+    """auto (torch's fused kernel where the optimizer and device have one), fused, foreach or for-loop
+    (parallel/core/optimizer.py)."""
 
 
 @dataclass
@@ -185,6 +190,7 @@ class SGDConfig:
     decay: Decay = Decay["constant"]
     min_lr_ratio: float = 1.0
     scheduler: Optional[Any] = None
+    implementation: OptimImplementation = OptimImplementation["auto"]
 
 
 @dataclass
@@ -211,8 +217,8 @@ class DebugConfig:
     """Rank 0 tears W&B's service down at this step (its calls then raise): training must go on."""
 
 
-#: keys of an optim node that configure the schedule, not the optimizer constructor
-SCHEDULE_KEYS = ("name", "warmup_steps", "decay", "min_lr_ratio", "scheduler")
+#: keys of an optim node that meshtrain reads (the schedule, the kernels), not the optimizer constructor
+NOT_OPTIMIZER_KEYS = ("name", "warmup_steps", "decay", "min_lr_ratio", "scheduler", "implementation")
 
 
 def _dimension_groups() -> list[tuple[str, type, Any]]:

@@ -5,7 +5,8 @@ was measured:
 - compute: forward + backward of the configured model (its family's builder, ``ModelSpec.resized``: a 2-block
   proxy of a model too big to build) at two micro-batch sizes; t = overhead + FLOPs / (FLOP/s) gives sustained FLOP/s and the fixed cost of one
   micro-batch (``microbatch_overhead_ms``);
-- optimizer: AdamW step + gradient clipping, as bytes moved per second (``memory_gbps``);
+- optimizer: AdamW (as the trainer builds it: fused kernels) step + gradient clipping, as bytes moved per second
+  (``memory_gbps``);
 - all-reduce: two gloo processes, two buffer sizes; t = 2α + bytes/β (ring with n = 2);
 - point-to-point: ping-pong between the same two processes; t = α + bytes/β one way;
 - four fixed costs the FLOPs and the links do not explain, each from a whole training step (forward,
@@ -36,6 +37,7 @@ noisy window of a few seconds doubled it (docs/planner.md, Calibration).
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import tempfile
@@ -184,6 +186,8 @@ def measure_compute(model_cfg: Any, *, seq_len: int, threads: int, max_rows: int
     import torch
     from omegaconf import OmegaConf
 
+    from parallel.core.optimizer import build_optimizer_over
+
     torch.set_num_threads(threads)
     spec = ModelShape.from_cfg(model_cfg)
     sizes = {"max_seq_len": max(spec.max_seq_len, seq_len)}
@@ -209,7 +213,7 @@ def measure_compute(model_cfg: Any, *, seq_len: int, threads: int, max_rows: int
     if proxy:
         overhead *= (spec.n_layers + 2) / (measured.n_layers + 2)
 
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    opt = build_optimizer_over(functools.partial(torch.optim.AdamW, lr=1e-4), model.parameters())
     step(b1)()
 
     def optimizer_step() -> None:
@@ -333,13 +337,13 @@ def _training_step(
     params: list[Any], forward_backward: Callable[[], None], *, pp_group: Any = None
 ) -> Callable[[], None]:
     """``forward_backward``, then clipping (over ``pp_group`` for a pipeline stage) and AdamW, built as the
-    trainer builds it (``foreach_for``: off for DTensor parameters)."""
+    trainer builds it by default (``build_optimizer_over``: grouped by kind, fused kernels)."""
     import torch
 
     from parallel.core.grad_clip import clip_grad_norm_
-    from parallel.core.optimizer import foreach_for
+    from parallel.core.optimizer import build_optimizer_over
 
-    opt = torch.optim.AdamW(params, lr=1e-4, foreach=foreach_for(params))
+    opt = build_optimizer_over(functools.partial(torch.optim.AdamW, lr=1e-4), params)
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)

@@ -41,12 +41,15 @@ def test_default_job_outputs(tmp_path):
     for m in metrics:
         assert {"step", "loss", "lr", "step_time_s", "tokens_per_s", "comm_fraction"} <= m.keys()
         assert m["tokens_per_s"] == pytest.approx(16 * 128 / m["step_time_s"], rel=1e-6)
+        assert 0 < m["step_cpu_s"] < 10 * m["step_time_s"]  # the process's CPU time in the step, all threads
     assert metrics[-1]["loss"] < 0.7 * metrics[0]["loss"], "loss did not fall by 30%"
 
     summary = run.summary()
     assert summary["final_loss"] == pytest.approx(metrics[-1]["loss"])
     assert summary["first_loss"] == pytest.approx(metrics[0]["loss"])
     assert summary["tokens_per_s"] > 0 and len(summary["peak_memory_bytes_per_rank"]) == 2
+    cpu = summary["median_step_cpu_s_per_rank"]
+    assert len(cpu) == 2 and all(0 < c < 10 * summary["median_step_time_s"] for c in cpu)
     layout = summary["layout"]
     assert (layout["dp"], layout["tp"], layout["pp"], layout["world_size"]) == (2, 1, 1, 2)
     assert [r["rank"] for r in layout["rank_map"]] == [0, 1]

@@ -93,6 +93,8 @@ class StepOutcome:
     grad_norm: torch.Tensor
     lr: float
     seconds: float
+    cpu_seconds: float
+    """This rank's process CPU time (all threads) during the step."""
     skipped: bool
     """Some rank went non-finite and trainer.on_nonfinite=skip dropped the update."""
     preempt: bool
@@ -199,7 +201,8 @@ class Trainer:
         """One optimizer step: forward/backward and clip, agree across ranks, update (or skip), measure."""
         if self.faults is not None and preemption is not None:
             self.faults.wait_for_stop(step, lambda: preemption.requested)
-        t0 = self.step_started = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        self.step_started = t0
         loss, grad_norm, data_s = self._forward_backward(step)
         preempt, bad_ranks = self._agree(
             preempt=bool(preemption and preemption.requested), grad_norm=grad_norm, loss=loss
@@ -209,8 +212,9 @@ class Trainer:
         if self.ctx.device.type == "cuda":
             torch.cuda.synchronize(self.ctx.device)
         dt = time.perf_counter() - t0
+        cpu_s = time.process_time() - cpu0
         extras = self.engine.step_metrics()
-        self.stats.add(dt, self.tokens_per_step)
+        self.stats.add(dt, self.tokens_per_step, cpu_s=cpu_s)
         self.data_wait_s += data_s
         self.step_time_total_s += dt
         if self.first_step_s is None:
@@ -223,6 +227,7 @@ class Trainer:
             grad_norm=grad_norm,
             lr=lr,
             seconds=dt,
+            cpu_seconds=cpu_s,
             skipped=bool(bad_ranks),
             preempt=preempt,
             extras=extras,
@@ -274,6 +279,7 @@ class Trainer:
                 "loss": value,
                 "lr": outcome.lr,
                 "step_time_s": outcome.seconds,
+                "step_cpu_s": outcome.cpu_seconds,
                 "tokens_per_s": self.tokens_per_step / outcome.seconds,
                 "grad_norm": float(outcome.grad_norm),
                 "data_time_s": outcome.data_seconds,
@@ -458,7 +464,11 @@ class Trainer:
 
     def _summary(self, *, wall: float) -> dict[str, Any]:
         ctx = self.ctx
-        mine = (peak_memory_bytes(ctx.device), model_state_bytes(list(self.engine.parameters()), self.optimizer))
+        mine = (
+            peak_memory_bytes(ctx.device),
+            model_state_bytes(list(self.engine.parameters()), self.optimizer),
+            self.stats.median_step_cpu_s(),
+        )
         gathered = [mine]
         if ctx.world_size > 1:
             gathered = [None] * ctx.world_size
@@ -481,6 +491,8 @@ class Trainer:
             "final_loss": self.last_loss,
             "tokens_per_s": self.stats.median_tokens_per_s(),
             "median_step_time_s": self.stats.median_step_time(),
+            # each rank's process CPU seconds per steady step: the host's work, apart from waiting
+            "median_step_cpu_s_per_rank": [g[2] for g in gathered],
             "time_to_first_step_s": self.first_step_s,
             "data_time_s_total": self.data_wait_s,
             "data_wait_fraction": self.data_wait_s / self.step_time_total_s if self.step_time_total_s else None,

@@ -20,22 +20,23 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch.optim import lr_scheduler
 
-from conf.schema import SCHEDULE_KEYS
-from parallel.core.optimizer import foreach_for
+from conf.schema import NOT_OPTIMIZER_KEYS
+from parallel.core.optimizer import build_optimizer_over
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: DictConfig) -> torch.optim.Optimizer:
+    """``cfg``'s optimizer over ``params``, grouped by kind and with ``optim.implementation``'s kernels
+    (parallel/core/optimizer.py)."""
     kwargs = {
-        k: v for k, v in OmegaConf.to_container(cfg, resolve=True, enum_to_str=True).items() if k not in SCHEDULE_KEYS
+        k: v
+        for k, v in OmegaConf.to_container(cfg, resolve=True, enum_to_str=True).items()
+        if k not in NOT_OPTIMIZER_KEYS
     }
     kwargs["_partial_"] = True
     if "betas" in kwargs:
         kwargs["betas"] = tuple(kwargs["betas"])
-    params = list(params)
-    if foreach_for(params) is False:
-        kwargs.setdefault("foreach", False)
     factory = instantiate(kwargs, _convert_="all")
-    return factory(params)
+    return build_optimizer_over(factory, params, implementation=str(cfg.get("implementation", "auto")))
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: DictConfig, *, max_steps: int) -> lr_scheduler.LRScheduler:

@@ -66,16 +66,20 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 
 class StepStats:
-    """Per-step timings kept on rank 0 for the summary (medians skip the warm-up steps)."""
+    """Per-step timings of this rank for the summary (medians skip the warm-up steps)."""
 
     def __init__(self, *, warmup: int = 2):
         self.warmup = warmup
         self.step_times: list[float] = []
         self.tokens_per_s: list[float] = []
+        self.step_cpu_s: list[float] = []
+        """The process's CPU seconds (all its threads) during each step: the host work a step costs, which a
+        busy or shared machine inflates far less than the wall time."""
 
-    def add(self, step_time: float, tokens: int) -> None:
+    def add(self, step_time: float, tokens: int, *, cpu_s: float) -> None:
         self.step_times.append(step_time)
         self.tokens_per_s.append(tokens / max(step_time, 1e-12))
+        self.step_cpu_s.append(cpu_s)
 
     def _steady(self, values: list[float]) -> list[float]:
         return values[self.warmup :] if len(values) > self.warmup else values
@@ -86,4 +90,8 @@ class StepStats:
 
     def median_tokens_per_s(self) -> float:
         v = self._steady(self.tokens_per_s)
+        return statistics.median(v) if v else float("nan")
+
+    def median_step_cpu_s(self) -> float:
+        v = self._steady(self.step_cpu_s)
         return statistics.median(v) if v else float("nan")
