@@ -11,8 +11,8 @@ How one rank gets its engine (``build_pipeline_engine``), in order:
    gradient of the global mean loss (torch's default ``scale_grads=True`` divides the accumulated gradients
    after the fact instead; torchtitan#1733);
 5. measure: every F/B/W action timed on its stage (``parallel/pipeline/timing.py``); per step the pp group
-   exchanges a few numbers to give the measured bubble, per-stage busy time, imbalance, bytes sent and
-   peak activation memory; at ``pp.trace_step`` every rank's actions go to rank 0, which writes a Chrome
+   exchanges a few numbers to give the measured bubble, per-stage busy time, imbalance and bytes sent, and
+   on the loop's logged steps the peak activation memory; at ``pp.trace_step`` every rank's actions go to rank 0, which writes a Chrome
    trace and a Gantt PNG (``parallel/pipeline/timeline.py``).
 
 ``parallel=mp`` is the same machinery with its registry entry's ``FixedPipeline`` (one micro-batch, GPipe, blocks
@@ -152,7 +152,7 @@ class PipelineEngine(Engine):
         self.steps += 1
         losses: list[torch.Tensor] | None = [] if self.has_last else None
         args = (inputs,) if self.has_first else ()
-        self.recorder.begin_step()
+        self.recorder.begin_step(count_saved=self.measure_step)
         with self.tp_meter.step(self.measure_step):
             self.schedule.step(*args, target=targets if self.has_last else None, losses=losses)
         self._last = self.recorder.end_step()
@@ -176,7 +176,7 @@ class PipelineEngine(Engine):
         saved = self.schedule.pipeline_order_with_comms if runtime else None
         if runtime:
             self._use_forward_only_order()
-        self.recorder.begin_step()
+        self.recorder.begin_step(count_saved=False)  # no gradients: nothing is saved for backward
         try:
             with torch.no_grad():
                 self.schedule.eval(*args, target=targets if self.has_last else None, losses=losses)

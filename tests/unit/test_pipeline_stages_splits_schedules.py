@@ -205,6 +205,20 @@ def test_recorder_times_every_action_and_tracks_saved_activation_bytes():
     assert step.peak_live_activation_bytes[1] >= 2 * per_mb - 4 * 16 * 64  # GELU may save its output instead
     assert step.peak_live_activation_bytes[1] <= 2 * (per_mb + 4 * 16 * 64)
 
+    # a step the loop does not log: the same actions timed, no saved-tensor hooks, nothing counted
+    rec.begin_step(count_saved=False)
+    rec._counting_saved = _refuse_hooks  # the hooks' context must not be entered
+    losses = [loss_fn(stage.forward_one_chunk(i, x[i]), y[i]) for i in range(2)]
+    for i in range(2):
+        stage.backward_one_chunk(i, loss=losses[i])
+    quiet = rec.end_step()
+    assert [a.label for a in quiet.actions] == ["F0", "F1", "B0", "B1"]
+    assert quiet.peak_live_activation_bytes == {}
+
+
+def _refuse_hooks(params):
+    raise AssertionError("saved-tensor hooks entered on a step that counts nothing")
+
 
 def test_bubble_parts_charge_a_slow_stage_to_imbalance():
     """GPipe, 2 stages, m=4, stage 1 twice as slow as stage 0: the replay, worked by hand below."""
