@@ -14,6 +14,11 @@ seed, model and batch: they should agree to about 1e-6).
 
     python benchmarks/overhead.py --strategy all            # every pair, 3 rounds of 40 steps
     python benchmarks/overhead.py --strategy tp --rounds 5 --overrides tp.measure_comm=false
+    python benchmarks/overhead.py --strategy all --control   # the hand-written loop on both sides
+
+``--control`` runs the hand-written loop in meshtrain's place too: the ratios two identical runs show on this
+machine, the noise any meshtrain / hand-written ratio carries (the "meshtrain" columns are then the second
+hand-written run).
 
 Targets: tokens/s ratio >= 1.0 and time-to-first-step ratio <= 1.0.
 """
@@ -167,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overrides", nargs="*", default=[], help="extra train.py overrides (meshtrain side)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: NCCL, one GPU per rank")
     ap.add_argument(
+        "--control", action="store_true", help="the hand-written loop on both sides: the noise floor of a ratio"
+    )
+    ap.add_argument(
         "--nproc", type=int, default=None, help="ranks per run instead of the pair's own (1: one GPU, ddp/fsdp)"
     )
     args = ap.parse_args(argv)
@@ -183,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             sides = ("bare", "meshtrain") if r % 2 == 0 else ("meshtrain", "bare")
             for side in sides:
                 cpu = children_cpu_s()
-                if side == "bare":
+                if side == "bare" or args.control:
                     result = run_bare(pair, **shape, **where)
                 else:
                     result = run_meshtrain(pair, **shape, **where, extra=args.overrides)
@@ -202,6 +210,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.device}"
         + (f", {args.nproc} rank(s) per run" if args.nproc else "")
         + (f"; train.py overrides: {' '.join(args.overrides)}" if args.overrides else "")
+        + (
+            "; CONTROL: the hand-written loop on both sides (the meshtrain columns are its second run)"
+            if args.control
+            else ""
+        )
     )
     print(
         "\n| strategy | tokens/s bare | tokens/s meshtrain | tokens/s ratio | first step bare | "
