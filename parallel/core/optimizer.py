@@ -9,10 +9,11 @@ Two choices a hand-written loop leaves to torch's defaults, made here once:
   path. The groups share every setting; checkpoints key optimizer state by parameter name, so the grouping
   never reaches a checkpoint.
 - **The implementation** (``optim.implementation``): ``auto`` picks torch's fused kernel where the optimizer
-  has one (AdamW, Adam, SGD, Adagrad) and every parameter is on a device torch fuses on (``FUSED_DEVICES``),
-  as torchtitan does; otherwise torch's own default (foreach on CUDA, the loop on CPU). On this machine a fused
-  AdamW step over gpt_small took 0.6 ms against 2.3 ms for the loop, and over TP's DTensors 0.8 against 4.7 ms
-  (docs/performance.md, "The optimizer"). ``fused``, ``foreach`` and ``for-loop`` ask for one.
+  has one (AdamW, Adam, SGD, Adagrad; over DTensors only those in ``FUSED_OVER_DTENSORS``) and every parameter
+  is on a device torch fuses on (``FUSED_DEVICES``), as torchtitan does; otherwise torch's own default (foreach
+  on CUDA, the loop on CPU). On this machine a fused AdamW step over gpt_small took 0.6 ms against 2.3 ms for
+  the loop, and over TP's DTensors 0.8 against 4.6 ms (docs/performance.md, "The optimizer"). ``fused``,
+  ``foreach`` and ``for-loop`` ask for one.
 
 No torch import at module level: the config schema reads ``IMPLEMENTATIONS``.
 """
@@ -32,6 +33,11 @@ IMPLEMENTATIONS = ("auto", "fused", "foreach", "for-loop")
 
 #: devices whose parameters ``auto`` updates with torch's fused kernels (torch 2.6+ has them on both)
 FUSED_DEVICES = ("cpu", "cuda")
+
+#: optimizers whose fused kernel DTensor can shard: torch 2.13 registers ``_fused_adam_`` and ``_fused_adamw_``
+#: only (torch/distributed/tensor/_ops/_pointwise_ops.py); SGD's or Adagrad's fused kernel over FSDP2's or TP's
+#: parameters fails at the first step
+FUSED_OVER_DTENSORS = ("Adam", "AdamW")
 
 
 def param_groups_by_kind(params: Iterable[torch.Tensor]) -> list[dict[str, Any]]:
@@ -54,9 +60,11 @@ def implementation_kwargs(
         return {}
     accepts = inspect.signature(optimizer_cls).parameters
     name = getattr(optimizer_cls, "__name__", str(optimizer_cls))
+    distributed = any(type(p).__name__ == "DTensor" for p in params)
+    sharded_fused = not distributed or _fused_over_dtensors(optimizer_cls)
     if implementation == "auto":
         fusable = all(p.device.type in FUSED_DEVICES and p.is_floating_point() for p in params)
-        return {"fused": True} if "fused" in accepts and fusable else {}
+        return {"fused": True} if "fused" in accepts and fusable and sharded_fused else {}
     if implementation == "for-loop":
         return {"foreach": False} if "foreach" in accepts else {}
     if implementation not in accepts:
@@ -64,7 +72,18 @@ def implementation_kwargs(
             f"optim.implementation={implementation}: {name} takes no `{implementation}` argument; "
             f"use optim.implementation=auto or for-loop"
         )
+    if implementation == "fused" and not sharded_fused:
+        raise ValueError(
+            f"optim.implementation=fused: torch shards the fused kernel of {', '.join(FUSED_OVER_DTENSORS)} "
+            f"only, and this run's {name} updates DTensor parameters (FSDP2 or TP); use optim.implementation=auto "
+            f"or foreach"
+        )
     return {implementation: True}
+
+
+def _fused_over_dtensors(optimizer_cls: Callable[..., Any]) -> bool:
+    """Whether the class is (or derives from) one whose fused kernel DTensor shards."""
+    return any(getattr(c, "__name__", "") in FUSED_OVER_DTENSORS for c in getattr(optimizer_cls, "__mro__", ()))
 
 
 def build_optimizer_over(

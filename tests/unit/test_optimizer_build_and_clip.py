@@ -52,6 +52,23 @@ def test_implementation_arguments_follow_the_setting_the_class_and_what_the_user
         implementation_kwargs(torch.optim.RMSprop, plain, implementation="fused")
 
 
+def test_fused_over_dtensors_only_where_torch_shards_the_kernel(gloo_one_rank):
+    """torch registers DTensor rules for Adam's and AdamW's fused kernels only: SGD over FSDP2's or TP's
+    parameters takes torch's default under auto, and an explicit fused is refused before the first step."""
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
+    mixed = [*_sharded(_params(2), mesh), *_params(1)]
+    assert implementation_kwargs(torch.optim.AdamW, mixed, implementation="auto") == {"fused": True}
+    assert implementation_kwargs(torch.optim.SGD, mixed, implementation="auto") == {}
+    assert implementation_kwargs(torch.optim.SGD, _params(), implementation="auto") == {"fused": True}
+    with pytest.raises(ValueError, match=r"fused kernel of Adam, AdamW only, and this run's SGD updates DTensor"):
+        implementation_kwargs(torch.optim.SGD, mixed, implementation="fused")
+    for p in mixed:
+        p.grad = torch.ones_like(p)
+    sgd = build_optimizer_over(functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9), mixed)
+    sgd.step()  # torch's default kernels over the shards and the plain tensor
+    assert float(mixed[2].detach().sum()) == pytest.approx(float(_params(1)[0].sum()) - 0.1 * mixed[2].numel())
+
+
 @pytest.mark.parametrize("implementation", ["auto", "foreach", "for-loop"])
 def test_grouped_fused_or_foreach_updates_match_torchs_loop_over_plain_tensors(gloo_one_rank, implementation):
     """TP's mix (shards beside plain tensors) updated in one optimizer: the same parameters as torch's
