@@ -78,6 +78,8 @@ SPACE: dict[str, tuple[list, list]] = {
     "optim.decay": (["cosine", "constant"], ["linearr", "linear"]),
     "optim.min_lr_ratio": ([0.1, 1.0, 0.0], [1.5, -0.1]),
     "optim.warmup_steps": ([0, 1], [-1]),
+    # fused: refused with SGD over FSDP2's or TP's DTensors (torch shards Adam's and AdamW's kernel only)
+    "optim.implementation": (["auto", "fused", "foreach", "for-loop"], ["fast", "loop"]),
     "trainer.max_steps": ([2], [0, -3]),
     "trainer.log_every": ([1], [0]),
     "trainer.checkpoint_every": ([0, 1], [-1]),

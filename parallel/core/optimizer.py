@@ -55,30 +55,42 @@ def implementation_kwargs(
 ) -> dict[str, bool]:
     """The ``fused`` / ``foreach`` arguments for ``implementation``; none where the optimizer's own arguments
     (``given``, e.g. ``optim.foreach=true``) already choose. Raises ValueError for an implementation the class
-    lacks."""
+    lacks (``implementation_problem``)."""
     if {"fused", "foreach"} & set(given):
         return {}
     accepts = inspect.signature(optimizer_cls).parameters
-    name = getattr(optimizer_cls, "__name__", str(optimizer_cls))
     distributed = any(type(p).__name__ == "DTensor" for p in params)
-    sharded_fused = not distributed or _fused_over_dtensors(optimizer_cls)
     if implementation == "auto":
         fusable = all(p.device.type in FUSED_DEVICES and p.is_floating_point() for p in params)
+        sharded_fused = not distributed or _fused_over_dtensors(optimizer_cls)
         return {"fused": True} if "fused" in accepts and fusable and sharded_fused else {}
     if implementation == "for-loop":
         return {"foreach": False} if "foreach" in accepts else {}
-    if implementation not in accepts:
-        raise ValueError(
+    problem = implementation_problem(optimizer_cls, implementation=implementation, over_dtensors=distributed)
+    if problem:
+        raise ValueError(problem)
+    return {implementation: True}
+
+
+def implementation_problem(optimizer_cls: Callable[..., Any], *, implementation: str, over_dtensors: bool) -> str:
+    """Why ``optim.implementation=<implementation>`` cannot build ``optimizer_cls`` (over DTensor parameters when
+    ``over_dtensors``), as the error says it; "" when it can. Validation asks it before any worker starts, the
+    build again over the real parameters."""
+    if implementation in ("auto", "for-loop"):
+        return ""
+    name = getattr(optimizer_cls, "__name__", str(optimizer_cls))
+    if implementation not in inspect.signature(optimizer_cls).parameters:
+        return (
             f"optim.implementation={implementation}: {name} takes no `{implementation}` argument; "
             f"use optim.implementation=auto or for-loop"
         )
-    if implementation == "fused" and not sharded_fused:
-        raise ValueError(
+    if implementation == "fused" and over_dtensors and not _fused_over_dtensors(optimizer_cls):
+        return (
             f"optim.implementation=fused: torch shards the fused kernel of {', '.join(FUSED_OVER_DTENSORS)} "
             f"only, and this run's {name} updates DTensor parameters (FSDP2 or TP); use optim.implementation=auto "
             f"or foreach"
         )
-    return {implementation: True}
+    return ""
 
 
 def _fused_over_dtensors(optimizer_cls: Callable[..., Any]) -> bool:

@@ -134,6 +134,39 @@ def test_what_a_worker_would_reject_is_refused(compose_cfg, override, expected):
     assert expected in _problems(compose_cfg(override))
 
 
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (
+            ("parallel=fsdp", "optim=sgd", "optim.implementation=fused"),
+            "optim.implementation=fused: torch shards the fused kernel of Adam, AdamW only, and this run's SGD "
+            "updates DTensor parameters (FSDP2 or TP); use optim.implementation=auto or foreach",
+        ),
+        (("parallel=tp", "optim=sgd", "optim.implementation=fused"), "this run's SGD updates DTensor parameters"),
+        (
+            ("optim._target_=torch.optim.RMSprop", "optim.implementation=fused"),
+            "optim.implementation=fused: RMSprop takes no `fused` argument; use optim.implementation=auto or for-loop",
+        ),
+        (("optim._target_=torch.optim.LBFGS", "optim.implementation=foreach"), "LBFGS takes no `foreach` argument"),
+    ],
+)
+def test_an_optimizer_kernel_the_class_or_layout_lacks_is_refused(compose_cfg, overrides, expected):
+    assert expected in _problems(compose_cfg(*overrides))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("parallel=ddp", "optim=sgd", "optim.implementation=fused"),  # plain tensors: SGD's fused kernel runs
+        ("parallel=fsdp", "optim.implementation=fused"),  # AdamW's fused kernel over DTensors
+        ("parallel=tp", "optim=sgd", "optim.implementation=foreach"),
+        ("parallel=fsdp", "optim=sgd", "optim.implementation=fused", "+optim.fused=false"),  # its own argument wins
+    ],
+)
+def test_an_optimizer_kernel_the_class_and_layout_have_is_accepted(compose_cfg, overrides):
+    validate(compose_cfg(*overrides), environ={})
+
+
 def test_grad_clip_off_values_are_accepted(compose_cfg):
     for value in ("0", "-1", "inf"):
         validate(compose_cfg(f"trainer.grad_clip={value}"), environ={})

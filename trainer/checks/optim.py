@@ -1,10 +1,14 @@
 """``optim.*``: hyper-parameters torch.optim and the lr schedule would reject (or silently misuse) in a worker.
-``optim.decay`` is enum-typed by the schema (conf/schema.py): a wrong value fails at compose. No torch import."""
+``optim.decay`` and ``optim.implementation`` are enum-typed by the schema (conf/schema.py): a wrong value fails at
+compose. No torch import, except to read the optimizer class's arguments when ``optim.implementation`` asks for
+``fused`` or ``foreach``."""
 
 from __future__ import annotations
 
 from omegaconf import DictConfig, ListConfig
 
+from models.spec import import_object
+from parallel.core.optimizer import implementation_problem
 from trainer.checks.findings import Findings, finite, number
 
 
@@ -40,3 +44,22 @@ def check_optim(cfg: DictConfig, layout: object, f: Findings) -> None:
     warm = o.get("warmup_steps", 0)
     ok = isinstance(warm, int) and warm >= 0
     f.require("optim.warmup_steps", warm, ok, "must be an integer >= 0 (0: no warm-up)")
+    check_implementation(cfg, layout, f)
+
+
+def check_implementation(cfg: DictConfig, layout: object, f: Findings) -> None:
+    """``optim.implementation=fused|foreach`` the optimizer class has no kernel for, on this layout's parameters
+    (DTensors under FSDP2 or TP): refused here rather than at the workers' first build."""
+    o = cfg.optim
+    implementation = str(o.get("implementation", "auto"))
+    if implementation in ("auto", "for-loop") or {"fused", "foreach"} & set(o) or "_target_" not in o:
+        return  # torch's defaults, or the optimizer's own fused/foreach argument, which wins
+    try:
+        cls = import_object(str(o._target_))
+    except (ImportError, AttributeError, ValueError) as exc:
+        f.error(f"optim._target_={o._target_}: cannot be imported ({exc}); name a torch.optim class or your own")
+        return
+    over_dtensors = bool(getattr(layout, "dp_shard", False)) or getattr(layout, "tp", 1) > 1
+    problem = implementation_problem(cls, implementation=implementation, over_dtensors=over_dtensors)
+    if problem:
+        f.error(problem)
