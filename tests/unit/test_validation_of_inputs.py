@@ -148,6 +148,10 @@ def test_what_a_worker_would_reject_is_refused(compose_cfg, override, expected):
             "optim.implementation=fused: RMSprop takes no `fused` argument; use optim.implementation=auto or for-loop",
         ),
         (("optim._target_=torch.optim.LBFGS", "optim.implementation=foreach"), "LBFGS takes no `foreach` argument"),
+        (
+            ("optim._target_=torch.optim.NoSuchOptimizer", "optim.implementation=fused"),
+            "optim._target_=torch.optim.NoSuchOptimizer: cannot be imported",
+        ),
     ],
 )
 def test_an_optimizer_kernel_the_class_or_layout_lacks_is_refused(compose_cfg, overrides, expected):

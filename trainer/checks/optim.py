@@ -59,7 +59,7 @@ def check_implementation(cfg: DictConfig, layout: object, f: Findings) -> None:
     except (ImportError, AttributeError, ValueError) as exc:
         f.error(f"optim._target_={o._target_}: cannot be imported ({exc}); name a torch.optim class or your own")
         return
-    over_dtensors = bool(getattr(layout, "dp_shard", False)) or getattr(layout, "tp", 1) > 1
+    over_dtensors = layout.dp_shard or layout.tp > 1
     problem = implementation_problem(cls, implementation=implementation, over_dtensors=over_dtensors)
     if problem:
         f.error(problem)
