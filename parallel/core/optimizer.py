@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 #: ``optim.implementation``'s values (conf/schema.py types the key with them)
 IMPLEMENTATIONS = ("auto", "fused", "foreach", "for-loop")
 
+#: the implementations that are an optimizer constructor's argument (``fused=True``, ``foreach=True``); the user's own
+#: ``+optim.fused`` / ``+optim.foreach`` wins over ``optim.implementation``
+KERNEL_ARGUMENTS = ("fused", "foreach")
+
 #: devices whose parameters ``auto`` updates with torch's fused kernels (torch 2.6+ has them on both)
 FUSED_DEVICES = ("cpu", "cuda")
 
@@ -56,7 +60,7 @@ def implementation_kwargs(
     """The ``fused`` / ``foreach`` arguments for ``implementation``; none where the optimizer's own arguments
     (``given``, e.g. ``optim.foreach=true``) already choose. Raises ValueError for an implementation the class
     lacks (``implementation_problem``)."""
-    if {"fused", "foreach"} & set(given):
+    if set(KERNEL_ARGUMENTS) & set(given):
         return {}
     accepts = inspect.signature(optimizer_cls).parameters
     distributed = any(type(p).__name__ == "DTensor" for p in params)
@@ -76,7 +80,7 @@ def implementation_problem(optimizer_cls: Callable[..., Any], *, implementation:
     """Why ``optim.implementation=<implementation>`` cannot build ``optimizer_cls`` (over DTensor parameters when
     ``over_dtensors``), as the error says it; "" when it can. Validation asks it before any worker starts, the
     build again over the real parameters."""
-    if implementation in ("auto", "for-loop"):
+    if implementation not in KERNEL_ARGUMENTS:
         return ""
     name = getattr(optimizer_cls, "__name__", str(optimizer_cls))
     if implementation not in inspect.signature(optimizer_cls).parameters:

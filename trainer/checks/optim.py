@@ -8,7 +8,7 @@ from __future__ import annotations
 from omegaconf import DictConfig, ListConfig
 
 from models.spec import import_object
-from parallel.core.optimizer import implementation_problem
+from parallel.core.optimizer import KERNEL_ARGUMENTS, implementation_problem
 from trainer.checks.findings import Findings, finite, number
 
 
@@ -52,7 +52,7 @@ def check_implementation(cfg: DictConfig, layout: object, f: Findings) -> None:
     (DTensors under FSDP2 or TP): refused here rather than at the workers' first build."""
     o = cfg.optim
     implementation = str(o.get("implementation", "auto"))
-    if implementation in ("auto", "for-loop") or {"fused", "foreach"} & set(o) or "_target_" not in o:
+    if implementation not in KERNEL_ARGUMENTS or set(KERNEL_ARGUMENTS) & set(o) or "_target_" not in o:
         return  # torch's defaults, or the optimizer's own fused/foreach argument, which wins
     try:
         cls = import_object(str(o._target_))
