@@ -1,0 +1,53 @@
+"""The decoders' cheap kernels give the textbook numbers: the complex-multiply rotary embedding against the
+real-valued pair rotation, and SDPA's ``enable_gqa`` against key/value heads copied ``n_rep`` times (forward and
+backward)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from models.llama.model import apply_rotary, causal_attention, rotary_table
+
+
+def _rotate_pairs(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    pairs = x.float().reshape(*x.shape[:-1], -1, 2)
+    cos, sin = table[:, None, :, 0], table[:, None, :, 1]
+    x0, x1 = pairs[..., 0], pairs[..., 1]
+    return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2).type_as(x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_complex_rotary_equals_the_pair_rotation(dtype):
+    torch.manual_seed(0)
+    table = rotary_table(16, 32, 10000.0)
+    x = torch.randn(2, 32, 3, 16, dtype=dtype, requires_grad=True)
+    out = apply_rotary(x, table)
+    expected = _rotate_pairs(x, table)
+    assert out.dtype == dtype and out.shape == x.shape
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+    (grad,) = torch.autograd.grad(out.float().pow(2).sum(), x)
+    (grad_expected,) = torch.autograd.grad(expected.float().pow(2).sum(), x)
+    torch.testing.assert_close(grad, grad_expected, rtol=1e-5, atol=1e-5)
+
+
+def test_shared_kv_heads_equal_copied_heads_forward_and_backward():
+    torch.manual_seed(0)
+    q = torch.randn(2, 24, 8, 16, requires_grad=True)
+    k = torch.randn(2, 24, 2, 16, requires_grad=True)
+    v = torch.randn(2, 24, 2, 16, requires_grad=True)
+    out = causal_attention(q, k, v)
+    copied = F.scaled_dot_product_attention(
+        q.transpose(1, 2),
+        k.repeat_interleave(4, dim=2).transpose(1, 2),
+        v.repeat_interleave(4, dim=2).transpose(1, 2),
+        is_causal=True,
+    ).transpose(1, 2)
+    assert out.shape == q.shape
+    torch.testing.assert_close(out, copied, rtol=1e-5, atol=1e-6)
+    weights = torch.randn_like(out)
+    grads = torch.autograd.grad((out * weights).sum(), (q, k, v))
+    grads_copied = torch.autograd.grad((copied * weights).sum(), (q, k, v))
+    for g, e in zip(grads, grads_copied):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
