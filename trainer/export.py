@@ -6,7 +6,10 @@ DCP reassembles every full tensor from whichever shards hold it (any dp/tp/pp la
 family's adapter (``ModelSpec.hf_adapter``) names them and writes ``config.json`` (over the config.json the run
 started from, if it did: token ids and context length kept). OUT gets ``config.json``, ``generation_config.json``,
 ``model.safetensors`` (shards and an index past ``--max-shard-size``) and the run's tokenizer
-(``trainer/hf/tokenizer.py``). Weights are written in fp32.
+(``trainer/hf/tokenizer.py``), whose bos/eos/pad and context length agree with config.json's. Weights are written
+in fp32, or bf16 with ``--dtype bf16``. A non-empty OUT is refused unless ``--overwrite``, which first removes the
+weight files, index and tokenizer files an earlier export left there (a loader globbing ``*.safetensors`` would
+read stale shards beside the new file).
 """
 
 from __future__ import annotations
@@ -23,8 +26,13 @@ from omegaconf import OmegaConf
 from models.hf_adapter import HFConfigError
 from models.registry import spec_for
 from trainer.checkpoint.files import MARKER, CheckpointError, checkpoints_root, complete_checkpoints, read_marker
-from trainer.hf.folder import CONFIG, GENERATION_CONFIG, MAX_SHARD_BYTES, HFFolderError, write_weights
-from trainer.hf.tokenizer import write_tokenizer
+from trainer.hf.folder import CONFIG, GENERATION_CONFIG, INDEX, MAX_SHARD_BYTES, HFFolderError, write_weights
+from trainer.hf.tokenizer import TOKENIZER_FILES, reconcile, write_tokenizer
+
+#: --dtype NAME -> (torch dtype name, config.json's "dtype")
+DTYPES = {"fp32": ("float32", "float32"), "bf16": ("bfloat16", "bfloat16")}
+#: files of an earlier export (or a save_pretrained) that --overwrite removes before writing
+STALE_PATTERNS = ("*.safetensors", "*.bin", "*.bin.index.json", INDEX, CONFIG, GENERATION_CONFIG, *TOKENIZER_FILES)
 
 
 class ExportError(ValueError):
@@ -77,27 +85,73 @@ def starting_config(model: dict[str, Any], name: str) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path is not None and path.is_file() else None
 
 
-def export(src: str | Path, out: str | Path, *, max_shard_bytes: int = MAX_SHARD_BYTES, log=print) -> Path:
+def prepare_target(out: str | Path, *, overwrite: bool) -> Path:
+    """``out``, created; a non-empty one refused unless ``overwrite``, which removes an earlier export's files."""
+    target = Path(out).expanduser()
+    if target.exists() and not target.is_dir():
+        raise ExportError(f"--hf {out}: is a file, not a folder; give a folder to write the model into")
+    present = sorted(p.name for p in target.iterdir()) if target.is_dir() else []
+    if present and not overwrite:
+        shown = ", ".join(present[:6]) + (f" and {len(present) - 6} more" if len(present) > 6 else "")
+        raise ExportError(
+            f"--hf {out}: the folder is not empty ({shown}); give an empty or new folder, or add --overwrite to "
+            "replace the model in it (its weight files, index, configs and tokenizer are removed first)"
+        )
+    for pattern in STALE_PATTERNS:
+        for path in target.glob(pattern):
+            if path.is_file():
+                path.unlink()
+    target.mkdir(parents=True, exist_ok=True)
+    return target
+
+
+def context_length(config: dict[str, Any]) -> int:
+    """The context length config.json declares (GPT-2 names it n_positions)."""
+    return int(config.get("max_position_embeddings") or config["n_positions"])
+
+
+def export(
+    src: str | Path,
+    out: str | Path,
+    *,
+    max_shard_bytes: int = MAX_SHARD_BYTES,
+    dtype: str = "fp32",
+    overwrite: bool = False,
+    log=print,
+) -> Path:
     """Write the Hugging Face folder ``out`` from the checkpoint ``src`` names; returns ``out``."""
+    import torch
+
+    if dtype not in DTYPES:
+        raise ExportError(f"--dtype {dtype}: not one of {', '.join(DTYPES)}")
     checkpoint = find_checkpoint(src)
     model = read_marker(checkpoint)["model"]
     adapter = spec_for(model).hf_adapter_obj()
     config = adapter.hf_config(model, base=starting_config(model, CONFIG))
-    state = {k: v.float() for k, v in full_state(checkpoint).items()}
+    config["dtype"] = DTYPES[dtype][1]
+    target = prepare_target(out, overwrite=overwrite)
+    cast = getattr(torch, DTYPES[dtype][0])
+    state = {k: v.to(cast) for k, v in full_state(checkpoint).items()}
     tensors = adapter.to_hf(state, model)
-    target = Path(out).expanduser()
-    target.mkdir(parents=True, exist_ok=True)
     run = run_config(checkpoint)
     tokenizer = write_tokenizer(target, data=run.data if run is not None else None, model=model)
     if tokenizer and tokenizer["eos_token_id"] is not None and config.get("eos_token_id") is None:
         config["eos_token_id"] = tokenizer["eos_token_id"]
-    generation = starting_config(model, GENERATION_CONFIG) or {
-        k: config.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")
-    }
+    if tokenizer:
+        start = model.get("init_from")
+        reconcile(
+            target,
+            config,
+            context=context_length(config),
+            start=Path(str(start)).expanduser() if start else None,
+            default_eos=tokenizer.get("default_eos"),
+        )
+    generation = {**(starting_config(model, GENERATION_CONFIG) or {})}
+    generation.update({k: config.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")})
     (target / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     (target / GENERATION_CONFIG).write_text(json.dumps(generation, indent=2) + "\n")
     files = write_weights(target, tensors, max_shard_bytes=max_shard_bytes)
-    log(f"exported {checkpoint} ({model.get('name')}, {adapter.architecture}) to {target}: {', '.join(files)}")
+    log(f"exported {checkpoint} ({model.get('name')}, {adapter.architecture}, {dtype}) to {target}: {', '.join(files)}")
     log(f"tokenizer: {tokenizer['source'] if tokenizer else 'none (the run data names no tokenizer meshtrain knows)'}")
     return target
 
@@ -117,9 +171,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("src", help="a run folder (its newest checkpoint) or a checkpoints/step_N folder")
     p.add_argument("--hf", required=True, metavar="OUT", help="the Hugging Face model folder to write")
     p.add_argument("--max-shard-size", default="5GB", help="split the weights into shards past this size (5GB)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="the weights' dtype (fp32)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into a non-empty folder, removing its weight files, index, configs and tokenizer first",
+    )
     args = p.parse_args(argv)
     try:
-        export(args.src, args.hf, max_shard_bytes=parse_size(args.max_shard_size))
+        export(
+            args.src,
+            args.hf,
+            max_shard_bytes=parse_size(args.max_shard_size),
+            dtype=args.dtype,
+            overwrite=args.overwrite,
+        )
     except (ExportError, CheckpointError, HFConfigError, HFFolderError, ValueError) as exc:
         print(f"export: {exc}", file=sys.stderr)
         return 2

@@ -90,3 +90,131 @@ def test_meshtrain_export_is_the_exporter(compose_cfg, tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as exc:
         main()
     assert exc.value.code == 0 and json.loads((out / "config.json").read_text())["model_type"] == "gpt2"
+
+
+def _specials(out):
+    """bos/eos/pad ids as transformers' tokenizer, config.json and generation_config.json read them."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(out)
+    config = json.loads((out / "config.json").read_text())
+    generation = json.loads((out / "generation_config.json").read_text())
+    roles = ("bos", "eos", "pad")
+    return (
+        {r: getattr(tok, f"{r}_token_id") for r in roles},
+        {r: config.get(f"{r}_token_id") for r in roles},
+        {r: generation.get(f"{r}_token_id") for r in roles},
+        tok,
+        config,
+    )
+
+
+def test_byte_vocabulary_export_names_eos_and_pad_everywhere_and_its_context_length(compose_cfg, tmp_path):
+    """gpt_small with a vocabulary larger than the 256 bytes (the data is still the byte corpus) ships the byte
+    tokenizer; eos (NUL stands in) and pad agree in the tokenizer, config.json and generation_config.json, and
+    model_max_length is config.json's n_positions."""
+    from trainer.export import main
+
+    write_run(compose_cfg, tmp_path / "run", "model=gpt_small", "model.vocab_size=320")
+    out = tmp_path / "hf"
+    assert main([str(tmp_path / "run"), "--hf", str(out)]) == 0
+    tok_ids, config_ids, generation_ids, tok, config = _specials(out)
+    assert tok_ids == config_ids == generation_ids == {"bos": None, "eos": 0, "pad": 0}
+    assert tok.model_max_length == config["n_positions"] == 32
+    assert tok.encode("héllo") == list("héllo".encode())
+
+
+def test_init_from_ids_and_chat_template_reach_the_tokenizer(compose_cfg, tmp_path):
+    """A run that started from a folder whose config.json names bos 1 and eos 2 and whose tokenizer has a chat
+    template: the exported tokenizer names those ids (no pad: eos stands in), carries the template, and its
+    model_max_length is the base's longer max_position_embeddings."""
+    from trainer.export import main
+
+    _, model = write_run(compose_cfg, tmp_path / "run", "model=qwen3_debug")
+    start = tmp_path / "base"
+    start.mkdir()
+    (start / "config.json").write_text(
+        json.dumps({"bos_token_id": 1, "eos_token_id": 2, "max_position_embeddings": 96})
+    )
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+    (start / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    marker = next((tmp_path / "run").glob("checkpoints/*")) / MARKER
+    marker.write_text(json.dumps({"step": 1, "model": {**model, "init_from": str(start)}}))
+    out = tmp_path / "hf"
+    assert main([str(tmp_path / "run"), "--hf", str(out)]) == 0
+    tok_ids, config_ids, generation_ids, tok, config = _specials(out)
+    assert tok_ids == config_ids == generation_ids == {"bos": 1, "eos": 2, "pad": 2}
+    assert tok.model_max_length == config["max_position_embeddings"] == 96
+    chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert chat == "<user>hi"
+
+
+def test_bf16_export_and_overwrite_replace_stale_shards(compose_cfg, tmp_path, capsys):
+    """A non-empty folder is refused (exit 2, named); --overwrite removes the earlier sharded export's shards and
+    index before writing one bf16 model.safetensors, which transformers loads as bf16 with the fp32 logits to
+    bf16's precision."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    from trainer.export import main
+
+    module, _ = write_run(compose_cfg, tmp_path / "run", "model=llama_debug")
+    out = tmp_path / "hf"
+    assert main([str(tmp_path / "run"), "--hf", str(out), "--max-shard-size", "200KB"]) == 0
+    assert (out / "model.safetensors.index.json").is_file()
+    assert main([str(tmp_path / "run"), "--hf", str(out), "--dtype", "bf16"]) == 2
+    err = capsys.readouterr().err
+    assert f"--hf {out}: the folder is not empty" in err and "--overwrite" in err
+    assert main([str(tmp_path / "run"), "--hf", str(out), "--dtype", "bf16", "--overwrite"]) == 0
+    weights = sorted(p.name for p in out.glob("*.safetensors*"))
+    assert weights == ["model.safetensors"]
+    with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    hf = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert hf.dtype == torch.bfloat16
+    tokens = torch.tensor([list(b"def main(): return 1")])
+    with torch.no_grad():
+        diff = max_logit_difference(module(tokens), hf(tokens).logits.float())
+    print(f"bf16 export: max |logit difference| against fp32 meshtrain {diff:.2e}")
+    assert diff < 0.1
+
+
+def test_lm_eval_runs_on_an_export_with_no_extra_arguments(compose_cfg, tmp_path):
+    """lm-evaluation-harness's command on an exported folder, `--model hf --model_args pretrained=OUT`, nothing
+    else about the model: a local multiple-choice task (json data files, --include_path; no download) reports
+    its accuracy."""
+    import subprocess
+    import sys
+
+    from trainer.export import main
+
+    write_run(compose_cfg, tmp_path / "run", "model=gpt_small")
+    out = tmp_path / "hf"
+    assert main([str(tmp_path / "run"), "--hf", str(out)]) == 0
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    rows = [
+        {"question": "1 + 1 =", "choices": [" 2", " 3"], "answer": 0},
+        {"question": "def f(): return", "choices": [" None", " )("], "answer": 0},
+        {"question": "import", "choices": [" os", " ]]"], "answer": 0},
+    ]
+    (tasks / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tasks / "tiny_mc.yaml").write_text(
+        "task: meshtrain_tiny_mc\n"
+        "dataset_path: json\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {tasks / 'rows.jsonl'}\n"
+        "test_split: test\n"
+        "output_type: multiple_choice\n"
+        "doc_to_text: '{{question}}'\n"
+        "doc_to_choice: '{{choices}}'\n"
+        "doc_to_target: answer\n"
+        "metric_list:\n  - metric: acc\n"
+    )
+    command = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args", f"pretrained={out}"]
+    command += ["--tasks", "meshtrain_tiny_mc", "--include_path", str(tasks), "--device", "cpu", "--batch_size", "1"]
+    env = {**__import__("os").environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    print(done.stdout[-2000:])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "meshtrain_tiny_mc" in done.stdout and "acc" in done.stdout
