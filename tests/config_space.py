@@ -70,7 +70,7 @@ SPACE: dict[str, tuple[list, list]] = {
     "data.seq_len": ([16, 32], [0, 64, 200]),
     "data.image_size": ([16, 8], [2, 0]),
     "data.noise": ([0.5], [-1.0]),
-    "optim.lr": ([3e-3, 1e-2], [0, -1, "nan", "inf", "fast"]),
+    "optim.lr": ([3e-3, 1e-2], [-1, "nan", "inf", "fast"]),
     "optim.weight_decay": ([0.0, 0.1], [-0.1, "nan"]),
     "optim.betas": (["[0.9,0.95]"], ["[1.0,0.9]", "[-0.1,0.9]", "[0.9]"]),
     "optim.eps": ([1e-8], [0, -1]),

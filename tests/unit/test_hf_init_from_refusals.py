@@ -97,3 +97,35 @@ def test_an_unsupported_config_is_refused_by_key(compose_cfg, folder, tmp_path):
     (bad / "config.json").write_text(json.dumps(config))
     msg = refusal(compose_cfg, "model=llama_debug", f"model.init_from={bad}")
     assert "rope_type='yarn'" in msg
+
+
+def test_a_truncated_safetensors_file_is_refused_by_name(compose_cfg, folder, tmp_path):
+    """A file cut short keeps a readable header: the check compares the header's extent with the file's size."""
+    bad = shutil.copytree(folder, tmp_path / "bad")
+    weights = bad / "model.safetensors"
+    size = weights.stat().st_size
+    with open(weights, "r+b") as f:
+        f.truncate(size - 1000)
+    msg = refusal(compose_cfg, "model=llama_debug", f"model.init_from={bad}")
+    assert f"{weights}: truncated" in msg and f"but the file has {size - 1000}" in msg
+
+
+def test_a_shard_missing_from_the_index_and_a_stale_index_are_refused_by_name(compose_cfg, tmp_path):
+    sharded = save_folder(
+        hf_model("llama", vocab_size=256, **LLAMA_DEBUG), tmp_path / "sharded", max_shard_size="300KB"
+    )
+    index_path = sharded / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 2
+    validate(compose_cfg("parallel=single", "model=llama_debug", f"model.init_from={sharded}"))
+    # the index lists every shard but the last: that shard's tensors are mapped elsewhere or not at all
+    stale = {**index, "weight_map": {k: v for k, v in index["weight_map"].items() if v != shards[-1]}}
+    index_path.write_text(json.dumps(stale))
+    msg = refusal(compose_cfg, "model=llama_debug", f"model.init_from={sharded}")
+    assert f"{shards[-1]} is not in model.safetensors.index.json" in msg
+    # the index maps a tensor to a shard that does not hold it
+    key = next(k for k, v in index["weight_map"].items() if v == shards[0])
+    index_path.write_text(json.dumps({**index, "weight_map": {**index["weight_map"], key: shards[1]}}))
+    msg = refusal(compose_cfg, "model=llama_debug", f"model.init_from={sharded}")
+    assert f"maps {key} to shards that do not hold them" in msg

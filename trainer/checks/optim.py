@@ -15,7 +15,9 @@ from trainer.checks.findings import Findings, finite, number
 def check_optim(cfg: DictConfig, layout: object, f: Findings) -> None:
     o = cfg.optim
     lr = number(o.get("lr"))
-    f.require("optim.lr", o.get("lr"), finite(lr) and lr > 0, "must be a number > 0, e.g. optim.lr=3e-3")
+    f.require("optim.lr", o.get("lr"), finite(lr) and lr >= 0, "must be a number >= 0, e.g. optim.lr=3e-3")
+    if lr == 0:  # torch accepts it: a round trip, or timing a run, without changing the weights
+        f.warn("optim.lr=0: the weights will not change (every update is scaled by 0); set optim.lr > 0 to train")
     if "weight_decay" in o:
         wd = number(o.weight_decay)
         f.require(

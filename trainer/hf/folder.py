@@ -36,13 +36,23 @@ class TensorInfo:
 
 
 def read_header(path: Path) -> dict[str, Any]:
-    """The JSON header of a safetensors file (8-byte little-endian length, then the JSON)."""
+    """The JSON header of a safetensors file (8-byte little-endian length, then the JSON), checked against the
+    file's size: a file shorter than its header says (a copy cut short) is refused here, not in a worker's read."""
     try:
         with open(path, "rb") as f:
             (length,) = struct.unpack("<Q", f.read(8))
-            return json.loads(f.read(length))
+            header = json.loads(f.read(length))
     except (OSError, struct.error, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise HFFolderError(f"{path}: not a readable safetensors file ({type(exc).__name__}: {exc})") from None
+    ends = [info["data_offsets"][1] for key, info in header.items() if key != "__metadata__"]
+    need = 8 + length + max(ends, default=0)
+    size = path.stat().st_size
+    if size < need:
+        raise HFFolderError(
+            f"{path}: truncated: its header describes {need} bytes of tensors but the file has {size}; the copy is "
+            "incomplete: copy or download it again"
+        )
+    return header
 
 
 class HFFolder:
@@ -78,10 +88,34 @@ class HFFolder:
                 raise HFFolderError(
                     f"{what}={self.path}: {INDEX} lists {name}, which is missing; the copy is incomplete"
                 )
-            for key, info in read_header(path).items():
+            try:
+                header = read_header(path)
+            except HFFolderError as exc:
+                raise HFFolderError(f"{what}={self.path}: {exc}") from None
+            for key, info in header.items():
                 if key != "__metadata__":
                     out[key] = TensorInfo(file=path, dtype=info["dtype"], shape=tuple(info["shape"]))
+        if (self.path / INDEX).is_file():
+            self._check_index(weight_map, out, what)
         return out
+
+    def _check_index(self, weight_map: dict[str, str], found: dict[str, TensorInfo], what: str) -> None:
+        """The index and the shards agree: every tensor it maps is in the shard it names, and no shard in the
+        folder is left out of it (an index from another save beside these shards)."""
+        wrong = sorted(k for k, f in weight_map.items() if k not in found or found[k].file.name != f)
+        if wrong:
+            more = f" and {len(wrong) - 3} more" if len(wrong) > 3 else ""
+            raise HFFolderError(
+                f"{what}={self.path}: {INDEX} maps {', '.join(wrong[:3])}{more} to shards that do not hold them; "
+                "the index and the shards are from different saves: copy the folder again"
+            )
+        listed = set(weight_map.values())
+        unlisted = sorted(p.name for p in self.path.glob("*.safetensors") if p.name not in listed)
+        if unlisted:
+            raise HFFolderError(
+                f"{what}={self.path}: {', '.join(unlisted)} is not in {INDEX}; a shard missing from the index "
+                "(another save's file, or an incomplete index): remove it or copy the folder again"
+            )
 
     def config(self) -> dict[str, Any]:
         return json.loads((self.path / CONFIG).read_text())
