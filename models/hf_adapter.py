@@ -207,6 +207,15 @@ class HFAdapter:
         """``config.json`` for this model; ``base`` (the config a run started from) keeps its other keys."""
         raise NotImplementedError
 
+    def training_fields(self, hf: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """Keys of ``config.json`` that change training but not the weights (dropout): the meshtrain keys that
+        carry them, and a note for each one this family cannot carry (the run trains without it)."""
+        dropout = [k for k in ("attention_dropout", "hidden_dropout", "dropout") if float(hf.get(k) or 0.0) > 0]
+        notes = [
+            f"config.json {k}={hf[k]}: meshtrain's {self.model_type} has no dropout; it trains without" for k in dropout
+        ]
+        return {}, notes
+
     def model_config(self, hf: Mapping[str, Any]) -> dict[str, Any]:
         """The meshtrain model keys ``config.json`` fixes (explicit values, no 0-means-default); raises
         ``HFConfigError`` for what the family cannot represent."""

@@ -195,8 +195,32 @@ def preflight(cfg: DictConfig, *, run_dir: Path) -> tuple[ValidatedRun, dict]:
     return validated, cfg_dict
 
 
+def start_from_folder(cfg: DictConfig, *, run_dir: Path) -> None:
+    """``model.init_from=DIR`` without a ``model=`` of the run's own: the model config.json describes replaces the
+    default one (trainer/hf/start.py), logged and saved in the run's .hydra/config.yaml. Raises ConfigError."""
+    if not cfg.model.get("init_from"):
+        return
+    from trainer.hf.start import InitFromError, adopt, chose_model
+
+    hc = HydraConfig.get()
+    overrides = list(hc.overrides.task)
+    if chose_model(overrides, hc.runtime.choices.get("model")):
+        return
+    try:
+        notes = adopt(cfg, overrides=overrides)
+    except InitFromError as exc:
+        raise ConfigError([str(exc)]) from None
+    log.info(notes[0])
+    for note in notes[1:]:
+        log.warning("warning: %s", note)
+    saved = run_dir / hc.output_subdir / "config.yaml" if hc.output_subdir else None
+    if saved is not None and saved.is_file():
+        OmegaConf.save(cfg, saved)
+
+
 def train(cfg: DictConfig, *, run_dir: Path, run_meta: dict[str, Any]) -> dict | None:
     """Validate, then run the job's workers; returns rank 0's summary (trainer.dry_run: the dry run's)."""
+    start_from_folder(cfg, run_dir=run_dir)
     if cfg.trainer.dry_run:
         return dry_run_layout(cfg, checked(cfg).layout, run_dir=run_dir)
     validated, cfg_dict = preflight(cfg, run_dir=run_dir)

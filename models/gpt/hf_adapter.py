@@ -96,6 +96,15 @@ class GPT2Adapter(HFAdapter):
         }
         return over_base(cfg, base)
 
+    def training_fields(self, hf: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """GPT-2's three dropouts (residual, embedding, attention) are one ``model.dropout``."""
+        rates = {k: float(first(hf, k, default=0.1)) for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop")}
+        notes = []
+        if len(set(rates.values())) > 1:
+            shown = ", ".join(f"{k}={v}" for k, v in rates.items())
+            notes.append(f"config.json {shown}: meshtrain's GPT has one dropout; it trains with resid_pdrop's")
+        return {"dropout": rates["resid_pdrop"]}, notes
+
     def model_config(self, hf: Mapping[str, Any]) -> dict[str, Any]:
         self.check_model_type(hf)
         problems = []

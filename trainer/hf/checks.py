@@ -28,6 +28,25 @@ def check_init_from(cfg: DictConfig, layout: Any, f: Any) -> None:
     if cfg.model.get("init_from") and not f.problems:
         for problem in init_from_problems(cfg):
             f.error(problem)
+        if not f.problems:
+            for note in training_field_notes(cfg):
+                f.warn(note)
+
+
+def training_field_notes(cfg: DictConfig) -> list[str]:
+    """What config.json sets for training (dropout) that this run does otherwise or cannot carry: a warning
+    each, as the weights still load (the base's dropout is not the run's business to refuse)."""
+    start = str(cfg.model.init_from)
+    adapter = spec_for(cfg.model).hf_adapter_obj()
+    carried, notes = adapter.training_fields(HFFolder(start).config())
+    for key, theirs in carried.items():
+        mine = cfg.model.get(key)
+        if not _same(mine, theirs):
+            notes.append(
+                f"config.json has {key} {theirs} and this run model.{key}={mine}: the run trains with {mine}; set "
+                f"model.{key}={theirs} to keep the base's"
+            )
+    return [f"model.init_from={start}: {n}" for n in notes]
 
 
 def init_from_problems(cfg: DictConfig) -> list[str]:

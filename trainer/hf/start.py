@@ -1,0 +1,107 @@
+"""``python train.py model.init_from=DIR`` alone: the model config is read from DIR's ``config.json``, as
+``AutoModelForCausalLM.from_pretrained`` does, instead of the default ``model=``.
+
+The family is the one whose Hugging Face adapter reads ``config.json``'s ``model_type``; every size comes from
+the adapter's ``model_config`` and the training-relevant keys (dropout) from its ``training_fields``. The result
+replaces ``cfg.model`` as that family's schema (typed, as a ``model=`` option would be), with ``max_seq_len`` at
+``${data.seq_len}`` when config.json does not fix it, and the command line's other ``model.*`` overrides applied
+over it. An explicit ``model=`` (on the command line, or a config that overrides the default) wins: then the
+folder is only checked against it (``trainer/hf/checks.py``), as before.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from models.hf_adapter import HFConfigError
+from models.registry import REGISTRY
+from trainer.hf.folder import HFFolder, HFFolderError
+
+#: the model group's name in the defaults list and on the command line
+GROUP = "model"
+
+
+def default_model_choice() -> str | None:
+    """The ``model`` option conf/config.yaml's defaults list chooses (read there: the one place it is set)."""
+    import conf
+
+    defaults = OmegaConf.load(Path(conf.__file__).parent / "config.yaml").get("defaults", [])
+    for entry in defaults:
+        if isinstance(entry, DictConfig) and GROUP in entry:
+            return str(entry[GROUP])
+    return None
+
+
+def chose_model(overrides: list[str], choice: str | None) -> bool:
+    """Whether the run chose a ``model=`` itself: on the command line, or a choice other than the default (an
+    experiment or a config file that overrides /model)."""
+    named = any(o.lstrip("+~").split("=", 1)[0] == GROUP for o in overrides)
+    return named or (choice is not None and choice != default_model_choice())
+
+
+def family_for(model_type: Any) -> Any:
+    """The registered ModelSpec whose adapter reads ``model_type``, or None."""
+    for spec in REGISTRY.values():
+        if spec.hf_adapter and spec.config is not None:
+            adapter = spec.hf_adapter_obj()
+            if adapter.model_type == model_type:
+                return spec
+    return None
+
+
+def model_overrides(overrides: list[str]) -> list[str]:
+    """The keys (below ``model.``) the command line set, ``init_from`` aside."""
+    keys = []
+    for o in overrides:
+        key = o.lstrip("+~").split("=", 1)[0]
+        if key.startswith(f"{GROUP}.") and key != f"{GROUP}.init_from":
+            keys.append(key[len(GROUP) + 1 :])
+    return keys
+
+
+class InitFromError(ValueError):
+    """config.json cannot describe a meshtrain model; the message names the folder and the fix."""
+
+
+def adopt(cfg: DictConfig, *, overrides: list[str]) -> list[str]:
+    """Replace ``cfg.model`` (in place) by the model ``cfg.model.init_from``'s config.json describes; returns
+    notes for the log (what was taken, what could not be carried). Raises InitFromError."""
+    start = str(cfg.model.init_from)
+    try:
+        folder = HFFolder(start)
+        hf = folder.config()
+    except HFFolderError as exc:
+        raise InitFromError(str(exc)) from None
+    spec = family_for(hf.get("model_type"))
+    if spec is None:
+        known = sorted(s.hf_adapter_obj().model_type for s in REGISTRY.values() if s.hf_adapter)
+        raise InitFromError(
+            f"model.init_from={start}: config.json has model_type={hf.get('model_type')!r}, which no meshtrain "
+            f"family reads (known: {', '.join(known)}); choose model= yourself if one fits"
+        )
+    adapter = spec.hf_adapter_obj()
+    try:
+        sizes = adapter.model_config(hf)
+    except HFConfigError as exc:
+        raise InitFromError(f"model.init_from={start}: {exc}") from None
+    carried, notes = adapter.training_fields(hf)
+    previous = cfg.model
+    model = OmegaConf.structured(spec.config)
+    values = {"name": Path(start).expanduser().name or spec.family, "init_from": start, **sizes, **carried}
+    if "max_seq_len" not in sizes and "max_seq_len" in model:
+        values["max_seq_len"] = "${data.seq_len}"
+    model = OmegaConf.merge(model, values)
+    for key in model_overrides(overrides):
+        if OmegaConf.select(model, key, default=KeyError) is KeyError:
+            raise InitFromError(
+                f"model.{key}: the {spec.family} model config.json describes (model.init_from={start}) has no such "
+                f"key; drop the override, or choose model= yourself"
+            )
+        OmegaConf.update(model, key, OmegaConf.select(previous, key), merge=False)
+    cfg.model = model
+    shown = ", ".join(f"{k}={OmegaConf.select(cfg.model, k)}" for k in (*sizes, *carried) if k != "rope_scaling")
+    notes.insert(0, f"model.init_from={start}: the {spec.family} model its config.json describes ({shown})")
+    return notes
