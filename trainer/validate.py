@@ -68,7 +68,7 @@ def dim_sizes(cfg: DictConfig) -> dict[str, int]:
 def build_layout(cfg: DictConfig, external: ExternalLaunch | None = None) -> ParallelLayout:
     sizes = dim_sizes(cfg)
     dp, tp, pp = sizes["dp"], sizes["tp"], sizes["pp"]
-    product = math.prod(sizes.values())
+    product = dims.world_size(sizes)
     if external is not None:
         nnodes, nproc = external.nnodes, external.local_world_size
     else:
@@ -145,9 +145,16 @@ def check_strategy(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None
             )
 
 
+def check_borrowing(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
+    """A dimension that borrows its ranks (ep from dp x cp) must divide its lenders' product."""
+    for problem in dims.borrow_problems(layout.sizes):
+        f.error(problem)
+
+
 def sizes_product(layout: ParallelLayout) -> str:
-    """``dp.size=2 x tp.size=1 x pp.size=2``: every mesh dimension's key and degree, for messages."""
-    return " x ".join(f"{d.key}={layout.size(d.name)}" for d in dims.DIMENSIONS)
+    """``dp.size=2 x tp.size=1 x pp.size=2``: every dimension's key and degree that multiplies the world size,
+    for messages (a borrowing one, ep, adds no rank)."""
+    return " x ".join(f"{dims.dim(n).key}={layout.size(n)}" for n in dims.multiplying())
 
 
 def check_world(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
@@ -323,6 +330,7 @@ def check_strategy_rules(cfg: DictConfig, layout: ParallelLayout, f: Findings) -
 CHECKS: list[Check] = [
     check_positive,
     check_strategy,
+    check_borrowing,
     check_world,
     check_batch,
     check_data,

@@ -81,9 +81,10 @@ def compose(module: nn.Module, *, ctx: WorkerContext, composition: Composition) 
     if composition.dp == "none":
         return Composed(ctx.place(module))
     if fsdp:
+        from parallel.core.meshes import fsdp_mesh
         from parallel.strategies.fsdp import FSDPCommTimer, apply_fsdp, fsdp_no_sync
 
-        apply_fsdp(module, dp_mesh=ctx.mesh["dp"], mp_policy=ctx.fsdp_mp_policy())
+        apply_fsdp(module, dp_mesh=fsdp_mesh(ctx.mesh, ctx.layout.sizes), mp_policy=ctx.fsdp_mp_policy())
         module = ctx.place(module)  # storage for this rank's shards only, then their init
         timer = FSDPCommTimer().attach(module) if ctx.cfg.dp.get("measure_comm", True) else None
         return Composed(module, no_sync=fsdp_no_sync(module), dp_timer=timer)

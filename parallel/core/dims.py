@@ -1,10 +1,14 @@
-"""The mesh dimensions, once: name, place in the device mesh, config key, what each splits.
+"""The mesh dimensions, once: name, place in the device mesh, config key, what each splits, whose ranks it borrows.
 
 Everything that spells the degrees reads ``DIMENSIONS`` through the functions below, at call time: the
 layout (world size, coordinates, rank map, factorizations), the registry (which strategy trains a
-layout), validation (each ``<dim>.size``), the worker's and the dry run's ``DeviceMesh`` and the planner's
-``Candidate``. Adding a dimension (context parallel, expert parallel) is one row here; what is still
-written per dimension is its config class, the wrapper that applies it and its cost-model term
+layout), validation (each ``<dim>.size``, a borrowed degree that does not divide its lenders), the worker's
+and the dry run's ``DeviceMesh``, the derived meshes (``parallel/core/meshes.py``: FSDP's, the loss's, the
+experts') and the planner's ``Candidate``. A dimension either multiplies the world size (dp, tp, pp, cp:
+its own place in the world mesh) or borrows its ranks from others (ep from dp x cp, as torchtitan cuts
+expert parallel out of its data-parallel ranks): a borrowed dimension adds no rank, its degree divides the
+product of its lenders', and the ranks its groups leave form its own FSDP mesh. What is still written per
+dimension is its config class, the wrapper that applies it and its cost-model term
 (docs/adding-a-mesh-dimension.md). No torch import: validation and the planner read this.
 """
 
@@ -20,40 +24,77 @@ from typing import Any
 class MeshDim:
     name: str
     """The ``DeviceMesh`` dimension name, the rank map's column and the attribute ``layout.<name>``."""
-    mesh_place: int
-    """Position in the device mesh, outermost first. Global ranks are row-major over the mesh, so the
-    innermost dimension's neighbours are adjacent ranks and share a node first."""
+    mesh_place: int | None
+    """Position in the world mesh, outermost first; None for a dimension that borrows (it has no place of
+    its own). Global ranks are row-major over the mesh, so the innermost dimension's neighbours are adjacent
+    ranks and share a node first."""
     key: str
     """The config key holding the degree (``dp.size``)."""
     config: str
     """The schema class of the config group holding ``key`` (``parallel/config.py``)."""
     summary: str
+    borrows: tuple[str, ...] = ()
+    """Empty: the dimension multiplies the world size. Otherwise the dimensions whose ranks it reuses (ep:
+    ``("dp", "cp")``): its degree divides their product, and its groups are cut out of their flattened mesh."""
+    may_borrow: tuple[str, ...] = ()
+    """Dimensions it borrows too where the model asks (ep: ``("tp",)``, torchtitan's experts without their
+    own tensor parallel), named to ``lenders(name, asked=...)``."""
+    splits_data: bool = False
+    """Its ranks see different tokens (dp: samples, cp: sequence chunks): the loss is averaged, the dense
+    gradients reduced and FSDP shards over the product of these dimensions."""
 
 
 #: one row per mesh dimension, in the order the degrees are written (``dp.size=2 tp.size=2 pp.size=2``,
 #: factorization tuples, messages); ``mesh_place`` orders the mesh: pp outermost, tp innermost so that tp
 #: neighbours, which communicate inside every layer, share a node (as Megatron and torchtitan order them)
 DIMENSIONS: tuple[MeshDim, ...] = (
-    MeshDim("dp", 1, "dp.size", "parallel.config.DPConfig", "data parallel: replicas (or FSDP shards) of the model"),
+    MeshDim(
+        "dp",
+        1,
+        "dp.size",
+        "parallel.config.DPConfig",
+        "data parallel: replicas (or FSDP shards) of the model",
+        splits_data=True,
+    ),
     MeshDim("tp", 2, "tp.size", "parallel.config.TPConfig", "tensor parallel: each layer's matrices split"),
     MeshDim("pp", 0, "pp.size", "parallel.config.PPConfig", "pipeline parallel: consecutive blocks per stage"),
 )
 
 
 def names() -> tuple[str, ...]:
-    """The dimension names in written order (``dp``, ``tp``, ``pp``)."""
+    """The dimension names in written order (``dp``, ``tp``, ``pp``), borrowing ones included."""
     return tuple(d.name for d in DIMENSIONS)
 
 
+def multiplying() -> tuple[str, ...]:
+    """The dimensions whose degrees multiply the world size, in written order (every row without ``borrows``)."""
+    return tuple(d.name for d in DIMENSIONS if not d.borrows)
+
+
+def borrowing() -> tuple[str, ...]:
+    """The dimensions that borrow their ranks from others, in written order (ep)."""
+    return tuple(d.name for d in DIMENSIONS if d.borrows)
+
+
 def mesh_names() -> tuple[str, ...]:
-    """The dimension names in mesh order, outermost first (``pp``, ``dp``, ``tp``): ``mesh_dim_names``."""
-    places = sorted(d.mesh_place for d in DIMENSIONS)
-    if places != list(range(len(DIMENSIONS))):
+    """The world mesh's dimension names, outermost first (``pp``, ``dp``, ``tp``): ``mesh_dim_names``. A
+    borrowing dimension has no place there: its meshes are derived (``parallel/core/meshes.py``)."""
+    rows = [d for d in DIMENSIONS if not d.borrows]
+    places = sorted(d.mesh_place for d in rows if d.mesh_place is not None)
+    if places != list(range(len(rows))):
         raise ValueError(
-            f"parallel/core/dims.py: mesh places {[(d.name, d.mesh_place) for d in DIMENSIONS]} must be "
-            f"0..{len(DIMENSIONS) - 1}, each once; renumber them"
+            f"parallel/core/dims.py: mesh places {[(d.name, d.mesh_place) for d in rows]} must be "
+            f"0..{len(rows) - 1}, each once; renumber them"
         )
-    return tuple(d.name for d in sorted(DIMENSIONS, key=lambda d: d.mesh_place))
+    placed = [d.name for d in DIMENSIONS if d.borrows and d.mesh_place is not None]
+    if placed:
+        raise ValueError(f"parallel/core/dims.py: {placed} borrow their ranks, so their mesh_place must be None")
+    return tuple(d.name for d in sorted(rows, key=lambda d: d.mesh_place))
+
+
+def coord_names() -> tuple[str, ...]:
+    """The rank map's coordinate columns: the world mesh's dimensions, then the borrowing ones."""
+    return (*mesh_names(), *borrowing())
 
 
 def dim(name: str) -> MeshDim:
@@ -61,6 +102,34 @@ def dim(name: str) -> MeshDim:
         if d.name == name:
             return d
     raise KeyError(f"no mesh dimension {name!r}; the dimensions are {', '.join(names())} (parallel/core/dims.py)")
+
+
+def lenders(name: str, *, asked: Iterable[str] = ()) -> tuple[str, ...]:
+    """The dimensions in the table whose ranks ``name`` borrows, in mesh order: its ``borrows`` and those of
+    its ``may_borrow`` the model asks for (``asked``); a lender not in the table (cp before it lands) is left
+    out, having size 1."""
+    row = dim(name)
+    if not row.borrows:
+        raise ValueError(f"{name} multiplies the world size; it borrows no ranks")
+    refused = [a for a in asked if a not in row.may_borrow]
+    if refused:
+        raise ValueError(f"{name} may borrow {list(row.may_borrow)} where the model asks, not {refused}")
+    wanted = {*row.borrows, *asked}
+    return tuple(n for n in mesh_names() if n in wanted)
+
+
+def data_names() -> tuple[str, ...]:
+    """The world mesh's dimensions whose ranks see different tokens (dp, cp), in mesh order: the loss is
+    averaged, the dense gradients reduced and FSDP shards over their product."""
+    return tuple(n for n in mesh_names() if dim(n).splits_data)
+
+
+def spanned(over: Iterable[str], sizes: Mapping[str, int]) -> tuple[str, ...]:
+    """Which of ``over`` (mesh order) a derived mesh spans: those of size > 1, or the first alone when all are 1
+    (so the FSDP mesh is ``mesh["dp"]`` itself while dp is the only data dimension > 1, as training had it)."""
+    over = tuple(over)
+    used = tuple(n for n in over if int(sizes.get(n, 1)) > 1)
+    return used or over[:1]
 
 
 def full_sizes(given: Mapping[str, int]) -> dict[str, int]:
@@ -71,14 +140,43 @@ def full_sizes(given: Mapping[str, int]) -> dict[str, int]:
     return {n: int(given.get(n, 1)) for n in names()}
 
 
+def world_size(sizes: Mapping[str, int]) -> int:
+    """The number of ranks: the product of the multiplying dimensions' degrees (a borrowing one adds none)."""
+    return math.prod(int(sizes.get(n, 1)) for n in multiplying())
+
+
 def in_mesh_order(sizes: Mapping[str, int]) -> tuple[int, ...]:
-    """The sizes as a ``DeviceMesh`` shape (``mesh_names()`` order)."""
+    """The sizes as the world ``DeviceMesh``'s shape (``mesh_names()`` order)."""
     return tuple(int(sizes.get(n, 1)) for n in mesh_names())
 
 
+def lent(name: str, sizes: Mapping[str, int], *, asked: Iterable[str] = ()) -> int:
+    """How many ranks ``name`` borrows from: the product of its lenders' degrees."""
+    return math.prod(int(sizes.get(n, 1)) for n in lenders(name, asked=asked))
+
+
+def borrow_problems(sizes: Mapping[str, int], *, asked: Mapping[str, Iterable[str]] | None = None) -> list[str]:
+    """Each borrowing dimension whose degree does not divide its lenders' product, as "what is wrong; the
+    fix" (``asked``: the lenders the model asks for, by dimension)."""
+    out = []
+    for name in borrowing():
+        size, extra = int(sizes.get(name, 1)), tuple((asked or {}).get(name, ()))
+        pool = lent(name, sizes, asked=extra)
+        if size >= 1 and pool % size:
+            product = " x ".join(f"{dim(n).key}={int(sizes.get(n, 1))}" for n in lenders(name, asked=extra))
+            fits = [d for d in range(1, pool + 1) if pool % d == 0]
+            out.append(
+                f"{dim(name).key}={size} does not divide {product} = {pool}, the ranks {name} borrows "
+                f"(it adds none of its own); set {dim(name).key} to one of {', '.join(map(str, fits))}, "
+                f"or change {' / '.join(dim(n).key for n in lenders(name, asked=extra))} so that {size} divides their product"
+            )
+    return out
+
+
 def factorizations(world_size: int) -> list[tuple[int, ...]]:
-    """Every way to write ``world_size`` as a product of one degree per dimension, as tuples in written
-    order, the first dimensions largest first (data parallel first)."""
+    """Every layout of ``world_size`` ranks, as tuples in written order: the multiplying dimensions' degrees
+    multiply to ``world_size``, each borrowing dimension's divides its lenders' product. The first dimensions
+    largest first (data parallel first)."""
 
     def split(n: int, left: int) -> Iterable[tuple[int, ...]]:
         if left == 1:
@@ -89,7 +187,24 @@ def factorizations(world_size: int) -> list[tuple[int, ...]]:
                 for rest in split(n // d, left - 1):
                     yield (d, *rest)
 
-    return sorted(split(world_size, len(DIMENSIONS)), key=lambda t: tuple(-s for s in t))
+    out = []
+    for degrees in split(world_size, len(multiplying())):
+        partial = [dict(zip(multiplying(), degrees, strict=True))]
+        for name in borrowing():
+            pool = lent(name, partial[0])
+            partial = [{**p, name: d} for p in partial for d in range(1, pool + 1) if pool % d == 0]
+        out += [tuple(p[n] for n in names()) for p in partial]
+    return sorted(out, key=lambda t: tuple(-s for s in t))
+
+
+def borrowed_coords(name: str, coords: Mapping[str, int], sizes: Mapping[str, int]) -> tuple[int, int]:
+    """A rank's (``name`` coordinate, coordinate in ``name``'s own FSDP mesh), from its world coordinates: its
+    lenders flattened row-major (mesh order), ``name`` the inner factor so its groups are neighbours."""
+    flat = 0
+    for n in lenders(name):
+        flat = flat * int(sizes.get(n, 1)) + coords[n]
+    size = int(sizes.get(name, 1))
+    return flat % size, flat // size
 
 
 class Sized:
@@ -114,7 +229,7 @@ class Sized:
 
     @property
     def world_size(self) -> int:
-        return math.prod(self.sizes.values())
+        return world_size(self.sizes)
 
     @property
     def mesh_shape(self) -> tuple[int, ...]:
@@ -123,7 +238,9 @@ class Sized:
     def stride(self, name: str) -> int:
         """Ranks between neighbours along dimension ``name``: the product of the sizes inside it in the mesh
         (1 for the innermost, tp; dp x tp for pp). With ``size`` it says whether a group spans nodes."""
-        inner = mesh_names()[mesh_names().index(dim(name).name) + 1 :]
+        if dim(name).borrows:
+            raise ValueError(f"{name} borrows its ranks from {lenders(name)}: ask their strides")
+        inner = mesh_names()[mesh_names().index(name) + 1 :]
         return math.prod(self.size(n) for n in inner)
 
     @property
@@ -132,17 +249,20 @@ class Sized:
         return mesh_names()
 
     def coords(self, rank: int) -> dict[str, int]:
-        """Mesh coordinates of a global rank (row-major over the mesh: the innermost dimension varies fastest)."""
+        """Mesh coordinates of a global rank (row-major over the world mesh: the innermost dimension varies
+        fastest), then each borrowing dimension's (``borrowed_coords``)."""
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} outside world of size {self.world_size}")
         out = {}
         for name in reversed(mesh_names()):
             rank, out[name] = divmod(rank, self.size(name))
-        return {name: out[name] for name in mesh_names()}
+        world = {name: out[name] for name in mesh_names()}
+        return {**world, **{n: borrowed_coords(n, world, self.sizes)[0] for n in borrowing()}}
 
     def rank_of(self, **coords: int) -> int:
-        """The global rank at these mesh coordinates (one per dimension, by name)."""
-        if sorted(coords) != sorted(mesh_names()):
+        """The global rank at these mesh coordinates (one per world mesh dimension, by name; a borrowing
+        dimension's coordinate, as ``coords`` gives it, may come along and follows from the others)."""
+        if not set(mesh_names()) <= set(coords) <= set(coord_names()):
             raise TypeError(f"rank_of needs one coordinate per mesh dimension {mesh_names()}; got {coords}")
         rank = 0
         for name in mesh_names():

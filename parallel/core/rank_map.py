@@ -101,7 +101,7 @@ def rank_map_table(rows: Sequence[dict[str, Any]]):
     from rich.table import Table
 
     table = Table(title="rank map", title_justify="left")
-    mesh = dims.mesh_names()
+    mesh = dims.coord_names()
     for col in ("rank", "node", "local", *mesh, "stages", "holds"):
         table.add_column(col, justify="right" if col not in ("holds", "stages") else "left")
     for r in rows:

@@ -255,10 +255,13 @@ def _measure_rank(
                 phase = "FSDP2 sharding"
                 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+                from parallel.core.meshes import fsdp_mesh
+
                 policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+                shard_mesh = fsdp_mesh(mesh, c.sizes)
                 for block in module.layers.values():
-                    fully_shard(block, mesh=mesh["dp"], mp_policy=policy)
-                fully_shard(module, mesh=mesh["dp"], mp_policy=policy)
+                    fully_shard(block, mesh=shard_mesh, mp_policy=policy)
+                fully_shard(module, mesh=shard_mesh, mp_policy=policy)
             stages.append((spec, module))
         phase = "optimizer"
         params = [p for _, m in stages for p in m.parameters()]

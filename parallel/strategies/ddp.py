@@ -22,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from parallel.core.base import Engine, Strategy, WorkerContext
 from parallel.core.compose import Composition, build_engine
 from parallel.core.intervals import IntervalLog
+from parallel.core.meshes import loss_mesh
 
 
 class CommTimer(IntervalLog):
@@ -83,10 +84,10 @@ class ReducerCommMeter:
 
 
 def wrap_ddp(model: nn.Module, *, ctx: WorkerContext) -> tuple[DDP, ReducerCommMeter | None]:
-    """DDP over the dp sub-mesh, SyncBatchNorm if asked, its reducer timing the logged steps unless
-    ``dp.measure_comm=false``."""
+    """DDP over the gradient-reduction mesh (``loss_mesh``: dp, and cp once it is a dimension), SyncBatchNorm if
+    asked, its reducer timing the logged steps unless ``dp.measure_comm=false``."""
     cfg = ctx.cfg.dp
-    group = ctx.mesh["dp"].get_group()
+    group = loss_mesh(ctx.mesh, ctx.layout.sizes).get_group()
     if cfg.sync_batchnorm:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group=group)
     ddp = DDP(
