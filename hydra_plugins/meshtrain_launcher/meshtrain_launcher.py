@@ -1,11 +1,17 @@
-"""meshtrain's Slurm launcher, where Hydra looks for launchers (its ``hydra_plugins`` package).
+"""meshtrain's Slurm launcher and Optuna sweeper, where Hydra looks for plugins (its ``hydra_plugins`` package).
 
-The class is defined in trainer/sweeps/slurm.py; Hydra accepts a launcher only from a module under
-``hydra_plugins``, so this subclass names it there. Selected by ``hydra/launcher=slurm``.
+The classes are defined in trainer/sweeps/slurm.py and trainer/sweeps/optuna.py; Hydra accepts a plugin only
+from a module under ``hydra_plugins``, so these subclasses name them there. Selected by ``hydra/launcher=slurm``
+and ``hydra/sweeper=optuna`` (swapped in by trainer/sweeps/callback.py).
 """
 
+from trainer.sweeps.optuna import EndingOptunaSweeper
 from trainer.sweeps.slurm import RequeueingSlurmLauncher
 
 
 class SlurmLauncher(RequeueingSlurmLauncher):
+    pass
+
+
+class OptunaSweeper(EndingOptunaSweeper):
     pass

@@ -190,3 +190,30 @@ def test_submitit_local_launcher_runs_a_job_with_one_task_per_worker(tmp_path):
     assert (job / "logs" / "rank1.log").exists()
     assert not (job / "logs" / "elastic").exists(), "the tasks are the workers: no elastic agent"
     assert list((sweep_dir / ".submitit").iterdir())
+
+
+VAL_SEARCH = ("hparams_search=val_loss", "hydra.sweeper.n_trials=2", "trainer.eval_batches=1", "parallel=single")
+
+
+@pytest.mark.slow
+def test_validation_loss_search_completes_its_trials_and_one_without_evaluation_ends_with_exit_2(tmp_path):
+    """The README's `-m hparams_search=val_loss`: each trial returns summary.json's val_loss, the best is the
+    lowest; with trainer.eval_every=0 every trial is skipped, and the sweep ends with meshtrain's summary and
+    exit code 2, not Optuna's 'No trials are completed yet' traceback."""
+    sweep_dir = tmp_path / "val"
+    run = run_train(*VAL_SEARCH, "trainer.eval_every=2", *FAST, *STEPS, run_dir=sweep_dir, multirun=True)
+    jobs = read_sweep(sweep_dir)
+    assert [j.status for j in jobs] == ["completed", "completed"], run.output[-3000:]
+    assert "2 jobs: 2 completed, 0 skipped, 0 failed" in run.output
+    result = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    assert result["best_value"] == pytest.approx(min(j.summary["val_loss"] for j in jobs))
+
+    skipped_dir = tmp_path / "skipped"
+    run = run_train(
+        *VAL_SEARCH, "trainer.eval_every=0", *FAST, *STEPS, run_dir=skipped_dir, multirun=True, expect_ok=False
+    )
+    assert run.proc.returncode == 2, run.output[-3000:]
+    assert "2 jobs: 0 completed, 2 skipped, 0 failed" in run.output
+    assert "job 1 skipped: invalid configuration" in run.output and "needs an evaluation" in run.output
+    assert "Traceback" not in run.output and "No trials are completed yet" not in run.output
+    assert not (skipped_dir / "optimization_results.yaml").exists()

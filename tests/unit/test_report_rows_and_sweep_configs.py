@@ -186,3 +186,19 @@ def test_planner_prediction_of_a_jobs_config():
     assert all(t is not None and t > 0 for t in times.values())
     assert times[8] != times[2]  # the layout's micro-batching reaches the cost model
     assert planner_prediction(OmegaConf.to_container(cnn)) is None
+
+
+@pytest.mark.parametrize(
+    "counts, code",
+    [
+        ({"completed": 1, "skipped": 2, "failed": 0}, 0),
+        ({"completed": 0, "skipped": 3, "failed": 0}, 2),
+        ({"completed": 0, "skipped": 2, "failed": 1}, 1),
+        ({"completed": 0, "skipped": 0, "failed": 0, "preempted": 1}, 1),
+        ({"completed": 0, "skipped": 0, "failed": 0}, 0),
+    ],
+)
+def test_a_sweep_without_a_completed_job_exits_like_its_runs(counts, code):
+    from trainer.sweeps.callback import no_completed_job_exit
+
+    assert no_completed_job_exit(counts) == code

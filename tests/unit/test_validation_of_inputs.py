@@ -236,3 +236,11 @@ def test_zero_learning_rate_is_accepted_with_a_warning(compose_cfg):
     validated = validate(compose_cfg("optim.lr=0"), environ={})
     assert any("optim.lr=0: the weights will not change" in w for w in validated.warnings), validated.warnings
     assert not any("optim.lr" in w for w in validate(compose_cfg("optim.lr=1e-3"), environ={}).warnings)
+
+
+@pytest.mark.parametrize("objective", ["val_loss", "best_val_loss", "val_ppl"])
+def test_validation_objectives_are_accepted_with_an_evaluation_and_named_without(compose_cfg, objective):
+    """hparams_search=val_loss's objective: one list (trainer/checks/run.py) for the check and the sweeps."""
+    validate(compose_cfg(f"trainer.objective={objective}", "trainer.eval_every=2"), environ={})
+    problems = _problems(compose_cfg(f"trainer.objective={objective}", "trainer.eval_every=0"))
+    assert f"trainer.objective={objective} needs an evaluation: set trainer.eval_every" in problems

@@ -9,9 +9,7 @@ from omegaconf import DictConfig
 
 from models.registry import UnknownModel, spec_for
 from trainer.checks.findings import Findings, number
-
-#: trainer.objective values that need an evaluation (trainer.eval_every > 0)
-VAL_OBJECTIVES = ("val_loss", "best_val_loss", "val_ppl")
+from trainer.checks.run import VAL_OBJECTIVES
 
 
 def check_data(cfg: DictConfig, layout: object, f: Findings) -> None:

@@ -12,7 +12,10 @@ from omegaconf import DictConfig
 from conf.schema import DebugConfig
 from trainer.checks.findings import Findings, finite, number
 
-#: numeric summary.json keys every run writes: what trainer.objective may name
+#: summary.json keys written by runs that evaluate (trainer.eval_every > 0): objectives that need an evaluation
+VAL_OBJECTIVES = ("val_loss", "best_val_loss", "val_ppl")
+
+#: numeric summary.json keys: what trainer.objective may name (the validation ones need trainer.eval_every > 0)
 OBJECTIVES = (
     "tokens_per_s",
     "final_loss",
@@ -21,6 +24,7 @@ OBJECTIVES = (
     "time_to_first_step_s",
     "wall_time_s",
     "peak_memory_bytes_max",
+    *VAL_OBJECTIVES,
 )
 
 

@@ -1,7 +1,8 @@
 """Hydra callback: at the end of every multirun, count succeeded / failed / skipped jobs.
 
 Configured in ``conf/config.yaml`` (``hydra.callbacks.sweep_status``). The count is printed and
-written to ``<sweep dir>/sweep_status.json`` with each job's status and reason; the full report
+written to ``<sweep dir>/sweep_status.json`` with each job's status and reason; a sweep in which no job
+completed exits 2 (every job skipped) or 1; the full report
 (table, plots, best configuration) comes from ``python -m trainer.report <sweep dir>``.
 """
 
@@ -12,14 +13,27 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, read_write
 
 from trainer.sweeps.jobs import COUNTS_FILE, counts_line, read_sweep, write_counts
 
 log = logging.getLogger("meshtrain.sweep")
 
+PLUGIN_OPTUNA_SWEEPER = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
+#: trainer/sweeps/optuna.py's sweeper where Hydra finds plugins
+ENDING_OPTUNA_SWEEPER = "hydra_plugins.meshtrain_launcher.meshtrain_launcher.OptunaSweeper"
+
 
 class SweepStatus(Callback):
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        # Hydra instantiates the sweeper from this same config right after this call: hydra/sweeper=optuna
+        # gets meshtrain's subclass, which ends a study without a completed trial here, not in a traceback.
+        # (A yaml of the same name cannot stand in for the plugin's: Hydra matches it to the plugin's schema.)
+        sweeper = config.hydra.sweeper
+        if sweeper.get("_target_") == PLUGIN_OPTUNA_SWEEPER:
+            with read_write(sweeper):
+                sweeper._target_ = ENDING_OPTUNA_SWEEPER
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         try:
@@ -40,3 +54,15 @@ class SweepStatus(Callback):
             f"  statuses in {sweep_dir / COUNTS_FILE}; report: python -m trainer.report {sweep_dir} [--wandb-workspace]"
         )
         print("\n".join(lines), flush=True)
+        code = no_completed_job_exit(record["counts"])
+        if code:
+            print(f"meshtrain sweep: no job completed; exit code {code}", flush=True)
+            raise SystemExit(code)
+
+
+def no_completed_job_exit(counts: dict[str, int]) -> int:
+    """A sweep in which no job completed ends like the run it stands for: 2 when every job was refused before
+    it started (bad input), 1 when any failed or was preempted; 0 while one job completed."""
+    if counts.get("completed", 0) or not sum(counts.values()):
+        return 0
+    return 2 if counts.get("skipped", 0) == sum(counts.values()) else 1
