@@ -9,6 +9,7 @@ And ``hydra.verbose`` / ``hydra/job_logging`` reach the workers.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,34 +22,18 @@ from tests.helpers import FAST, ROOT, run_train
 
 pytestmark = pytest.mark.slow
 
-MY_MODEL = """\
-# a user's own model, extending meshtrain's GPT schema
-defaults:
-  - /schema/model/gpt@_here_
-  - _self_
-name: my_gpt
-vocab_size: 256
-n_layers: 2
-d_model: 64
-n_heads: 2
-d_ff: 128
-max_seq_len: ${data.seq_len}
-"""
 
-MY_EXPERIMENT = """\
-# @package _global_
-defaults:
-  - override /parallel: single
-  - override /model: my_gpt
-  - override /logger: none
-trainer:
-  max_steps: 3
-  log_every: 1
-  checkpoint_every: 0
-data:
-  seq_len: 32
-  global_batch_size: 4
-"""
+def readme_file(path: str) -> str:
+    """The README's yaml block whose first lines name ``path`` (as a comment), exactly as printed."""
+    for block in re.findall(r"```yaml\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S):
+        if any(line.strip() == f"# {path}" for line in block.splitlines()[:2]):
+            return block
+    raise AssertionError(f"README.md shows no yaml block for {path}")
+
+
+# the user config dir as the README prints it (pasted into ~/my_conf)
+MY_MODEL = readme_file("~/my_conf/model/my_gpt.yaml")
+MY_EXPERIMENT = readme_file("~/my_conf/experiment/my_exp.yaml")
 
 
 def _copy_source(dest: Path) -> Path:
@@ -115,7 +100,17 @@ def test_meshtrain_composes_from_any_folder(installed):
 
 def test_meshtrain_trains_a_user_model_and_experiment(installed):
     venv, _, work = installed
-    out = _meshtrain(venv, work, "--config-dir", "my_conf", "experiment=my_exp", "hydra.run.dir=outputs/mine")
+    # the README's command; logger=none and log_every=1 keep it short and log every step
+    out = _meshtrain(
+        venv,
+        work,
+        "--config-dir",
+        "my_conf",
+        "experiment=my_exp",
+        "logger=none",
+        "trainer.log_every=1",
+        "hydra.run.dir=outputs/mine",
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     run_dir = work / "outputs" / "mine"
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
