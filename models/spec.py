@@ -293,6 +293,17 @@ def size_problems(model: Any, *, positive: Sequence[str], non_negative: dict[str
     return out
 
 
+INIT_RULES = ("reference", "normal")
+"""``model.init`` of the decoder families (``models/init.py`` draws them)."""
+
+
+def init_problems(model: Any) -> Problems:
+    init = model.get("init", "reference")
+    if init not in INIT_RULES:
+        return [f"model.init={init}: use one of {', '.join(INIT_RULES)} (reference: the family's published rule)"]
+    return []
+
+
 def transformer_problems(model: Any, *, kv_heads: bool = False) -> Problems:
     """Heads divide the width; with grouped-query attention, key/value heads divide the query heads."""
     out: Problems = []

@@ -29,6 +29,9 @@ class GPTConfig(ModelConfig):
     """gelu (exact) or gelu_tanh (GPT-2's tanh approximation, transformers' ``gelu_new``)."""
     tie_embeddings: bool = False
     """The output head shares the token embedding's weight (GPT-2 does)."""
+    init: str = "reference"
+    """Weight initialisation (``models/init.py``): reference (the family's published rule: torchtitan's Llama 3 for
+    llama/qwen3, GPT-2's for gpt) or normal (N(0, 0.02) everywhere, meshtrain's rule before 2026-12-05)."""
     norm_eps: float = 1e-5
 
 

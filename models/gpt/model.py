@@ -20,6 +20,7 @@ from torch import nn
 
 from models.blocks import PreNormBlock
 from models.gpt.spec import ACTIVATIONS
+from models.init import check_rule, init_gpt
 
 
 class Attention(nn.Module):
@@ -81,6 +82,7 @@ class GPT(nn.Module):
         tie_embeddings: bool = False,
         norm_eps: float = 1e-5,
         name: str = "gpt",
+        init: str = "reference",
     ):
         super().__init__()
         if d_model % n_heads:
@@ -91,6 +93,7 @@ class GPT(nn.Module):
         if len(widths) != n_layers:
             raise ValueError(f"model.layer_d_ff has {len(widths)} entries for model.n_layers={n_layers}")
         self.n_layers = n_layers
+        self.init = check_rule(init)
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(vocab_size, d_model)
         self.pos_embeddings: nn.Embedding | None = nn.Embedding(max_seq_len, d_model)
         self.layers = nn.ModuleDict(
@@ -101,7 +104,7 @@ class GPT(nn.Module):
         )
         self.norm: nn.LayerNorm | None = nn.LayerNorm(d_model, eps=norm_eps)
         self.output: nn.Linear | None = nn.Linear(d_model, vocab_size, bias=False)
-        self.apply(_init_weights)
+        init_gpt(self, self.init, n_layers=n_layers)
         if tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
 
@@ -121,14 +124,4 @@ class GPT(nn.Module):
     @torch.no_grad()
     def init_weights(self) -> None:
         """Initialise whatever this (possibly sharded, possibly pruned) module holds, after ``to_empty``."""
-        for module in self.modules():
-            if isinstance(module, nn.LayerNorm):
-                module.reset_parameters()
-        self.apply(_init_weights)
-
-
-def _init_weights(module: nn.Module) -> None:
-    if isinstance(module, (nn.Linear, nn.Embedding)):
-        nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        if getattr(module, "bias", None) is not None:
-            nn.init.zeros_(module.bias)
+        init_gpt(self, self.init, n_layers=self.n_layers)

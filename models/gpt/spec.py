@@ -11,6 +11,7 @@ from models.spec import (
     PipelineUnits,
     builder_kwargs,
     decoder_tp_plan,
+    init_problems,
     size_problems,
     transformer_problems,
     transformer_tp_problems,
@@ -65,6 +66,7 @@ def gpt_problems(model: Any) -> list[str]:
     activation = model.get("activation", "gelu")
     if activation not in ACTIVATIONS:
         out.append(f"model.activation={activation}: use one of {', '.join(ACTIVATIONS)} (gelu_tanh: GPT-2's)")
+    out += init_problems(model)
     return out
 
 

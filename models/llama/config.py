@@ -43,6 +43,9 @@ class LlamaConfig(ModelConfig):
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
     """Output projection shares the token embedding's weight (Llama 3.2 1B/3B do; 8B/70B/405B do not)."""
+    init: str = "reference"
+    """Weight initialisation (``models/init.py``): reference (the family's published rule: torchtitan's Llama 3 for
+    llama/qwen3, GPT-2's for gpt) or normal (N(0, 0.02) everywhere, meshtrain's rule before 2026-12-05)."""
     global_batch_size: Optional[int] = None
     """Planner: the published run's batch (samples of max_seq_len tokens); null = data.global_batch_size."""
     source: str = ""

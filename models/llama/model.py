@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.blocks import PreNormBlock
+from models.init import check_rule, init_llama
 
 
 def llama3_scaled(freqs: torch.Tensor, scaling: Mapping[str, Any]) -> torch.Tensor:
@@ -149,6 +150,7 @@ class Llama(nn.Module):
         tie_embeddings: bool = False,
         head_dim: int = 0,
         qk_norm: bool = False,
+        init: str = "reference",
     ):
         super().__init__()
         from models.llama.spec import ffn_width
@@ -167,6 +169,8 @@ class Llama(nn.Module):
         self.rope_theta = rope_theta
         self.rope_scaling = dict(rope_scaling) if rope_scaling and float(rope_scaling["factor"]) else None
         self.tie_embeddings = tie_embeddings
+        self.d_model = d_model
+        self.init = check_rule(init)
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(vocab_size, d_model)
         self.layers = nn.ModuleDict(
             {
@@ -177,7 +181,7 @@ class Llama(nn.Module):
         self.norm: nn.RMSNorm | None = nn.RMSNorm(d_model, eps=norm_eps)
         self.output: nn.Linear | None = nn.Linear(d_model, vocab_size, bias=False)
         self.register_buffer("rope", self._rotary_table(), persistent=False)
-        self.apply(_init_weights)
+        self._init_parameters()
         if tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
 
@@ -198,18 +202,14 @@ class Llama(nn.Module):
     @torch.no_grad()
     def init_weights(self) -> None:
         """Initialise whatever this (possibly sharded, possibly pruned) module holds, after ``to_empty``."""
-        self.apply(_init_weights)
+        self._init_parameters()
         self.init_buffers()
+
+    def _init_parameters(self) -> None:
+        init_llama(self, self.init, d_model=self.d_model, tie_embeddings=self.tie_embeddings)
 
     @torch.no_grad()
     def init_buffers(self) -> None:
         """Recompute what no checkpoint holds (the rotary table), leaving the weights alone: after ``to_empty``
         when the weights are then read from a checkpoint (``model.init_from``)."""
         self.rope = self._rotary_table(device=self.rope.device)
-
-
-def _init_weights(module: nn.Module) -> None:
-    if isinstance(module, (nn.Linear, nn.Embedding)):
-        nn.init.normal_(module.weight, mean=0.0, std=0.02)
-    elif isinstance(module, nn.RMSNorm):
-        module.reset_parameters()

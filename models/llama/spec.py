@@ -10,6 +10,7 @@ from models.spec import (
     ModelSpec,
     builder_kwargs,
     decoder_tp_plan,
+    init_problems,
     size_problems,
     transformer_problems,
     transformer_tp_problems,
@@ -65,6 +66,7 @@ def llama_problems(model: Any) -> list[str]:
             f"model.d_model={d_model} / model.n_heads={heads} = {d_model // heads}: rotary embeddings rotate pairs "
             "of channels, so the head width must be even; change model.d_model or model.n_heads"
         )
+    out += init_problems(model)
     return out
 
 

@@ -17,7 +17,7 @@ from models.llama.spec import (
 )
 from models.qwen3.config import Qwen3Config
 from models.shape import ModelShape
-from models.spec import ModelSpec, decoder_tp_plan, size_problems
+from models.spec import ModelSpec, decoder_tp_plan, init_problems, size_problems
 
 
 def head_dim(model: Any) -> int:
@@ -52,6 +52,7 @@ def qwen3_problems(model: Any) -> list[str]:
             f"model.head_dim={head_dim(model)}: rotary embeddings rotate pairs of channels, so the head width "
             "must be even; change model.head_dim"
         )
+    out += init_problems(model)
     return out
 
 
