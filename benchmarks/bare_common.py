@@ -1,6 +1,6 @@
 """What every hand-written baseline loop (``benchmarks/bare_*.py``) shares with ``python train.py``'s defaults.
 
-The model shape (``conf/model/gpt_small.yaml``), the byte data (``TextCorpus``, the same global batch per step
+The model (``--model``: gpt_small, llama_debug or qwen3_debug, each its ``conf/model/<name>.yaml`` shape), the byte data (``TextCorpus``, the same global batch per step
 as meshtrain's), AdamW with ``conf/optim/adamw.yaml``'s lr and betas, clipping at ``trainer.grad_clip``'s 1.0,
 one thread per rank, and the timing each loop prints: one JSON line with the median steady-state tokens/s
 (steps 3 on, as meshtrain's summary), each rank's median process CPU seconds per step, the time from launch
@@ -23,13 +23,23 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import nn
 
 from models.gpt.model import GPT
+from models.llama.model import Llama
+from models.qwen3.model import Qwen3
 from trainer.data.datasets import TextCorpus
 
 VOCAB = 256
 #: gpt_small's shape
 SHAPE = {"vocab_size": VOCAB, "n_layers": 4, "d_model": 128, "n_heads": 4, "d_ff": 512}
+_DECODER = {"vocab_size": VOCAB, "n_layers": 4, "d_model": 128, "n_heads": 4, "n_kv_heads": 2, "d_ff": 384}
+#: ``--model``: each name's class and its conf/model/<name>.yaml shape (max_seq_len is ``--seq``)
+MODELS: dict[str, tuple[type[nn.Module], dict]] = {
+    "gpt_small": (GPT, SHAPE),
+    "llama_debug": (Llama, {**_DECODER, "rope_theta": 10000.0}),
+    "qwen3_debug": (Qwen3, {**_DECODER, "head_dim": 64, "rope_theta": 1000000.0, "norm_eps": 1e-6}),
+}
 #: steps whose times are left out of the median (meshtrain's StepStats warm-up)
 WARMUP_STEPS = 2
 
@@ -43,6 +53,7 @@ def parse_args(**defaults) -> argparse.Namespace:
     ap.add_argument("--clip", type=float, default=1.0)
     ap.add_argument("--launch-time", type=float, default=time.time())
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: one GPU per rank, NCCL")
+    ap.add_argument("--model", choices=list(MODELS), default="gpt_small")
     for key, value in defaults.items():
         ap.add_argument(f"--{key.replace('_', '-')}", type=type(value), default=value)
     return ap.parse_args()
@@ -62,9 +73,11 @@ def init(args: argparse.Namespace) -> tuple[int, int, torch.device]:
     return dist.get_rank(), dist.get_world_size(), device
 
 
-def build_gpt(args: argparse.Namespace, *, device: torch.device) -> GPT:
+def build_model(args: argparse.Namespace, *, device: torch.device) -> nn.Module:
+    """``--model``, seeded as meshtrain's build (``trainer.seed`` 0), with its default initialisation."""
+    cls, shape = MODELS[args.model]
     torch.manual_seed(0)
-    return GPT(**SHAPE, max_seq_len=args.seq).to(device)
+    return cls(**shape, max_seq_len=args.seq).to(device)
 
 
 def corpus(args: argparse.Namespace) -> TextCorpus:
@@ -132,16 +145,18 @@ def run_replicated(
     timed_loop(args, step, report=rank == 0)
 
 
-def pipeline_stage_module(args: argparse.Namespace, *, stage: int, stages: int, device: torch.device) -> GPT:
-    """The whole GPT with what other stages own removed: an equal share of the blocks, the embeddings on
+def pipeline_stage_module(args: argparse.Namespace, *, stage: int, stages: int, device: torch.device) -> nn.Module:
+    """The whole model with what other stages own removed: an equal share of the blocks, the embeddings on
     the first stage, the final norm and head on the last (the model's forward skips parts set to None)."""
-    model = build_gpt(args, device=device)
-    per = SHAPE["n_layers"] // stages
+    model = build_model(args, device=device)
+    per = len(model.layers) // stages
     for key in list(model.layers.keys()):
         if not stage * per <= int(key) < (stage + 1) * per:
             del model.layers[key]
     if stage > 0:
-        model.tok_embeddings = model.pos_embeddings = None
+        model.tok_embeddings = None
+        if hasattr(model, "pos_embeddings"):  # GPT's learned positions (the decoders rotate instead)
+            model.pos_embeddings = None
     if stage < stages - 1:
         model.norm = model.output = None
     return model

@@ -11,7 +11,7 @@ from benchmarks import bare_common as bare
 def main() -> None:
     args = bare.parse_args()
     rank, world, device = bare.init(args)
-    model = DDP(bare.build_gpt(args, device=device))
+    model = DDP(bare.build_model(args, device=device))
     bare.run_replicated(args, model, rank=rank, world=world, device=device)
     del model
     bare.close()

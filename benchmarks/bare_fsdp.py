@@ -13,7 +13,7 @@ def main() -> None:
     args = bare.parse_args()
     rank, world, device = bare.init(args)
     mesh = init_device_mesh(device.type, (world,))
-    model = bare.build_gpt(args, device=device)
+    model = bare.build_model(args, device=device)
     for block in model.layers.values():
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)

@@ -1,5 +1,5 @@
 """A hand-written torch tensor-parallel loop: ``parallelize_module`` with Megatron's plan (attention's
-wq/wk/wv and the feed-forward's w1 column-wise, wo and w2 row-wise, the head column-wise with its output
+wq/wk/wv and the feed-forward's w1 (and SwiGLU's w3) column-wise, wo and w2 row-wise, the head column-wise with its output
 replicated; embeddings and norms replicated), as ``parallel=tp`` with its defaults (no sequence or loss
 parallel), 2 ranks under torchrun. Every rank sees the whole batch. Shared parts: ``benchmarks/bare_common.py``.
 """
@@ -10,18 +10,29 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
 from benchmarks import bare_common as bare
 
 
-def megatron_plan(n_layers: int) -> dict:
+def megatron_plan(n_layers: int, *, gated: bool = False, head_norms: bool = False) -> dict:
+    """``gated``: SwiGLU's w3 column-wise beside w1 (Llama, Qwen3); ``head_norms``: Qwen3's per-head q/k norms
+    over the local heads (``SequenceParallel`` on the head dimension, so their gradients sum over the ranks)."""
     plan: dict = {"output": ColwiseParallel(output_layouts=Replicate())}
     for i in range(n_layers):
         plan.update({f"layers.{i}.attention.{w}": ColwiseParallel() for w in ("wq", "wk", "wv")})
         plan[f"layers.{i}.attention.wo"] = RowwiseParallel()
         plan[f"layers.{i}.feed_forward.w1"] = ColwiseParallel()
         plan[f"layers.{i}.feed_forward.w2"] = RowwiseParallel()
+        if gated:
+            plan[f"layers.{i}.feed_forward.w3"] = ColwiseParallel()
+        if head_norms:
+            plan.update(
+                {
+                    f"layers.{i}.attention.{n}": SequenceParallel(sequence_dim=2, use_local_output=True)
+                    for n in ("q_norm", "k_norm")
+                }
+            )
     return plan
 
 
@@ -29,7 +40,16 @@ def main() -> None:
     args = bare.parse_args()
     rank, world, device = bare.init(args)
     mesh = init_device_mesh(device.type, (world,))
-    model = parallelize_module(bare.build_gpt(args, device=device), mesh, megatron_plan(bare.SHAPE["n_layers"]))
+    model = bare.build_model(args, device=device)
+    model = parallelize_module(
+        model,
+        mesh,
+        megatron_plan(
+            len(model.layers),
+            gated=hasattr(model.layers["0"].feed_forward, "w3"),
+            head_norms=getattr(model.layers["0"].attention, "q_norm", None) is not None,
+        ),
+    )
     opt = bare.adamw(model.parameters(), args)
     params = list(model.parameters())
     sharded = [p for p in params if isinstance(p, DTensor) and p.placements[0].is_shard()]

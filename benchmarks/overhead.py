@@ -1,6 +1,6 @@
 """meshtrain's overhead: ``python train.py`` against a hand-written torch loop, strategy by strategy.
 
-Each pair trains the same GPT (gpt_small's shape), byte data, global batch, AdamW, clipping and thread count;
+Each pair trains the same model (``--model``: gpt_small, llama_debug or qwen3_debug), byte data, global batch, AdamW, clipping and thread count;
 the hand-written side (``benchmarks/bare_*.py``, plain torch) is started as a torch user starts it,
 ``torchrun --nproc_per_node=N script.py``, and meshtrain as its user starts it, ``python train.py
 parallel=...`` (its launcher forks the workers on CPU: ``topology.start_method=auto``), both from a new
@@ -15,6 +15,7 @@ seed, model and batch: they should agree to about 1e-6).
     python benchmarks/overhead.py --strategy all            # every pair, 3 rounds of 40 steps
     python benchmarks/overhead.py --strategy tp --rounds 5 --overrides tp.measure_comm=false
     python benchmarks/overhead.py --strategy all --control   # the hand-written loop on both sides
+    python benchmarks/overhead.py --strategy all --model llama_debug   # the decoders: llama_debug, qwen3_debug
 
 ``--control`` runs the hand-written loop in meshtrain's place too: the ratios two identical runs show on this
 machine, the noise any meshtrain / hand-written ratio carries (the "meshtrain" columns are then the second
@@ -62,7 +63,11 @@ PAIRS = {
 }
 
 
-def run_bare(pair: Pair, *, steps: int, batch: int, seq: int, device: str, nproc: int) -> dict:
+MODELS = ("gpt_small", "llama_debug", "qwen3_debug")
+"""``--model``: conf/model names that ``benchmarks/bare_common.py`` builds the same way."""
+
+
+def run_bare(pair: Pair, *, steps: int, batch: int, seq: int, device: str, nproc: int, model: str) -> dict:
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
     with tempfile.TemporaryDirectory(prefix="bench_bare_") as logs:
         launch = time.time()
@@ -78,6 +83,7 @@ def run_bare(pair: Pair, *, steps: int, batch: int, seq: int, device: str, nproc
                 f"--seq={seq}",
                 f"--launch-time={launch}",
                 f"--device={device}",
+                f"--model={model}",
             ],
             capture_output=True,
             text=True,
@@ -91,7 +97,9 @@ def run_bare(pair: Pair, *, steps: int, batch: int, seq: int, device: str, nproc
     return {**result, "step_cpu_s": sum(result["median_step_cpu_s_per_rank"])}
 
 
-def run_meshtrain(pair: Pair, *, steps: int, batch: int, seq: int, device: str, nproc: int, extra: list[str]) -> dict:
+def run_meshtrain(
+    pair: Pair, *, steps: int, batch: int, seq: int, device: str, nproc: int, model: str, extra: list[str]
+) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench_meshtrain_") as tmp:
         run_dir = Path(tmp) / "run"
         launch = time.time()
@@ -100,6 +108,7 @@ def run_meshtrain(pair: Pair, *, steps: int, batch: int, seq: int, device: str, 
                 sys.executable,
                 str(ROOT / "train.py"),
                 *pair.overrides,
+                f"model={model}",
                 f"trainer.max_steps={steps}",
                 "trainer.checkpoint_every=0",
                 f"data.global_batch_size={batch}",
@@ -165,6 +174,7 @@ def loadavg() -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--strategy", choices=[*PAIRS, "all"], default="all")
+    ap.add_argument("--model", choices=MODELS, default="gpt_small")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--batch", type=int, default=32, help="global batch (sequences)")
@@ -181,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     names = list(PAIRS) if args.strategy == "all" else [args.strategy]
     for name in names:  # an unsupported --nproc is refused before anything runs
         layout_overrides(PAIRS[name], device=args.device, nproc=args.nproc or PAIRS[name].nproc)
-    shape = {"steps": args.steps, "batch": args.batch, "seq": args.seq}
+    shape = {"steps": args.steps, "batch": args.batch, "seq": args.seq, "model": args.model}
     got: dict[str, dict[str, list[dict]]] = {n: {"bare": [], "meshtrain": []} for n in names}
     load_before, started = loadavg(), time.perf_counter()
     for r in range(args.rounds):
@@ -206,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     print(f"\nload average before: {load_before}; after: {loadavg()}; {time.perf_counter() - started:.0f} s in all")
     print(
-        f"{args.rounds} rounds of {args.steps} steps, global batch {args.batch} x {args.seq} tokens, 1 thread per rank, "
+        f"{args.model}: {args.rounds} rounds of {args.steps} steps, global batch {args.batch} x {args.seq} tokens, 1 thread per rank, "
         f"{args.device}"
         + (f", {args.nproc} rank(s) per run" if args.nproc else "")
         + (f"; train.py overrides: {' '.join(args.overrides)}" if args.overrides else "")
