@@ -105,8 +105,17 @@ class WandbConfig:
 
 
 @dataclass
+class TensorBoardConfig:
+    enabled: bool = False
+    """Event files under ``<run>/<dir>/`` (logger=tensorboard or logger=wandb_tensorboard turn it on)."""
+    dir: str = "tensorboard"
+    """The folder inside the run folder: ``tensorboard --logdir <run>/tensorboard``."""
+
+
+@dataclass
 class LoggerConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    tensorboard: TensorBoardConfig = field(default_factory=TensorBoardConfig)
 
 
 # ---- per-shape schemas for model / data / optim --------------------------------------------

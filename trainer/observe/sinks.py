@@ -1,4 +1,4 @@
-"""Where rank 0 writes a run's results: metrics.jsonl, summary.json and the W&B run."""
+"""Where rank 0 writes a run's results: metrics.jsonl, summary.json, the W&B run and TensorBoard's event files."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from trainer.observe.metrics import MetricsFile
 
 
 class RankZeroSinks:
-    """metrics.jsonl, summary.json and the W&B run: written by global rank 0 only."""
+    """metrics.jsonl, summary.json, the W&B run and TensorBoard (``logger=``): written by global rank 0 only."""
 
     def __init__(self, *, ctx: WorkerContext, cfg_dict: dict, run_meta: dict[str, Any], start_step: int = 0):
         from trainer.observe.wandb_run import RunIdentity
@@ -52,6 +52,12 @@ class RankZeroSinks:
             identity=self.identity,
             git=prov.get("git"),
         )
+        tb = ctx.cfg.logger.get("tensorboard") or {}
+        self.tensorboard = None
+        if tb.get("enabled"):
+            from trainer.observe.tensorboard_sink import TensorBoardSink
+
+            self.tensorboard = TensorBoardSink(log_dir=ctx.run_dir / str(tb.get("dir") or "tensorboard"))
 
     def _write_resolved_config(self, cfg_dict: dict) -> list[Path]:
         from omegaconf import OmegaConf
@@ -83,6 +89,8 @@ class RankZeroSinks:
     def log_step(self, record: dict[str, Any]) -> None:
         self.metrics.write(record)
         self.wandb.log_metrics(record, step=int(record["step"]))
+        if self.tensorboard is not None:
+            self.tensorboard.log_metrics(record, step=int(record["step"]))
 
     def checkpoint_saved(self, path: Path | None, *, step: int, loss: float | None) -> None:
         """A checkpoint as a W&B artifact by reference (None: the save failed, or it completes in the background)."""
@@ -96,6 +104,8 @@ class RankZeroSinks:
                 summary["wandb_dir"] = self.wandb.directory
                 write_json(self.run_dir / "summary.json", summary)
                 self.wandb.log_summary({**summary, **self._memory_per_pp_rank(summary)})
+                if self.tensorboard is not None:
+                    self.tensorboard.log_summary(summary)
                 self.wandb.log_config(self.config_files)
                 # engines list files they wrote (traces, plots): {"images": {key: path}, "files": [path]}
                 artifacts = summary.get("artifacts") or {}
@@ -105,10 +115,12 @@ class RankZeroSinks:
                 )
         finally:
             self.metrics.close()
+            if self.tensorboard is not None:
+                self.tensorboard.finish()
             self.wandb.finish(exit_code=exit_code)
 
 
 def output_listing(run_dir: Path) -> str:
-    names = ["metrics.jsonl", "summary.json", "logs/", "wandb/", ".hydra/"]
+    names = ["metrics.jsonl", "summary.json", "logs/", "wandb/", "tensorboard/", ".hydra/"]
     present = [n for n in names if (run_dir / n.rstrip("/")).exists()]
     return f"outputs in {run_dir}: " + ", ".join(present)
