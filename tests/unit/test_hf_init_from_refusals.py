@@ -129,3 +129,16 @@ def test_a_shard_missing_from_the_index_and_a_stale_index_are_refused_by_name(co
     index_path.write_text(json.dumps({**index, "weight_map": {**index["weight_map"], key: shards[1]}}))
     msg = refusal(compose_cfg, "model=llama_debug", f"model.init_from={sharded}")
     assert f"maps {key} to shards that do not hold them" in msg
+
+
+def test_a_gpt2_folder_under_a_bias_free_model_names_model_bias_true(compose_cfg, tmp_path):
+    """The default job's export (gpt_small, written as GPT-2 with zero biases) under model=gpt_small: the hint
+    names the override that works, not the model= it already is."""
+    sizes = {"n_embd": 128, "n_layer": 4, "n_head": 4, "n_inner": 512, "n_positions": 128, "vocab_size": 256}
+    sizes |= {"activation_function": "gelu", "tie_word_embeddings": False}  # as trainer.export writes gpt_small
+    gpt2 = save_folder(hf_model("gpt", **sizes), tmp_path / "gpt2")
+    msg = refusal(compose_cfg, "model=gpt_small", f"model.init_from={gpt2}")
+    assert "no place for: transformer.h.0.attn.c_attn.bias" in msg
+    assert "add model.bias=true, or leave model= out (init_from alone)" in msg
+    assert "choose the model= it was saved from" not in msg
+    validate(compose_cfg("parallel=single", "model=gpt_small", "model.bias=true", f"model.init_from={gpt2}"))

@@ -143,9 +143,14 @@ def tensor_problems(folder: HFFolder, adapter: Any, model_cfg: DictConfig, start
             "(an incomplete copy, or a checkpoint of another model: check the folder and model=)"
         )
     if unexpected:
+        if all(k.endswith(".bias") for k in unexpected) and model_cfg.get("bias") is False:
+            # GPT-2 folders carry biases; gpt_small (bias=false) exports zeros for them
+            fix = "the folder's layers have biases: add model.bias=true, or leave model= out (init_from alone)"
+        else:
+            fix = "a checkpoint of another family or layout: leave model= out (init_from alone) or choose its model="
         out.append(
             f"{where}: {len(unexpected)} tensor(s) in its safetensors that this model has no place for: "
-            f"{_names(unexpected)} (a checkpoint of another family or layout: choose the model= it was saved from)"
+            f"{_names(unexpected)} ({fix})"
         )
     if wrong:
         out.append(f"{where}: {len(wrong)} tensor(s) of another shape than this model's: {_names(wrong)}")
