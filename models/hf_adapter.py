@@ -85,6 +85,41 @@ class Source:
         rows = [self.hf_row(r, value.shape[0]) for r in range(value.shape[0])]
         (hf.T if self.transpose else hf)[rows] = value
 
+    def hf_tensors(self, shape: Shape) -> dict[str, Shape]:
+        """The HF tensors (name -> shape) this one is read from."""
+        return {self.key: self.hf_shape(shape)}
+
+    def write(self, out: dict[str, torch.Tensor], value: torch.Tensor) -> None:
+        """Put ``value`` into the HF state dict ``out`` being assembled (its tensor made on first use)."""
+        if self.key not in out:
+            out[self.key] = value.new_zeros(self.hf_shape(tuple(value.shape)))
+        self.put(out[self.key], value)
+
+
+@dataclass(frozen=True)
+class Stacked:
+    """A meshtrain tensor whose dim 0 stacks HF tensors, one per index (a MoE block's experts: ``experts.w1`` is
+    (E, ff, d); the checkpoint holds E ``experts.{e}.gate_proj.weight`` of (ff, d)). ``key`` has ``{e}`` for the
+    index (the layer's ``{}`` already filled)."""
+
+    key: str
+
+    def sources(self, count: int) -> list[Source]:
+        return [Source(self.key.replace("{e}", str(e))) for e in range(count)]
+
+    def hf_tensors(self, shape: Shape) -> dict[str, Shape]:
+        return {src.key: tuple(shape[1:]) for src in self.sources(shape[0])}
+
+    def take(self, read: Reader, index: tuple[slice, ...], shape: Shape) -> torch.Tensor:
+        import torch
+
+        srcs = self.sources(shape[0])[index[0]]
+        return torch.stack([s.take(read, index[1:], tuple(shape[1:])) for s in srcs])
+
+    def write(self, out: dict[str, torch.Tensor], value: torch.Tensor) -> None:
+        for src, part in zip(self.sources(value.shape[0]), value):
+            out[src.key] = part.clone()
+
 
 LAYER = re.compile(r"^(?P<head>.*?layers)\.(?P<index>\d+)\.(?P<tail>.+)$")
 
@@ -96,7 +131,8 @@ def template(fqn: str) -> tuple[str, int | None]:
 
 
 def fill(name: str, index: int | None) -> str:
-    return name.format(index) if index is not None else name
+    """The layer's ``{}`` filled (a ``Stacked`` key's ``{e}`` left for the expert)."""
+    return name.replace("{}", str(index)) if index is not None else name
 
 
 class HFAdapter:
@@ -106,8 +142,9 @@ class HFAdapter:
     """``config.json``'s ``model_type`` this family reads and writes."""
     architecture: str = ""
     """transformers' class for it (``config.json``'s ``architectures``)."""
-    keys: Mapping[str, str | Source] = {}
-    """meshtrain name template -> HF name template (or a ``Source`` whose ``key`` is one: a part, a transpose)."""
+    keys: Mapping[str, str | Source | Stacked] = {}
+    """meshtrain name template -> HF name template (or a ``Source`` whose ``key`` is one: a part, a transpose; or a
+    ``Stacked`` one: per-expert tensors)."""
     rotary: Mapping[str, str] = {}
     """meshtrain name template -> the config key giving its number of rotary heads (1: one head's channels)."""
     embedding: str = "tok_embeddings.weight"
@@ -124,12 +161,12 @@ class HFAdapter:
         src = self._mapped(fqn)
         return src.key if src is not None else None
 
-    def _mapped(self, fqn: str) -> Source | None:
+    def _mapped(self, fqn: str) -> Source | Stacked | None:
         name, index = template(fqn)
         found = self.keys.get(name)
         if found is None:
             return None
-        src = found if isinstance(found, Source) else Source(found)
+        src = found if isinstance(found, (Source, Stacked)) else Source(found)
         return replace(src, key=fill(src.key, index))
 
     def source(self, fqn: str, model: Mapping[str, Any]) -> Source | None:
@@ -168,7 +205,7 @@ class HFAdapter:
             src = self.source(fqn, model)
             if src is None:
                 raise KeyError(f"{fqn}: the {self.model_type} adapter has no Hugging Face name for it")
-            out[src.key] = src.hf_shape(tuple(shape))
+            out.update(src.hf_tensors(tuple(shape)))
         return out
 
     def to_hf(self, state: Mapping[str, torch.Tensor], model: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -180,9 +217,7 @@ class HFAdapter:
             src = self.source(fqn, model)
             if src is None:
                 raise KeyError(f"{fqn}: the {self.model_type} adapter has no Hugging Face name for it")
-            if src.key not in out:
-                out[src.key] = value.new_zeros(src.hf_shape(tuple(value.shape)))
-            src.put(out[src.key], value.detach())
+            src.write(out, value.detach())
         return out
 
     def from_hf(

@@ -32,6 +32,7 @@ BUILT_IN = (
     "models.gpt.spec:SPEC",
     "models.llama.spec:SPEC",
     "models.qwen3.spec:SPEC",
+    "models.qwen3_moe.spec:SPEC",
     "models.cnn.spec:SPEC",
 )
 for _path in BUILT_IN:

@@ -8,7 +8,10 @@ the formulas are written once here and the family says only how its config maps 
 - GPT (``models/gpt``): learned positions, LayerNorm (weight + bias), a 2-matrix GELU MLP, full
   multi-head attention;
 - Llama (``models/llama``): rotary positions (no position table), RMSNorm (weight only), a 3-matrix
-  SwiGLU MLP, grouped-query attention (``n_kv_heads`` key/value heads shared by the query heads).
+  SwiGLU MLP, grouped-query attention (``n_kv_heads`` key/value heads shared by the query heads);
+- a mixture of experts (``models/qwen3_moe``): in the layers marked ``sparse`` the MLP is ``n_experts`` SwiGLU
+  experts of width ``moe_d_ff`` (plus ``n_shared_experts`` every token runs) and a router; ``params`` counts every
+  expert (memory), ``active_params`` and the FLOPs only the ``top_k`` a token runs through.
 """
 
 from __future__ import annotations
@@ -48,6 +51,17 @@ class ModelShape:
     """Width of one attention head; 0 means ``d_model / n_heads`` (Qwen3 sets it on its own)."""
     qk_norm: bool = False
     """A norm over each query and key head (Qwen3): two ``head_dim`` weights per block."""
+    n_experts: int = 0
+    """Routed experts in each sparse layer (0: a dense model)."""
+    top_k: int = 0
+    """Experts a token runs through in a sparse layer."""
+    moe_d_ff: int = 0
+    """One expert's SwiGLU width."""
+    n_shared_experts: int = 0
+    """Experts of width ``moe_d_ff`` every token runs through besides its top-k."""
+    sparse: tuple[bool, ...] = ()
+    """Per layer: a mixture of experts (True) or a dense MLP of ``layer_d_ff`` (False); empty: all dense. A sparse
+    layer's ``layer_d_ff`` is its active width per token, (top_k + n_shared_experts) x moe_d_ff."""
 
     def __post_init__(self) -> None:
         if not self.layer_d_ff:
@@ -58,6 +72,10 @@ class ModelShape:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if not self.head_dim:
             object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
+        if not self.sparse:
+            object.__setattr__(self, "sparse", (False,) * self.n_layers)
+        if len(self.sparse) != self.n_layers:
+            raise PlanError(f"{len(self.sparse)} sparse-layer flags for model.n_layers={self.n_layers}")
 
     @property
     def kv_dim(self) -> int:
@@ -71,21 +89,40 @@ class ModelShape:
         return self.n_heads * self.head_dim
 
     def tp_divides(self, tp: int) -> bool:
-        """Whether a tensor-parallel degree gives every rank whole query and key/value heads."""
+        """Whether a tensor-parallel degree gives every rank whole query and key/value heads (a mixture of experts:
+        tp 1 only, its experts have no tensor-parallel plan; expert parallel is to come)."""
+        if any(self.sparse) and tp > 1:
+            return False
         return self.n_heads % tp == 0 and self.n_kv_heads % tp == 0
 
     # ---- parameters ------------------------------------------------------------------------------
 
     def layer_matmul_params(self, i: int) -> int:
         """Weights of the block's matrices: wq, wo (h·q_dim, h² by default) + wk, wv (h·kv_dim) + the MLP (2 or 3
-        of h·d_ff)."""
-        h, f = self.d_model, self.layer_d_ff[i]
-        return 2 * h * self.q_dim + 2 * h * self.kv_dim + (3 if self.gated_mlp else 2) * h * f
+        of h·d_ff); a sparse layer: every expert's 3·h·moe_d_ff, the shared experts' and the router's E·h."""
+        h = self.d_model
+        if self.sparse[i]:
+            experts = 3 * h * self.moe_d_ff * (self.n_experts + self.n_shared_experts) + h * self.n_experts
+            return self.attention_matmul_params + experts
+        return self.attention_matmul_params + (3 if self.gated_mlp else 2) * h * self.layer_d_ff[i]
+
+    @property
+    def attention_matmul_params(self) -> int:
+        return 2 * self.d_model * self.q_dim + 2 * self.d_model * self.kv_dim
+
+    def layer_active_matmul_params(self, i: int) -> int:
+        """The matrices one token runs through: a sparse layer's top-k and shared experts and the router only."""
+        if not self.sparse[i]:
+            return self.layer_matmul_params(i)
+        h = self.d_model
+        return self.attention_matmul_params + 3 * h * self.layer_d_ff[i] + h * self.n_experts
 
     def layer_params(self, i: int) -> int:
         """Matrices + two norms (+ biases): for the GPT Megatron's 12h² + 13h."""
         h, f = self.d_model, self.layer_d_ff[i]
         biases = (self.q_dim + h + 2 * self.kv_dim) + (2 if self.gated_mlp else 1) * f + h if self.bias else 0
+        if self.sparse[i]:
+            biases = 0  # the experts and the router have none (Qwen3-MoE, DeepSeek-V3)
         return self.layer_matmul_params(i) + self.layer_norm_params(i) + biases
 
     def layer_norm_params(self, i: int) -> int:
@@ -103,18 +140,26 @@ class ModelShape:
 
     @property
     def params(self) -> int:
+        """Every parameter, each expert included: what memory holds."""
         return self.embedding_params + sum(self.layer_params(i) for i in range(self.n_layers)) + self.head_params
+
+    @property
+    def active_params(self) -> int:
+        """The parameters one token runs through (a dense model: ``params``), the "A3B" of Qwen3-30B-A3B."""
+        idle = sum(self.layer_matmul_params(i) - self.layer_active_matmul_params(i) for i in range(self.n_layers))
+        return self.params - idle
 
     # ---- FLOPs -----------------------------------------------------------------------------------
 
     def layer_forward_flops_per_token(self, i: int, seq_len: int) -> float:
         """Matmul FLOPs of one block per token, forward: 2·(its matrices) + attention 2·2·s·h.
 
-        For the GPT 2·(4h² + 2·h·d_ff) + 4sh: Megatron-LM 2021 (arXiv 2104.04473, appendix
+        A sparse layer counts the matrices a token runs through (``layer_active_matmul_params``). For the GPT
+        2·(4h² + 2·h·d_ff) + 4sh: Megatron-LM 2021 (arXiv 2104.04473, appendix
         "Floating-point operations"), 24h² + 4sh per token with d_ff = 4h; the attention score and value
         products are counted in full (no causal halving), as there.
         """
-        return 2 * self.layer_matmul_params(i) + 4 * seq_len * self.q_dim
+        return 2 * self.layer_active_matmul_params(i) + 4 * seq_len * self.q_dim
 
     def logit_forward_flops_per_token(self) -> float:
         """The output projection: 2·V·h per token (Megatron: the V/(16lh) term of the FLOPs formula)."""

@@ -18,7 +18,9 @@ Validation, the strategies and the planner ask a model's spec instead of testing
 - ``hf_adapter``: ``"module:OBJECT"`` of its Hugging Face adapter (``models/hf_adapter.py``), imported only
   when a run reads or writes a transformers model folder; ``None``: no way in or out;
 - ``loss``: ``"module:function"`` of the loss it trains with (``models/losses.py``), which every engine calls;
-- ``tp_plan``: the module names its tensor-parallel plan shards (``TPPlan``), read by its ``parallelize``.
+- ``tp_plan``: the module names its tensor-parallel plan shards (``TPPlan``), read by its ``parallelize``;
+- ``moe``: a mixture of experts' parameter names and sizes (``MoESpec``), for expert parallel and the planner;
+  ``None``: a dense model.
 
 The built-in families register in ``models/registry.py``; a user's model registers itself with
 ``models.registry.register(spec)`` or is named by ``model.spec: "package.module:SPEC"`` in its YAML
@@ -57,6 +59,28 @@ class ModelConfig:
     init_from: Optional[str] = None
     """A Hugging Face model folder (config.json + safetensors) whose weights the run starts from, read by each
     rank for the shards it holds (``ModelSpec.hf_adapter`` maps the names); null: random weights."""
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """Where a mixture-of-experts family keeps its experts, for expert parallel (which shards them over ``ep``) and
+    the planner (which counts them). Patterns are FQNs with ``*`` for the layer key (``fnmatch``); the sizes are
+    functions of the model config, as ``ModelSpec.blocks``."""
+
+    experts: tuple[str, ...]
+    """The stacked expert weights, dim 0 indexing the expert (``layers.*.feed_forward.experts.w1`` ...)."""
+    router: tuple[str, ...] = ()
+    """The router weights (replicated over ``ep``: every rank routes its own tokens)."""
+    n_experts: Callable[[Any], int] | None = None
+    """Routed experts per sparse layer, from the config."""
+    top_k: Callable[[Any], int] | None = None
+    """Experts each token runs through, from the config."""
+
+    def is_expert(self, fqn: str) -> bool:
+        """Whether parameter ``fqn`` is an expert weight (a pipeline stage's or a wrapper's prefix allowed)."""
+        from fnmatch import fnmatch
+
+        return any(fnmatch(fqn, p) or fnmatch(fqn, f"*.{p}") for p in self.experts)
 
 
 @dataclass(frozen=True)
@@ -179,6 +203,9 @@ class ModelSpec:
     """``package.module:function`` of its loss, ``fn(output, targets) -> mean loss`` (``models/losses.py``)."""
     tp_plan: TPPlan | None = None
     """The module names its ``parallelize`` function shards; ``None`` for a family without tensor parallel."""
+    moe: MoESpec | None = None
+    """A mixture of experts' expert FQN patterns, ``n_experts`` and ``top_k`` (expert parallel, the planner);
+    ``None``: a dense model."""
     # ---- the planner's model (calibration and dry run) ----
     resized: Callable[[Any, dict[str, int]], dict[str, Any]] | None = None
     """``fn(model, sizes) -> kwargs``: builder kwargs of a model of this family like the config ``model`` with

@@ -27,6 +27,15 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "qwen3_gqa": ("qwen3", {"num_key_value_heads": 2, "head_dim": 32}),
     "qwen3_tied_mha": ("qwen3", {"num_key_value_heads": 4, "head_dim": 8, "tie_word_embeddings": True}),
+    "qwen3_moe": ("qwen3_moe", {"num_key_value_heads": 2, "head_dim": 32}),
+    "qwen3_moe_dense_layer_top1": (
+        "qwen3_moe",
+        {"num_key_value_heads": 4, "head_dim": 16, "mlp_only_layers": [0], "num_experts_per_tok": 1},
+    ),
+    "qwen3_moe_unnormalised_step2": (
+        "qwen3_moe",
+        {"num_key_value_heads": 2, "head_dim": 16, "norm_topk_prob": False, "decoder_sparse_step": 2},
+    ),
     "gpt2": ("gpt", {}),
     "gpt_exact_gelu_untied": ("gpt", {"activation_function": "gelu", "tie_word_embeddings": False}),
 }
@@ -36,7 +45,7 @@ VOCAB, WIDTH, LAYERS, HEADS, FFN, POSITIONS = 96, 64, 2, 4, 96, 64
 
 def hf_config(family: str, **overrides: Any):
     """A tiny transformers config of ``family`` (rms_norm_eps 1e-5, as meshtrain's Llama defaults to)."""
-    from transformers import GPT2Config, LlamaConfig, Qwen3Config
+    from transformers import GPT2Config, LlamaConfig, Qwen3Config, Qwen3MoeConfig
 
     if family == "gpt":
         keys = {"n_positions": POSITIONS, "n_embd": WIDTH, "n_layer": LAYERS, "n_head": HEADS, "n_inner": FFN}
@@ -50,6 +59,9 @@ def hf_config(family: str, **overrides: Any):
         "max_position_embeddings": POSITIONS,
         "rms_norm_eps": 1e-5,
     }
+    if family == "qwen3_moe":  # 8 experts of width 32, 2 per token (the cases change some)
+        moe = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": True}
+        return Qwen3MoeConfig(**{**shared, **moe, **overrides})
     return (LlamaConfig if family == "llama" else Qwen3Config)(**{**shared, **overrides})
 
 
@@ -91,8 +103,25 @@ def meshtrain_twin(family: str, hf, *, max_seq_len: int = 32):
         model_cfg["max_seq_len"] = max_seq_len
     module = instantiate(builder_kwargs(model_cfg)).eval()
     shapes = {k: tuple(v.shape) for k, v in module.state_dict().items()}
-    module.load_state_dict(adapter.from_hf(hf.state_dict(), model_cfg, shapes))
+    module.load_state_dict(adapter.from_hf(checkpoint_tensors(hf), model_cfg, shapes))
     return module, model_cfg
+
+
+def checkpoint_tensors(hf) -> dict:
+    """``hf``'s tensors as its checkpoint holds them: transformers 5 fuses a Qwen3-MoE layer's experts in memory
+    (``experts.gate_up_proj``) and writes them per expert, so that family's are read back from ``save_pretrained``."""
+    if hf.config.model_type != "qwen3_moe":
+        return hf.state_dict()
+    import tempfile
+
+    from safetensors.torch import load_file
+
+    with tempfile.TemporaryDirectory() as folder:
+        hf.save_pretrained(folder)
+        out = {}
+        for file in sorted(Path(folder).glob("*.safetensors")):
+            out.update(load_file(file))
+    return out
 
 
 def max_logit_difference(a, b) -> float:

@@ -25,6 +25,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from models.losses import token_cross_entropy
+from models.moe import moe_metrics, set_aux_loss_scale
 from parallel.core.comm_timer import SampledCommMeter
 from parallel.core.grad_clip import clip_grad_norm_
 from parallel.core.intervals import StepCommMeter
@@ -292,6 +293,7 @@ class ModuleEngine(Engine):
         self.tp_meter = tp_meter or SampledCommMeter(None)
         self.rank_map = rank_map or {}
         self._step_start = time.perf_counter()
+        set_aux_loss_scale(module, 1.0 / accumulation)  # a MoE's auxiliary loss scaled as the LM loss (loss / n)
 
     def _loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         loss = self.loss_fn(self.module(x), y)
@@ -332,7 +334,7 @@ class ModuleEngine(Engine):
         return total
 
     def step_metrics(self) -> dict[str, float]:
-        out = self.tp_meter.metrics()
+        out = {**self.tp_meter.metrics(), **moe_metrics(self.module)}
         taken = self.dp_timer.take() if self.dp_timer is not None else None
         if taken is not None:  # over the loop's step: forward/backward, clipping, update
             busy, count = taken

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from models.moe import set_aux_loss_scale
 from parallel.core.base import Engine, WorkerContext
 from parallel.core.comm_timer import SampledCommMeter
 from parallel.core.compose import Composition, compose
@@ -131,6 +132,8 @@ class PipelineEngine(Engine):
         self.plan = plan
         self.part_names = part_names
         self.model_parts = [st.submod for st in stages]
+        for part in self.model_parts:  # a MoE's auxiliary loss scaled as the LM loss (loss / micro-batches)
+            set_aux_loss_scale(part, 1.0 / ctx.layout.micro_batches)
         self.pp_group = ctx.mesh["pp"].get_group() if ctx.mesh is not None else None
         self.pp = ctx.layout.pp
         self.m = ctx.layout.micro_batches

@@ -12,7 +12,7 @@ import torch
 from models.hf_adapter import HFConfigError, Source
 from models.registry import REGISTRY
 from models.shape import ModelShape
-from tests.hf_helpers import CASES, hf_config, hf_model, max_logit_difference, meshtrain_twin
+from tests.hf_helpers import CASES, checkpoint_tensors, hf_config, hf_model, max_logit_difference, meshtrain_twin
 
 TOKENS = torch.randint(0, 96, (2, 32), generator=torch.Generator().manual_seed(0))
 
@@ -60,7 +60,7 @@ def test_state_dict_round_trips_bit_for_bit(case):
     module, model_cfg = meshtrain_twin(family, hf)
     adapter = REGISTRY[family].hf_adapter_obj()
     back = adapter.to_hf(module.state_dict(), model_cfg)
-    want = {k: v for k, v in hf.state_dict().items() if not adapter.ignored(k, model_cfg)}
+    want = {k: v for k, v in checkpoint_tensors(hf).items() if not adapter.ignored(k, model_cfg)}
     assert sorted(back) == sorted(want)
     for key, value in want.items():
         assert torch.equal(back[key], value), key
@@ -83,7 +83,19 @@ def test_sliced_reads_equal_the_whole_tensors_slices():
 
 
 @pytest.mark.parametrize(
-    "name", ["llama_debug", "llama3_2_1b", "llama3_1_8b", "qwen3_debug", "qwen3_0_6b", "qwen3_8b", "gpt2", "gpt_small"]
+    "name",
+    [
+        "llama_debug",
+        "llama3_2_1b",
+        "llama3_1_8b",
+        "qwen3_debug",
+        "qwen3_0_6b",
+        "qwen3_8b",
+        "qwen3_moe_debug",
+        "qwen3_30b_a3b",
+        "gpt2",
+        "gpt_small",
+    ],
 )
 def test_configs_map_to_transformers_models_of_the_same_size(compose_cfg, name):
     """config.json from each config builds (on the meta device) a transformers model with exactly meshtrain's

@@ -1,0 +1,285 @@
+"""A mixture-of-experts feed-forward block: a softmax top-k router, SwiGLU experts stored stacked, optional shared
+experts, and the two ways of keeping experts balanced.
+
+The block runs in four steps, each its own piece so that expert parallel can later replace the middle two:
+
+1. ``Router``: softmax over ``E`` experts in fp32, the top ``k`` per token (Qwen3-MoE's ``norm_topk_prob``
+   renormalises the k weights to sum to 1). DeepSeek-V3's auxiliary-loss-free balancing adds a per-expert bias to
+   the scores for the *choice* only (``expert_bias``, updated outside autograd by ``update_expert_bias``).
+2. ``LocalDispatch.dispatch``: the (token, choice) pairs sorted by expert, the rows gathered, the count per expert;
+   with ``capacity_factor`` each expert keeps at most ``ceil(factor x tokens x k / E)`` rows (in token order) and
+   the rest are dropped and counted (a dropped choice adds nothing; the residual stream carries the token on).
+3. ``GroupedExperts``: every expert's SwiGLU over its contiguous rows, with ``torch._grouped_mm`` on CUDA and a
+   loop of per-expert matmuls elsewhere (the same products; torch 2.13's CPU ``_grouped_mm`` has no backward).
+4. ``LocalDispatch.combine``: each row scaled by its router weight and summed back into its token.
+
+Expert weights are stacked like ``nn.Linear`` weights, one per expert: ``w1``, ``w3`` are (E, ff, d) and ``w2`` is
+(E, d, ff), so expert e computes ``w2[e] @ (silu(w1[e] @ x) * (w3[e] @ x))``, and a published checkpoint's
+per-expert ``gate_proj`` / ``up_proj`` / ``down_proj`` are the slices ``w1[e]`` / ``w3[e]`` / ``w2[e]``. An FSDP2
+shard of dim 0 is a set of whole experts.
+
+**The load-balancing loss** (Switch Transformer, arXiv 2101.03961 eq. 4-6; transformers' Qwen3-MoE
+``router_aux_loss_coef``): ``E x sum_i f_i P_i`` per layer, ``f_i`` the fraction of tokens whose top-k holds
+expert i and ``P_i`` the mean router probability of expert i. Its gradient joins backward through the block's
+output (Megatron-core's ``MoEAuxLossAutoScaler``): the LM loss the engines compute and report stays the LM loss,
+whatever the layout, including pipeline stages that never see the last layer. ``aux_loss_scale`` (set by
+``set_aux_loss_scale``) must be the factor the engine scales the LM loss by (1 / micro-batches per step). The
+value of the last forward is in ``last_stats`` (``moe_metrics`` reads every layer's).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+#: ``expert_impl`` choices: auto (grouped_mm on CUDA, the loop elsewhere), grouped_mm, loop
+EXPERT_IMPLS = ("auto", "grouped_mm", "loop")
+
+
+class Router(nn.Module):
+    """Token -> k experts and their weights. ``weight`` is (E, d), transformers' ``mlp.gate.weight``."""
+
+    def __init__(self, d_model: int, n_experts: int, top_k: int, *, norm_topk_prob: bool, score_bias: bool):
+        super().__init__()
+        if not 1 <= top_k <= n_experts:
+            raise ValueError(f"model.top_k={top_k}: each token picks 1 to model.n_experts={n_experts} experts")
+        self.top_k = top_k
+        self.norm_topk_prob = norm_topk_prob
+        self.weight = nn.Parameter(torch.empty(n_experts, d_model))
+        # DeepSeek-V3's balancing bias: picks experts, never weighs them; a buffer (no gradient, in checkpoints)
+        self.register_buffer("expert_bias", torch.zeros(n_experts) if score_bias else None)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(probabilities (T, E) fp32, chosen experts (T, k), their weights (T, k) in x's dtype)."""
+        probs = F.linear(x, self.weight).float().softmax(dim=-1)
+        choose = probs if self.expert_bias is None else probs + self.expert_bias
+        idx = choose.topk(self.top_k, dim=-1).indices
+        weights = probs.gather(-1, idx)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return probs, idx, weights.to(x.dtype)
+
+
+@dataclass
+class Routed:
+    """What ``dispatch`` hands the experts and ``combine`` needs back."""
+
+    rows: torch.Tensor
+    """(N, d): the kept (token, choice) rows, grouped by expert in expert order."""
+    counts: torch.Tensor
+    """(E,) int64: rows per expert (sums to N)."""
+    token: torch.Tensor
+    """(N,): the token each row came from."""
+    weight: torch.Tensor
+    """(N,): its router weight."""
+    dropped: torch.Tensor
+    """(): (token, choice) pairs over capacity, not computed."""
+
+
+class LocalDispatch:
+    """Every expert on this rank: a sort by expert and a gather, and its inverse. Expert parallel replaces it with
+    an all-to-all dispatch of the same ``Routed`` rows (the seam: ``dispatch`` / ``combine``)."""
+
+    def __init__(self, n_experts: int, capacity_factor: float = 0.0):
+        self.n_experts = n_experts
+        self.capacity_factor = capacity_factor
+
+    def capacity(self, tokens: int, top_k: int) -> int | None:
+        """Rows an expert keeps; None: no limit (``capacity_factor`` 0)."""
+        if not self.capacity_factor:
+            return None
+        return math.ceil(self.capacity_factor * tokens * top_k / self.n_experts)
+
+    def dispatch(self, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> Routed:
+        tokens, k = idx.shape
+        flat = idx.reshape(-1)
+        order = flat.argsort(stable=True)  # by expert, then token, then choice: transformers' summation order
+        counts = torch.bincount(flat, minlength=self.n_experts)
+        dropped = torch.zeros((), dtype=torch.long, device=x.device)
+        limit = self.capacity(tokens, k)
+        if limit is not None:
+            starts = counts.cumsum(0) - counts
+            rank_in_expert = torch.arange(flat.numel(), device=x.device) - starts[flat[order]]
+            keep = rank_in_expert < limit
+            order, kept = order[keep], counts.clamp(max=limit)
+            dropped = (counts - kept).sum()
+            counts = kept
+        token = order // k
+        return Routed(rows=x[token], counts=counts, token=token, weight=weights.reshape(-1)[order], dropped=dropped)
+
+    def combine(self, y: torch.Tensor, routed: Routed, tokens: int) -> torch.Tensor:
+        out = y.new_zeros(tokens, y.shape[-1])
+        return out.index_add_(0, routed.token, y * routed.weight[:, None])
+
+
+class GroupedExperts(nn.Module):
+    """E SwiGLU experts, stacked: ``w1``, ``w3`` (E, ff, d), ``w2`` (E, d, ff)."""
+
+    def __init__(self, d_model: int, d_ff: int, n_experts: int, *, impl: str = "auto"):
+        super().__init__()
+        if impl not in EXPERT_IMPLS:
+            raise ValueError(f"model.expert_impl={impl}: choose one of {', '.join(EXPERT_IMPLS)}")
+        self.impl = impl
+        self.w1 = nn.Parameter(torch.empty(n_experts, d_ff, d_model))
+        self.w2 = nn.Parameter(torch.empty(n_experts, d_model, d_ff))
+        self.w3 = nn.Parameter(torch.empty(n_experts, d_ff, d_model))
+
+    def use_grouped_mm(self, rows: torch.Tensor) -> bool:
+        if self.impl != "auto":
+            return self.impl == "grouped_mm"
+        return rows.is_cuda and hasattr(torch, "_grouped_mm")
+
+    def forward(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        w1, w2, w3 = self.w1, self.w2, self.w3
+        if self.use_grouped_mm(rows):
+            offs = counts.cumsum(0).to(torch.int32)
+            h = F.silu(torch._grouped_mm(rows, w1.transpose(-2, -1), offs=offs))
+            h = h * torch._grouped_mm(rows, w3.transpose(-2, -1), offs=offs)
+            return torch._grouped_mm(h, w2.transpose(-2, -1), offs=offs)
+        parts = rows.split(counts.tolist())
+        out = [F.linear(F.silu(F.linear(p, w1[e])) * F.linear(p, w3[e]), w2[e]) for e, p in enumerate(parts)]
+        return torch.cat(out) if out else rows[:0]
+
+
+class SwiGLU(nn.Module):
+    """A shared expert (every token runs it): Llama's feed-forward names ``w1``, ``w2``, ``w3``."""
+
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        self.w1 = nn.Linear(d_model, d_ff, bias=False)
+        self.w2 = nn.Linear(d_ff, d_model, bias=False)
+        self.w3 = nn.Linear(d_model, d_ff, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class _AttachAuxLoss(torch.autograd.Function):
+    """Identity on ``out``; backward also sends ``scale`` as the gradient of ``aux`` (Megatron-core's
+    ``MoEAuxLossAutoScaler``): the auxiliary loss trains the router without entering the reported LM loss."""
+
+    @staticmethod
+    def forward(ctx, out: torch.Tensor, aux: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.save_for_backward(aux)
+        ctx.scale = scale
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (aux,) = ctx.saved_tensors
+        return grad, torch.full_like(aux, ctx.scale), None
+
+
+def load_balancing_loss(probs: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Switch's ``E x sum_i f_i P_i`` (transformers' ``load_balancing_loss_func`` for one layer): 1 when balanced."""
+    n_experts = probs.shape[-1]
+    f = torch.bincount(idx.reshape(-1), minlength=n_experts).to(probs.dtype) / idx.shape[0]
+    return n_experts * (f * probs.mean(dim=0)).sum()
+
+
+class MoE(nn.Module):
+    """The feed-forward of a sparse block: ``shared(x) + sum_k w_k expert_k(x)``."""
+
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        *,
+        n_experts: int,
+        top_k: int,
+        norm_topk_prob: bool = True,
+        n_shared_experts: int = 0,
+        aux_loss_coef: float = 0.0,
+        bias_update_rate: float = 0.0,
+        capacity_factor: float = 0.0,
+        expert_impl: str = "auto",
+    ):
+        super().__init__()
+        if capacity_factor < 0:
+            raise ValueError(f"model.capacity_factor={capacity_factor}: 0 (no limit) or a positive factor")
+        self.n_experts, self.top_k = n_experts, top_k
+        self.aux_loss_coef = aux_loss_coef
+        self.aux_loss_scale = 1.0
+        """The factor the engine scales the LM loss by (``set_aux_loss_scale``)."""
+        self.bias_update_rate = bias_update_rate
+        self.router = Router(d_model, n_experts, top_k, norm_topk_prob=norm_topk_prob, score_bias=bias_update_rate > 0)
+        self.experts = GroupedExperts(d_model, d_ff, n_experts, impl=expert_impl)
+        self.shared = SwiGLU(d_model, d_ff * n_shared_experts) if n_shared_experts else None
+        self.dispatcher = LocalDispatch(n_experts, capacity_factor)
+        self.last_stats: dict[str, torch.Tensor] = {}
+        self.tokens_per_expert = None  # counts since the last bias update (a plain tensor: DDP broadcasts buffers)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self, std: float = 0.02) -> None:
+        for w in (self.router.weight, self.experts.w1, self.experts.w2, self.experts.w3):
+            nn.init.normal_(w, mean=0.0, std=std)
+        if self.router.expert_bias is not None:
+            self.router.expert_bias.zero_()
+        if self.shared is not None:
+            for lin in (self.shared.w1, self.shared.w2, self.shared.w3):
+                nn.init.normal_(lin.weight, mean=0.0, std=std)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        probs, idx, weights = self.router(flat)
+        routed = self.dispatcher.dispatch(flat, idx, weights)
+        y = self.dispatcher.combine(self.experts(routed.rows, routed.counts), routed, flat.shape[0])
+        if self.shared is not None:
+            y = y + self.shared(flat)
+        aux = load_balancing_loss(probs, idx)
+        counts = torch.bincount(idx.reshape(-1), minlength=self.n_experts).detach()
+        self.last_stats = {"aux_loss": aux.detach(), "tokens_per_expert": counts, "dropped": routed.dropped}
+        if self.training and self.router.expert_bias is not None:
+            self.tokens_per_expert = counts if self.tokens_per_expert is None else self.tokens_per_expert + counts
+        if self.training and self.aux_loss_coef and torch.is_grad_enabled():
+            y = _AttachAuxLoss.apply(y, aux, self.aux_loss_coef * self.aux_loss_scale)
+        return y.reshape(shape)
+
+
+def moe_layers(module: nn.Module) -> list[MoE]:
+    return [m for m in module.modules() if isinstance(m, MoE)]
+
+
+def set_aux_loss_scale(module: nn.Module, scale: float) -> None:
+    """Tell every MoE block how the engine scales each forward's loss (1 / micro-batches per optimizer step), so
+    the auxiliary loss's gradient is ``coef x`` the step's mean, as the LM loss's is."""
+    for m in moe_layers(module):
+        m.aux_loss_scale = float(scale)
+
+
+@torch.no_grad()
+def update_expert_bias(module: nn.Module, *, reduce: Callable[[torch.Tensor], None] | None = None) -> None:
+    """DeepSeek-V3's auxiliary-loss-free balancing (arXiv 2412.19437, section 2.1.2), once per optimizer step:
+    each expert's bias moves by ``bias_update_rate`` towards the mean load (up when under-loaded, down when over).
+    ``reduce`` sums the counts over the data-parallel ranks in place (every replica must move its bias alike)."""
+    for m in moe_layers(module):
+        if m.router.expert_bias is None or m.tokens_per_expert is None:
+            continue
+        counts = m.tokens_per_expert.float()
+        if reduce is not None:
+            reduce(counts)
+        m.router.expert_bias += m.bias_update_rate * torch.sign(counts.mean() - counts)
+        m.tokens_per_expert = None
+
+
+def moe_metrics(module: nn.Module) -> dict[str, float]:
+    """The last forward's balance, over this module's MoE blocks: the mean auxiliary loss (unscaled), the worst
+    load imbalance (max / mean tokens per expert) and the (token, choice) pairs dropped over capacity."""
+    stats = [m.last_stats for m in moe_layers(module) if m.last_stats]
+    if not stats:
+        return {}
+    imbalance = [
+        float(s["tokens_per_expert"].max()) / max(float(s["tokens_per_expert"].float().mean()), 1e-9) for s in stats
+    ]
+    return {
+        "moe_aux_loss": sum(float(s["aux_loss"]) for s in stats) / len(stats),
+        "moe_max_imbalance": max(imbalance),
+        "moe_dropped_tokens": float(sum(int(s["dropped"]) for s in stats)),
+    }

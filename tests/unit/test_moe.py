@@ -1,0 +1,110 @@
+"""The mixture-of-experts block (``models/moe.py``): its two expert paths agree, no token is dropped unless a capacity
+is set (then the drops are counted), the load-balancing loss trains the router without entering the LM loss and
+follows the engine's loss scale, DeepSeek-V3's bias moves toward balance, and the planner's sizes for the published
+Qwen3-MoE configs are the published ones."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.moe import MoE, load_balancing_loss, moe_metrics, set_aux_loss_scale, update_expert_bias
+
+
+def block(**kw):
+    torch.manual_seed(0)
+    return MoE(16, 32, n_experts=4, top_k=2, **kw)
+
+
+def reference(moe: MoE, x: torch.Tensor) -> torch.Tensor:
+    """transformers' loop: every token through its k experts one by one, weighted."""
+    flat = x.reshape(-1, x.shape[-1])
+    _, idx, weights = moe.router(flat)
+    e = moe.experts
+    out = torch.zeros_like(flat)
+    for t in range(flat.shape[0]):
+        for j in range(idx.shape[1]):
+            k = int(idx[t, j])
+            h = torch.nn.functional.silu(e.w1[k] @ flat[t]) * (e.w3[k] @ flat[t])
+            out[t] += weights[t, j] * (e.w2[k] @ h)
+    return out.reshape(x.shape)
+
+
+def test_the_dispatch_computes_every_tokens_top_k_experts():
+    moe, x = block(), torch.randn(2, 5, 16)
+    with torch.no_grad():
+        assert torch.allclose(moe(x), reference(moe, x), atol=1e-6)
+    assert moe_metrics(moe)["moe_dropped_tokens"] == 0
+
+
+@pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="this torch has no _grouped_mm")
+def test_grouped_mm_gives_the_loops_numbers():
+    """torch 2.13 runs ``_grouped_mm``'s forward on CPU (no backward there: the loop is the CPU default)."""
+    loop, x = block(expert_impl="loop"), torch.randn(3, 7, 16)
+    grouped = block(expert_impl="grouped_mm")
+    with torch.no_grad():
+        a, b = loop(x), grouped(x)
+    assert (a - b).abs().max().item() <= 1e-6
+
+
+def test_capacity_drops_and_counts_the_overflow():
+    moe, x = block(capacity_factor=0.5), torch.randn(4, 8, 16)
+    with torch.no_grad():
+        y = moe(x)
+    limit = moe.dispatcher.capacity(32, 2)  # ceil(0.5 x 32 x 2 / 4) = 8 rows per expert
+    counts = moe.last_stats["tokens_per_expert"]
+    assert limit == 8
+    assert int(moe.last_stats["dropped"]) == int((counts - counts.clamp(max=limit)).sum()) > 0
+    assert not torch.allclose(y, reference(moe, x), atol=1e-6)  # dropped choices add nothing
+
+
+def test_load_balancing_loss_is_one_when_balanced_and_e_when_collapsed():
+    probs = torch.full((8, 4), 0.25)
+    idx = torch.arange(8).remainder(4).reshape(4, 2)
+    assert load_balancing_loss(probs, idx).item() == pytest.approx(2.0)  # k = 2: E x sum (k/E)(1/E) = k
+    collapsed = torch.zeros(8, 4)
+    collapsed[:, 0] = 1.0
+    assert load_balancing_loss(collapsed, torch.zeros(8, 1, dtype=torch.long)).item() == pytest.approx(4.0)
+
+
+def test_aux_loss_gradient_joins_backward_with_the_engines_scale():
+    """The output is unchanged; the router's gradient gains coef x scale x d(aux)/d(router), nothing else does."""
+    x = torch.randn(2, 6, 16)
+    plain, aux = block(), block(aux_loss_coef=0.5)
+    set_aux_loss_scale(aux, 0.25)
+    for m in (plain, aux):
+        m.train()
+        m(x).sum().backward()
+    assert torch.equal(plain.experts.w1.grad, aux.experts.w1.grad)
+    probs, idx, _ = aux.router(x.reshape(-1, 16))
+    expected = torch.autograd.grad(0.125 * load_balancing_loss(probs, idx), aux.router.weight)[0]
+    assert torch.allclose(aux.router.weight.grad - plain.router.weight.grad, expected, atol=1e-7)
+    assert moe_metrics(aux)["moe_aux_loss"] == pytest.approx(load_balancing_loss(probs, idx).item())
+
+
+def test_bias_balancing_moves_toward_the_underloaded_experts():
+    moe = block(bias_update_rate=0.01)
+    with torch.no_grad():
+        moe.router.weight.zero_()
+        moe.router.weight[0] = 1.0  # every token prefers expert 0 when its input is positive
+    moe.train()
+    with torch.no_grad():
+        moe(torch.rand(2, 8, 16))
+    counts = moe.tokens_per_expert.clone()
+    update_expert_bias(moe)
+    bias = moe.router.expert_bias
+    assert bias[counts.argmax()] < 0 and bias[counts.argmin()] > 0 and moe.tokens_per_expert is None
+
+
+@pytest.mark.parametrize(
+    "name, total, active", [("qwen3_30b_a3b", 30.53e9, 3.35e9), ("qwen3_235b_a22b", 235.09e9, 22.19e9)]
+)
+def test_published_sizes(compose_cfg, name, total, active):
+    """Qwen3 technical report (arXiv 2505.09388, Table 2): 30.5B total / 3.3B active, 235B / 22B."""
+    from models.shape import ModelShape
+
+    shape = ModelShape.from_cfg(compose_cfg(f"model={name}").model)
+    assert shape.params == pytest.approx(total, rel=1e-3)
+    assert shape.active_params == pytest.approx(active, rel=1e-3)
+    dense_flops = 6 * shape.params
+    assert shape.training_flops_per_token(4096) < dense_flops / 4  # FLOPs follow the active parameters
