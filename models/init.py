@@ -25,6 +25,7 @@ import math
 import torch
 from torch import nn
 
+from models.moe import MoE
 from models.spec import INIT_RULES
 
 BASE_STD = 0.02
@@ -76,6 +77,8 @@ def normal_init(module: nn.Module) -> None:
             _normal(sub.weight, BASE_STD)
             if getattr(sub, "bias", None) is not None:
                 nn.init.zeros_(sub.bias)
+        elif isinstance(sub, MoE):  # stacked experts and the router: N(0, 0.02) too
+            sub.init_weights(std=BASE_STD, out_std=BASE_STD)
 
 
 @torch.no_grad()
@@ -94,9 +97,12 @@ def init_llama(model: nn.Module, init: str, *, d_model: int, tie_embeddings: boo
     for key, block in model.layers.items():
         depth_std = llama_depth_std(int(key))
         attention, ffn = block.attention, block.feed_forward
-        for linear in (attention.wq, attention.wk, attention.wv, ffn.w1):
+        sparse = isinstance(ffn, MoE)  # Qwen3-MoE: the same rule over the stacked experts (router as w1)
+        if sparse:
+            ffn.init_weights(std=BASE_STD, out_std=depth_std)
+        for linear in (attention.wq, attention.wk, attention.wv, *(() if sparse else (ffn.w1,))):
             _normal(linear.weight, BASE_STD)
-        for linear in (attention.wo, ffn.w2, ffn.w3):
+        for linear in (attention.wo, *(() if sparse else (ffn.w2, ffn.w3))):
             _normal(linear.weight, depth_std)
     if model.output is not None and not (tie_embeddings and model.tok_embeddings is not None):
         _output(model.output.weight, out_std)

@@ -216,14 +216,19 @@ class MoE(nn.Module):
         self.init_weights()
 
     @torch.no_grad()
-    def init_weights(self, std: float = 0.02) -> None:
-        for w in (self.router.weight, self.experts.w1, self.experts.w2, self.experts.w3):
+    def init_weights(self, std: float = 0.02, out_std: float = 0.02) -> None:
+        """The router and the input projections (w1) N(0, std); w2 and w3, which feed the residual stream or gate
+        it, N(0, out_std) (``models/init.py`` passes Llama's depth-scaled value)."""
+        for w in (self.router.weight, self.experts.w1):
             nn.init.normal_(w, mean=0.0, std=std)
+        for w in (self.experts.w2, self.experts.w3):
+            nn.init.normal_(w, mean=0.0, std=out_std)
         if self.router.expert_bias is not None:
             self.router.expert_bias.zero_()
         if self.shared is not None:
-            for lin in (self.shared.w1, self.shared.w2, self.shared.w3):
-                nn.init.normal_(lin.weight, mean=0.0, std=std)
+            nn.init.normal_(self.shared.w1.weight, mean=0.0, std=std)
+            for lin in (self.shared.w2, self.shared.w3):
+                nn.init.normal_(lin.weight, mean=0.0, std=out_std)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape

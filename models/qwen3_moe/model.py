@@ -7,10 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
 from models.llama.model import Llama
-from models.moe import MoE, moe_layers
+from models.moe import MoE
 
 
 def sparse_layers(
@@ -62,9 +60,4 @@ class Qwen3Moe(Llama):
                 capacity_factor=capacity_factor,
                 expert_impl=expert_impl,
             )
-
-    @torch.no_grad()
-    def init_weights(self) -> None:
-        super().init_weights()
-        for m in moe_layers(self):
-            m.init_weights()
+        self._init_parameters()  # the family's rule (models/init.py) over the experts too
