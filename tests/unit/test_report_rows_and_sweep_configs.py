@@ -202,3 +202,26 @@ def test_a_sweep_without_a_completed_job_exits_like_its_runs(counts, code):
     from trainer.sweeps.callback import no_completed_job_exit
 
     assert no_completed_job_exit(counts) == code
+
+
+def test_the_sweep_folder_is_resolved_once_for_every_job():
+    """Jobs compose again from hydra.overrides.hydra (in another process under submitit): the sweep folder's
+    stamp, resolved at the sweep's start, is pinned there, so no job resolves it a second later."""
+    from omegaconf import OmegaConf
+
+    from trainer.sweeps.callback import ENDING_OPTUNA_SWEEPER, PLUGIN_OPTUNA_SWEEPER, SweepStatus
+
+    calls = iter(["16-00-00", "16-00-01"])
+    OmegaConf.register_new_resolver("test_tick", lambda: next(calls), replace=True)
+    cfg = OmegaConf.create(
+        {
+            "hydra": {
+                "sweep": {"dir": "multirun/${test_tick:}"},
+                "overrides": {"hydra": ["hydra.sweep.dir=old", "hydra/launcher=submitit_local"]},
+                "sweeper": {"_target_": PLUGIN_OPTUNA_SWEEPER},
+            }
+        }
+    )
+    SweepStatus().on_multirun_start(cfg)
+    assert list(cfg.hydra.overrides.hydra) == ["hydra/launcher=submitit_local", "hydra.sweep.dir=multirun/16-00-00"]
+    assert cfg.hydra.sweeper._target_ == ENDING_OPTUNA_SWEEPER

@@ -29,6 +29,15 @@ class SweepStatus(Callback):
         # Hydra instantiates the sweeper from this same config right after this call: hydra/sweeper=optuna
         # gets meshtrain's subclass, which ends a study without a completed trial here, not in a traceback.
         # (A yaml of the same name cannot stand in for the plugin's: Hydra matches it to the plugin's schema.)
+        # every job composes its config again from hydra.overrides.hydra; a job in another process
+        # (hydra/launcher=submitit_local, slurm) would resolve the folder's time stamp again, a second later:
+        # the sweep's folder, resolved once here, becomes one of those overrides
+        pinned = f"hydra.sweep.dir={config.hydra.sweep.dir}"
+        with read_write(config.hydra.overrides):
+            config.hydra.overrides.hydra = [
+                *(o for o in config.hydra.overrides.hydra if not str(o).startswith("hydra.sweep.dir=")),
+                pinned,
+            ]
         sweeper = config.hydra.sweeper
         if sweeper.get("_target_") == PLUGIN_OPTUNA_SWEEPER:
             with read_write(sweeper):
