@@ -1,6 +1,6 @@
 """One optimizer step over gpt_small's parameters as each strategy holds them, under each ``optim.implementation``.
 
-    python benchmarks/optimizer_step.py            # starts itself under torchrun, 2 gloo ranks, 1 thread each
+    python benchmarks/optimizer_step.py [ROUNDS]   # starts itself under torchrun, 2 gloo ranks, 1 thread each
 
 Three parameter sets: plain tensors (single, DDP), FSDP2's shards (every block and the root ``fully_shard``-ed
 over both ranks) and TP's mix (Megatron's plan: sharded projections beside plain norms and embeddings). Each
@@ -11,6 +11,7 @@ warm-up steps, per set and implementation, in alternating rounds. torch's own de
 
 from __future__ import annotations
 
+import argparse
 import functools
 import os
 import shutil
@@ -84,7 +85,9 @@ def worker(rounds: int) -> None:
 
 
 def main() -> int:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("rounds", nargs="?", type=int, default=3, help="alternating rounds (default 3)")
+    rounds = parser.parse_args().rounds
     if "RANK" in os.environ:
         worker(rounds)
         return 0
