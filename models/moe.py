@@ -99,7 +99,7 @@ class LocalDispatch:
         tokens, k = idx.shape
         flat = idx.reshape(-1)
         order = flat.argsort(stable=True)  # by expert, then token, then choice: transformers' summation order
-        counts = torch.bincount(flat, minlength=self.n_experts)
+        counts = expert_counts(flat, self.n_experts)
         dropped = torch.zeros((), dtype=torch.long, device=x.device)
         limit = self.capacity(tokens, k)
         if limit is not None:
@@ -141,7 +141,8 @@ class GroupedExperts(nn.Module):
             h = F.silu(torch._grouped_mm(rows, w1.transpose(-2, -1), offs=offs))
             h = h * torch._grouped_mm(rows, w3.transpose(-2, -1), offs=offs)
             return torch._grouped_mm(h, w2.transpose(-2, -1), offs=offs)
-        parts = rows.split(counts.tolist())
+        sizes = counts.tolist() if has_values(counts) else even_split(rows.shape[0], counts.shape[0])
+        parts = rows.split(sizes)
         out = [F.linear(F.silu(F.linear(p, w1[e])) * F.linear(p, w3[e]), w2[e]) for e, p in enumerate(parts)]
         return torch.cat(out) if out else rows[:0]
 
@@ -175,10 +176,30 @@ class _AttachAuxLoss(torch.autograd.Function):
         return grad, torch.full_like(aux, ctx.scale), None
 
 
+def expert_counts(idx: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """(E,) int64: how often each expert is chosen. A scatter-add rather than ``bincount``, which has no meta kernel
+    (the planner's dry run builds and runs the model on the meta device)."""
+    flat = idx.reshape(-1)
+    return torch.zeros(n_experts, dtype=torch.long, device=idx.device).scatter_add_(0, flat, torch.ones_like(flat))
+
+
+def has_values(t: torch.Tensor) -> bool:
+    """False on the meta device and under a fake tensor mode (the planner's dry run), where nothing can be read."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return t.device.type != "meta" and not is_fake(t)
+
+
+def even_split(rows: int, parts: int) -> list[int]:
+    """Balanced routing's rows per expert, where the counts have no values (``has_values``: the dry run's shapes)."""
+    base, extra = divmod(rows, parts)
+    return [base + (i < extra) for i in range(parts)]
+
+
 def load_balancing_loss(probs: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """Switch's ``E x sum_i f_i P_i`` (transformers' ``load_balancing_loss_func`` for one layer): 1 when balanced."""
     n_experts = probs.shape[-1]
-    f = torch.bincount(idx.reshape(-1), minlength=n_experts).to(probs.dtype) / idx.shape[0]
+    f = expert_counts(idx, n_experts).to(probs.dtype) / idx.shape[0]
     return n_experts * (f * probs.mean(dim=0)).sum()
 
 
@@ -239,7 +260,7 @@ class MoE(nn.Module):
         if self.shared is not None:
             y = y + self.shared(flat)
         aux = load_balancing_loss(probs, idx)
-        counts = torch.bincount(idx.reshape(-1), minlength=self.n_experts).detach()
+        counts = expert_counts(idx, self.n_experts).detach()
         self.last_stats = {"aux_loss": aux.detach(), "tokens_per_expert": counts, "dropped": routed.dropped}
         if self.training and self.router.expert_bias is not None:
             self.tokens_per_expert = counts if self.tokens_per_expert is None else self.tokens_per_expert + counts
