@@ -55,6 +55,9 @@ class TrainerConfig:
     objective: str = "tokens_per_s"
     """summary.json key the task returns to Hydra sweepers (val_loss: the final validation loss; needs
     trainer.eval_every > 0 and a sweeper that minimises)."""
+    callbacks: List[Any] = field(default_factory=list)
+    """Trainer callbacks, each ``{_target_: module.Class, ...}`` (trainer/loop/callbacks.py: on_train_start,
+    on_step_end, on_validation, on_checkpoint, on_train_end), called on every rank."""
     eval_every: int = 0
     """Validation loss (and perplexity) on the held-out split every N steps and at the last step; 0: never."""
     eval_batches: int = 4

@@ -28,6 +28,7 @@ from parallel.core.base import Engine, WorkerContext
 from parallel.core.state_bytes import model_state_bytes
 from trainer.data.prefetch import Prefetcher
 from trainer.launch.preemption import PreemptionFlag
+from trainer.loop.callbacks import build_callbacks, call
 from trainer.loop.faults import FaultInjector
 from trainer.loop.optim import build_optimizer, build_scheduler
 from trainer.observe.console import ProgressDisplay
@@ -124,6 +125,7 @@ class Trainer:
         self.checkpoint_every = int(self.cfg.trainer.checkpoint_every)
         self.tokens_per_step = int(self.cfg.data.global_batch_size) * int(self.data.tokens_per_sample)
         self.faults = FaultInjector.from_config(self.cfg.get("debug"), rank=ctx.rank, log=ctx.log)
+        self.callbacks = build_callbacks(self.cfg.trainer.get("callbacks"))
         self.stats = StepStats()
         self.instruments = StepInstruments(ctx=ctx, tokens_per_step=self.tokens_per_step)
         self.first_loss: float | None = None
@@ -168,10 +170,12 @@ class Trainer:
             last_step=self.max_steps,
             depth=int(self.cfg.trainer.get("prefetch", 2)),
         )
+        call(self.callbacks, "on_train_start", self, start_step=start_step)
         try:
             for step in range(start_step + 1, self.max_steps + 1):
                 outcome = self.step(step, preemption=preemption)
-                self._log(step, outcome, sinks=sinks, progress=progress)
+                record = self._log(step, outcome, sinks=sinks, progress=progress)
+                call(self.callbacks, "on_step_end", self, step=step, metrics=record or {"step": step})
                 if self._boundary(step, outcome, preemption=preemption, sinks=sinks):
                     status = "preempted"
                     break
@@ -195,6 +199,7 @@ class Trainer:
             skipped_steps=self.skipped_steps,
             checkpoints_not_saved=self._checkpointer.failed_steps if self._checkpointer is not None else [],
         )
+        call(self.callbacks, "on_train_end", self, summary=summary)
         return summary
 
     def step(self, step: int, *, preemption: PreemptionFlag | None = None) -> StepOutcome:
@@ -221,7 +226,9 @@ class Trainer:
             self.first_step_s = time.perf_counter() - self.started_at
             self.first_step_end_unix = time.time()
         if self._eval_due(step) and not preempt:  # every rank: the evaluation is collective
-            extras.update(self.evaluate(step))
+            evaluation = self.evaluate(step)
+            extras.update(evaluation)
+            call(self.callbacks, "on_validation", self, step=step, metrics=evaluation)
         return StepOutcome(
             loss=loss,
             grad_norm=grad_norm,
@@ -268,8 +275,12 @@ class Trainer:
             self.optimizer.step()
         self.scheduler.step()
 
-    def _log(self, step: int, outcome: StepOutcome, *, sinks: RankZeroSinks | None, progress: ProgressDisplay) -> None:
-        """On logged steps: the loss averaged over ranks (a collective), to the sinks and the console."""
+    def _log(
+        self, step: int, outcome: StepOutcome, *, sinks: RankZeroSinks | None, progress: ProgressDisplay
+    ) -> dict[str, Any] | None:
+        """On logged steps: the loss averaged over ranks (a collective), to the sinks and the console; the record
+        (None on other steps)."""
+        record = None
         if self._should_log(step) and not outcome.skipped:
             value = self._reduce_loss(outcome.loss)
             self.first_loss = value if self.first_loss is None else self.first_loss
@@ -290,6 +301,7 @@ class Trainer:
                 sinks.log_step(record)
                 progress.logged(record)
         progress.advance(step)
+        return record
 
     def _boundary(
         self, step: int, outcome: StepOutcome, *, preemption: PreemptionFlag | None, sinks: RankZeroSinks | None
@@ -301,6 +313,7 @@ class Trainer:
             saved = self.checkpointer.save(step)
             if sinks is not None:
                 sinks.checkpoint_saved(saved, step=step, loss=self.last_loss)
+            call(self.callbacks, "on_checkpoint", self, step=step, path=saved)
             if outcome.preempt:  # the process exits next: the (possibly background) save must be complete
                 self.checkpointer.wait()
         if not outcome.preempt:
