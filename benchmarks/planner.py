@@ -319,7 +319,7 @@ def _ddp_parts_worker(rank: int, port: int, out: str, cycles: int) -> None:
     from models.losses import token_cross_entropy as cross_entropy
     from parallel.core.grad_clip import clip_grad_norm_
     from parallel.plan.calibrate import build_family, family_kwargs
-    from parallel.strategies.ddp import CommTimer
+    from parallel.techniques.ddp import CommTimer
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)

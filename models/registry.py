@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from models.shape import ModelShape, PlanError
 from models.spec import ModelSpec, PipelineUnits, import_object
 
 REGISTRY: dict[str, ModelSpec] = {}
@@ -80,3 +81,15 @@ def spec_for(model: Any) -> ModelSpec:
         if spec.builder == target:
             return spec
     return generic_spec(target)
+
+
+def model_shape(model: Any) -> ModelShape:
+    """The shape of ``cfg.model`` from its family's ``ModelSpec``; ``PlanError`` when it has no formulas."""
+    spec = spec_for(model)
+    if spec.shape is None:
+        raise PlanError(
+            f"model={model.get('name', '?')}: the model family '{spec.family}' has no parameter/FLOP "
+            "formulas (ModelSpec.shape), so the planner cannot describe it; choose model=gpt_small, "
+            "model=llama_debug or another transformer, or give its ModelSpec a shape function"
+        )
+    return spec.shape(model)

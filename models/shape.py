@@ -176,22 +176,6 @@ class ModelShape:
         extra = {"none": 0.0, "selective": 4.0 * seq_len * self.d_model * self.n_layers, "full": layers}[recompute]
         return 3 * layers + extra + 3 * self.logit_forward_flops_per_token()
 
-    # ---- from a config ---------------------------------------------------------------------------
-
-    @classmethod
-    def from_cfg(cls, model: Any) -> ModelShape:
-        """The shape of ``cfg.model`` from its family's ``ModelSpec``; ``PlanError`` when it has no formulas."""
-        from models.registry import spec_for
-
-        spec = spec_for(model)
-        if spec.shape is None:
-            raise PlanError(
-                f"model={model.get('name', '?')}: the model family '{spec.family}' has no parameter/FLOP "
-                "formulas (ModelSpec.shape), so the planner cannot describe it; choose model=gpt_small, "
-                "model=llama_debug or another transformer, or give its ModelSpec a shape function"
-            )
-        return spec.shape(model)
-
 
 def refuse_to_build(**kwargs: Any) -> None:
     """``_target_`` of planner-only model descriptions (``gpt_175b`` ...): they describe a model to the planner and

@@ -21,13 +21,12 @@ from omegaconf.errors import OmegaConfBaseException
 from parallel.core import dims
 from parallel.core.layout import (
     ParallelLayout,
-    describe_factorization,
     dp_needs_fsdp,
     factorizations,
     why_dp_needs_fsdp,
 )
 from parallel.core.memory import rank_budget_bytes
-from parallel.core.registry import STRATEGIES, checks_for, strategy_spec
+from parallel.core.registry import STRATEGIES, checks_for, describe_factorization, strategy_spec
 from parallel.core.strategy_checks import nearest_multiples as _nearest_multiples
 from trainer.checks.compute import check_precision
 from trainer.checks.data import check_data
@@ -323,7 +322,7 @@ def check_dp_composition(cfg: DictConfig, layout: ParallelLayout, f: Findings) -
 def check_strategy_rules(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
     """The strategy's own rules (``StrategySpec.checks``: pipeline schedules and splits, tensor-parallel sizes)."""
     for check in checks_for(cfg.parallel.name):
-        for problem in check(cfg, layout):
+        for problem in check(cfg, layout, strategy_spec(cfg.parallel.name)):
             f.error(problem)
 
 

@@ -27,10 +27,12 @@ from torch.distributed.tensor import DTensor
 from models.losses import token_cross_entropy
 from models.moe import moe_metrics, set_aux_loss_scale
 from parallel.core.comm_timer import SampledCommMeter
+from parallel.core.compose import ComposeSettings, DDPSettings
 from parallel.core.grad_clip import clip_grad_norm_
 from parallel.core.intervals import StepCommMeter
 from parallel.core.layout import ParallelLayout
 from parallel.core.memory import BuildPeak, rank_budget_bytes, tensor_bytes
+from parallel.techniques.tp import tp_meter
 
 
 @dataclass
@@ -155,18 +157,32 @@ class WorkerContext:
         """``trainer.precision``: fp32, bf16-mixed or bf16 (``parallel/core/precision.py``)."""
         return str(self.cfg.trainer.get("precision", "fp32"))
 
-    def prepare(self, module: nn.Module, *, fsdp: bool = False) -> nn.Module:
-        """Per-block activation checkpointing and compile, then bf16 autocast unless FSDP2 casts
-        (``fsdp=True``: the module is about to be ``fully_shard``-ed with ``fsdp_mp_policy``)."""
-        from parallel.core.regional import prepare_module
+    def compose_settings(self) -> ComposeSettings:
+        """What ``compose``'s wrappers read of this run: precision, checkpointing, compile, tp and dp options."""
+        cfg = self.cfg
+        return ComposeSettings(
+            precision=self.precision,
+            activation_checkpointing=str(cfg.trainer.get("activation_checkpointing", "none")),
+            ac_every=int(cfg.trainer.get("ac_every", 1)),
+            compile=bool(cfg.trainer.get("compile", False)),
+            sequence_parallel=bool(cfg.tp.sequence_parallel),
+            loss_parallel=bool(cfg.tp.loss_parallel),
+            ddp=DDPSettings(
+                bucket_cap_mb=float(cfg.dp.bucket_cap_mb),
+                find_unused_parameters=bool(cfg.dp.find_unused_parameters),
+                sync_batchnorm=bool(cfg.dp.sync_batchnorm),
+            ),
+            measure_dp_comm=bool(cfg.dp.get("measure_comm", True)),
+        )
 
-        return prepare_module(module, trainer=self.cfg.trainer, device_type=self.device.type, autocast=not fsdp)
-
-    def fsdp_mp_policy(self):
-        """FSDP2's MixedPrecisionPolicy for ``trainer.precision`` (None for fp32 and bf16)."""
-        from parallel.core.precision import fsdp_mp_policy
-
-        return fsdp_mp_policy(self.precision)
+    def tp_meter(self, settings: ComposeSettings) -> SampledCommMeter:
+        """The tp group's collectives timed on the logged steps (``tp.measure_comm``)."""
+        return tp_meter(
+            tp_mesh=self.mesh["tp"] if self.layout.tp > 1 else None,
+            measure=bool(self.cfg.tp.get("measure_comm", True)),
+            compiled=settings.compile,
+            log=self.log,
+        )
 
     def per_replica_batch(self) -> int:
         return int(self.cfg.data.global_batch_size) // self.layout.dp

@@ -1,25 +1,38 @@
-"""The one order in which a module is wrapped, for every strategy: tensor parallel → activation checkpointing →
-compile → (bf16 autocast unless FSDP2 casts) → FSDP2 or DDP, placed on the rank's device; a pipelined layout then
-makes each wrapped stage a ``PipelineStage`` (``parallel/pipeline/engine.py``). torchtitan's order.
+"""The one order in which a model is wrapped, for training and for the planner's dry run alike: ``compose``.
 
-A named strategy (``parallel=single|ddp|fsdp|tp|pp|mp|hybrid``) is a preset: a ``Composition`` of wrappers chosen
-from its name and the layout's degrees. ``build_engine`` turns a composition into the rank's engine, so no
-strategy repeats the order. A user's own ``Strategy`` subclass may call ``compose`` and ``build_engine`` too, or
-build its engine its own way.
+Read top to bottom: tensor parallel → (context parallel) → (expert parallel) → activation checkpointing →
+compile → (bf16 autocast unless FSDP2 casts) → FSDP2 or DDP, placed on the rank's device → pipeline stages and
+their schedule. torchtitan's order. A pipelined composition cuts this rank's stages from the model first and
+wraps each in that order before it becomes a ``PipelineStage``. Each step is one module of
+``parallel/techniques/`` (or ``parallel/pipeline/``); this module only orders them.
+
+A named strategy (``parallel=single|ddp|fsdp|tp|pp|mp|hybrid``) is a preset: a ``Composition`` chosen from its name
+and the layout's degrees; ``parallel/core/build.py`` turns it into the rank's engine. The dry run
+(``parallel/plan/dry_run.py``) calls ``compose`` on the meta device under a fake process group.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
+import torch
 from torch import nn
+from torch.distributed.pipelining import PipelineStage
 
-if TYPE_CHECKING:
-    from parallel.core.base import Engine, WorkerContext
-    from parallel.core.intervals import StepCommMeter
+from models.spec import PipelineUnits
+from parallel.core.intervals import StepCommMeter
+from parallel.core.meshes import fsdp_mesh, loss_mesh
+from parallel.core.precision import enable_autocast, fsdp_mp_policy
+from parallel.pipeline.schedules import schedule_class, schedule_spec
+from parallel.pipeline.stages import StageSpec, build_stage_module
+from parallel.techniques.checkpointing import apply_activation_checkpointing
+from parallel.techniques.compile import apply_compile
+from parallel.techniques.ddp import wrap_ddp
+from parallel.techniques.fsdp import FSDPCommTimer, apply_fsdp, fsdp_no_sync
+from parallel.techniques.tp import apply_tp
 
 #: how the dp dimension wraps a module: not at all, DistributedDataParallel, or FSDP2 ``fully_shard``
 DP_WRAPS = ("none", "ddp", "fsdp")
@@ -57,9 +70,53 @@ class Composition:
         return "fsdp" if layout.dp_shard else "ddp"
 
 
+@dataclass(frozen=True)
+class DDPSettings:
+    """``dp.*`` as DDP reads it."""
+
+    bucket_cap_mb: float = 25.0
+    find_unused_parameters: bool = False
+    sync_batchnorm: bool = False
+
+
+@dataclass(frozen=True)
+class ComposeSettings:
+    """What the wrappers read of the run (the trainer builds it from ``trainer.*``, ``tp.*``, ``dp.*``; the dry run
+    from its candidate)."""
+
+    precision: str = "fp32"
+    """``trainer.precision``: bf16-mixed gives autocast, or FSDP2's MixedPrecisionPolicy where FSDP2 wraps."""
+    activation_checkpointing: str = "none"
+    ac_every: int = 1
+    compile: bool = False
+    sequence_parallel: bool = False
+    loss_parallel: bool = False
+    ddp: DDPSettings = field(default_factory=DDPSettings)
+    measure_dp_comm: bool = True
+    """Time the dp dimension's collectives (``dp.measure_comm``)."""
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    """The stages this rank runs and how their schedule drives them (the split is chosen before ``compose``)."""
+
+    stages: Sequence[StageSpec]
+    """This rank's stages, in index order."""
+    num_stages: int
+    schedule: str
+    micro_batches: int
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    """The loss the schedule computes after the last stage (already divided by the micro-batches if wanted)."""
+    group: Any
+    """The pp process group."""
+    units: PipelineUnits | None = None
+    instrument: Callable[[Any, StageSpec], None] | None = None
+    """Called with each ``PipelineStage`` as it is made (the engine's action timers)."""
+
+
 @dataclass
-class Composed:
-    """A wrapped module and what its engine drives it with."""
+class ComposedPart:
+    """A wrapped module (the whole model, or one pipeline stage) and what its engine drives it with."""
 
     module: nn.Module
     no_sync: Callable[[], AbstractContextManager] | None = None
@@ -69,55 +126,124 @@ class Composed:
     or FSDP2's all-gathers and reduce-scatters (every step; ``count_key`` names the metric)."""
 
 
-def compose(module: nn.Module, *, ctx: WorkerContext, composition: Composition) -> Composed:
-    """Wrap ``module`` (a whole model or a pipeline stage, possibly built on the meta device) in the fixed
-    order and place it on this rank's device: a meta-built module gets storage after sharding, before DDP."""
-    if composition.tp:
-        from parallel.strategies.tp import parallelize_for_tp
+@dataclass
+class Composed:
+    """What ``compose`` made: one part (no pipeline) or one per local stage, with the stages and their schedule."""
 
-        parallelize_for_tp(module, ctx=ctx)
-    fsdp = composition.dp == "fsdp"
-    ctx.prepare(module, fsdp=fsdp)  # activation checkpointing, compile, autocast (unless FSDP2 casts)
-    if composition.dp == "none":
-        return Composed(ctx.place(module))
-    if fsdp:
-        from parallel.core.meshes import fsdp_mesh
-        from parallel.strategies.fsdp import FSDPCommTimer, apply_fsdp, fsdp_no_sync
+    parts: list[ComposedPart]
+    stages: list[Any] = field(default_factory=list)
+    """``PipelineStage`` per part when pipelined."""
+    schedule: Any = None
 
-        apply_fsdp(module, dp_mesh=fsdp_mesh(ctx.mesh, ctx.layout.sizes), mp_policy=ctx.fsdp_mp_policy())
-        module = ctx.place(module)  # storage for this rank's shards only, then their init
-        timer = FSDPCommTimer().attach(module) if ctx.cfg.dp.get("measure_comm", True) else None
-        return Composed(module, no_sync=fsdp_no_sync(module), dp_timer=timer)
-    from parallel.strategies.ddp import wrap_ddp
-
-    ddp, timer = wrap_ddp(ctx.place(module), ctx=ctx)
-    return Composed(ddp, no_sync=ddp.no_sync, dp_timer=timer)
+    @property
+    def module(self) -> nn.Module:
+        return self.parts[0].module
 
 
-def build_engine(*, ctx: WorkerContext, composition: Composition) -> Engine:
-    """This rank's engine for ``composition``: the pipeline engine over composed stages, or one composed
-    module with gradient accumulation (``data.micro_batch_size``)."""
-    from parallel.core.base import ModuleEngine
-    from parallel.core.rank_map import announce_rank_map
-    from parallel.strategies.tp import tp_meter
-
+def compose(
+    model: nn.Module,
+    *,
+    composition: Composition,
+    settings: ComposeSettings,
+    mesh: Any,
+    sizes: Mapping[str, int],
+    device: torch.device,
+    parallelize: Callable[..., nn.Module] | None = None,
+    place: Callable[[nn.Module], nn.Module] = lambda m: m,
+    pipeline: PipelinePlan | None = None,
+    on_step: Callable[[str], None] = lambda step: None,
+) -> Composed:
+    """Wrap ``model`` (possibly built on the meta device) in the fixed order over ``mesh``, the world mesh whose
+    degrees are ``sizes`` (the layout's: FSDP's and the gradient-reduction meshes derive from them). ``parallelize``: the family's TP plan;
+    ``place``: gives a module storage on this rank's device (after sharding, before DDP); ``pipeline``: this rank's
+    stages, required when ``composition.pipeline``; ``on_step`` hears each step's name before it runs (the dry run
+    names the failing one)."""
     if composition.pipeline:
-        from parallel.pipeline.engine import build_pipeline_engine
+        if pipeline is None:
+            raise ValueError("compose(composition.pipeline=True) needs a PipelinePlan")
+        modules = [build_stage_module(model, spec=s, units=pipeline.units) for s in pipeline.stages]
+    else:
+        modules = [model]
+    parts = [
+        _wrap(m, composition=composition, settings=settings, mesh=mesh, sizes=sizes, device=device, parallelize=parallelize,
+              place=place, on_step=on_step)
+        for m in modules
+    ]  # fmt: skip
+    if not composition.pipeline:
+        return Composed(parts)
+    on_step("schedule")
+    stages, schedule = _pipeline_stages(parts, plan=pipeline, device=device)
+    return Composed(parts, stages=stages, schedule=schedule)
 
-        return build_pipeline_engine(ctx=ctx, composition=composition)
-    composed = compose(ctx.build_model(materialize=False), ctx=ctx, composition=composition)
-    return ModuleEngine(
-        composed.module,
-        accumulation=ctx.accumulation_steps(),
-        loss_fn=ctx.model_spec.loss_fn(),
-        no_sync=composed.no_sync,
-        dp_timer=composed.dp_timer,
-        loss_parallel=loss_parallel(ctx, composition),
-        tp_meter=tp_meter(ctx) if composition.tp else None,
-        rank_map=announce_rank_map(ctx, stage_modules=[composed.module]) if composition.rank_map else None,
+
+def _wrap(
+    module: nn.Module,
+    *,
+    composition: Composition,
+    settings: ComposeSettings,
+    mesh: Any,
+    sizes: Mapping[str, int],
+    device: torch.device,
+    parallelize: Callable[..., nn.Module] | None,
+    place: Callable[[nn.Module], nn.Module],
+    on_step: Callable[[str], None],
+) -> ComposedPart:
+    """One module through TP → (CP) → (EP) → AC → compile → autocast → FSDP2/DDP, placed on the device."""
+    if composition.tp:
+        on_step("tensor parallel")
+        if parallelize is None:
+            raise ValueError("compose(composition.tp=True) needs the model family's parallelize function")
+        apply_tp(
+            module,
+            parallelize=parallelize,
+            tp_mesh=mesh["tp"],
+            sequence_parallel=settings.sequence_parallel,
+            loss_parallel=settings.loss_parallel,
+        )
+    # context parallel goes here (after TP, on the sequence over mesh["cp"]), then expert parallel (the experts over
+    # the ep mesh), each a module of parallel/techniques/ and a field of Composition
+    on_step("activation checkpointing and compile")
+    apply_activation_checkpointing(
+        module, mode=settings.activation_checkpointing, every=settings.ac_every, for_compile=settings.compile
     )
+    if settings.compile:
+        apply_compile(module)
+    fsdp = composition.dp == "fsdp"
+    if settings.precision == "bf16-mixed" and not fsdp:  # FSDP2 casts with its MixedPrecisionPolicy instead
+        enable_autocast(module, device_type=device.type)
+    if composition.dp == "none":
+        return ComposedPart(place(module))
+    if fsdp:
+        on_step("FSDP2 sharding")
+        apply_fsdp(module, dp_mesh=fsdp_mesh(mesh, sizes), mp_policy=fsdp_mp_policy(settings.precision))
+        module = place(module)  # storage for this rank's shards only, then their init
+        timer = FSDPCommTimer().attach(module) if settings.measure_dp_comm else None
+        return ComposedPart(module, no_sync=fsdp_no_sync(module), dp_timer=timer)
+    on_step("DDP")
+    ddp, meter = wrap_ddp(
+        place(module),
+        dp_mesh=loss_mesh(mesh, sizes),
+        device=device,
+        bucket_cap_mb=settings.ddp.bucket_cap_mb,
+        find_unused_parameters=settings.ddp.find_unused_parameters,
+        sync_batchnorm=settings.ddp.sync_batchnorm,
+        measure_comm=settings.measure_dp_comm,
+    )
+    return ComposedPart(ddp, no_sync=ddp.no_sync, dp_timer=meter)
 
 
-def loss_parallel(ctx: WorkerContext, composition: Composition) -> bool:
-    """Whether the loss runs on vocabulary-sharded logits (``tp.loss_parallel`` with a tp degree > 1)."""
-    return composition.tp and ctx.layout.tp > 1 and bool(ctx.cfg.tp.loss_parallel)
+def _pipeline_stages(parts: list[ComposedPart], *, plan: PipelinePlan, device: torch.device) -> tuple[list, Any]:
+    """Each composed stage a ``PipelineStage``, then torch's schedule class for ``plan.schedule`` over them
+    (``scale_grads=False``: the loss says how gradients are scaled)."""
+    stages = []
+    for part, spec in zip(parts, plan.stages, strict=True):
+        stage = PipelineStage(part.module, spec.index, plan.num_stages, device, group=plan.group)
+        if plan.instrument is not None:
+            plan.instrument(stage, spec)
+        stages.append(stage)
+    single = schedule_spec(plan.schedule).placement == "single"
+    cls = schedule_class(plan.schedule)
+    schedule = cls(
+        stages[0] if single else stages, n_microbatches=plan.micro_batches, loss_fn=plan.loss_fn, scale_grads=False
+    )
+    return stages, schedule

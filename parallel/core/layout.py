@@ -16,7 +16,6 @@ from typing import Any
 
 from parallel.core import dims
 from parallel.core.dims import Sized, with_dim_kwargs
-from parallel.core.registry import strategy_for
 
 #: the mesh dimension names, outermost first, as the table stood at import (``dims.mesh_names()`` follows it)
 MESH_DIMS = dims.mesh_names()
@@ -66,14 +65,6 @@ class ParallelLayout(Sized):
 def factorizations(world_size: int) -> list[tuple[int, ...]]:
     """All degree tuples (``dims.names()`` order: dp, tp, pp) whose product is world_size, data parallel first."""
     return dims.factorizations(world_size)
-
-
-def describe_factorization(*sizes: int) -> str:
-    """The command-line words for a layout given its degrees in ``dims.names()`` order: ``parallel=ddp
-    dp.size=4`` (the registry names the strategy)."""
-    by_name = dict(zip(dims.names(), sizes, strict=True))
-    words = [f"{dims.dim(k).key}={v}" for k, v in by_name.items() if v > 1]
-    return " ".join([f"parallel={strategy_for(**by_name)}", *words])
 
 
 #: why the dp dimension cannot be DDP when tp > 1 or pp > 1 (seen with torch 2.13 on gloo)

@@ -99,8 +99,8 @@ class StrategySpec:
     """The layouts the planner (and the "layouts that fit" hint) trains with this strategy; None: never
     picked. ``STRATEGIES`` is searched in order, the first match wins."""
     # ---- what validation asks of the strategy ----
-    checks: tuple[Callable[[Any, Any], list[str]], ...] = ()
-    """``fn(cfg, layout) -> problems``: the strategy's own rules, run by ``trainer/validate.py`` before any worker
+    checks: tuple[Callable[[Any, Any, StrategySpec | None], list[str]], ...] = ()
+    """``fn(cfg, layout, strategy) -> problems``: the strategy's own rules, run by ``trainer/validate.py`` before any worker
     starts (torch-free functions beside the strategy's facts: ``parallel/pipeline/checks.py``,
     ``parallel/core/strategy_checks.py``)."""
 
@@ -250,7 +250,15 @@ def strategy_for(
     raise ValueError(f"no strategy trains {shape}")  # pragma: no cover - hybrid takes every multi-dim layout
 
 
-def checks_for(name: str) -> tuple[Callable[[Any, Any], list[str]], ...]:
+def describe_factorization(*sizes: int) -> str:
+    """The command-line words for a layout given its degrees in ``dims.names()`` order: ``parallel=ddp
+    dp.size=4`` (the registry names the strategy)."""
+    by_name = dict(zip(dims.names(), sizes, strict=True))
+    words = [f"{dims.dim(k).key}={v}" for k, v in by_name.items() if v > 1]
+    return " ".join([f"parallel={strategy_for(**by_name)}", *words])
+
+
+def checks_for(name: str) -> tuple[Callable[[Any, Any, StrategySpec | None], list[str]], ...]:
     """The checks validation runs for ``parallel.name``: the strategy's own; for a user's own strategy every
     built-in one (each says nothing where its dimension is unused)."""
     spec = STRATEGIES.get(str(name))

@@ -1,6 +1,6 @@
 """What a tensor-parallel run (parallel=tp, hybrid with tp.size > 1) needs of its config, checked before any worker
 starts: the model's own rules for a tp degree (its ``ModelSpec.tp_check``) and those of loss and sequence
-parallelism. Each check takes ``(cfg, layout)`` and returns the problems as "key=value: what is wrong; the fix";
+parallelism. Each check takes ``(cfg, layout, strategy)`` and returns the problems as "key=value: what is wrong; the fix";
 the strategies list them in ``StrategySpec.checks`` (``parallel/core/registry.py``). No torch import.
 """
 
@@ -21,7 +21,7 @@ def nearest_multiples(value: int, base: int) -> str:
     return str(hi) if lo < base else f"{lo} or {hi}"
 
 
-def tensor_parallel_problems(cfg: Any, layout: ParallelLayout) -> list[str]:
+def tensor_parallel_problems(cfg: Any, layout: ParallelLayout, strategy: Any = None) -> list[str]:
     """The model's plan splits heads and widths by tp; loss and sequence parallelism split the vocabulary and
     the sequence (nothing when tp.size is 1)."""
     tp, model = layout.tp, cfg.model

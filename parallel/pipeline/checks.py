@@ -1,6 +1,6 @@
 """What a pipelined run (parallel=pp, mp, hybrid with pp.size > 1) needs of its config, checked before any worker
 starts: the shape a strategy fixes (parallel=mp), the schedule's micro-batches and stages per rank, and
-the split points against the model's blocks. Each check takes ``(cfg, layout)`` and returns the problems as
+the split points against the model's blocks. Each check takes ``(cfg, layout, strategy)`` (the strategy's ``StrategySpec``, None for a user's own) and returns the problems as
 "key=value: what is wrong; the fix"; the strategies list them in ``StrategySpec.checks``
 (``parallel/core/registry.py``). No torch import.
 """
@@ -16,12 +16,9 @@ if TYPE_CHECKING:
     from parallel.core.layout import ParallelLayout
 
 
-def fixed_pipeline_problems(cfg: Any, layout: ParallelLayout) -> list[str]:
+def fixed_pipeline_problems(cfg: Any, layout: ParallelLayout, strategy: Any) -> list[str]:
     """A strategy whose pipeline shape is fixed (parallel=mp: ``registry.MODEL_PARALLEL``) refuses a config
     that changes it."""
-    from parallel.core.registry import strategy_spec  # the registry lists these checks: imported when they run
-
-    strategy = strategy_spec(cfg.parallel.name)
     if layout.schedule is None or strategy is None or strategy.fixed_pipeline is None:
         return []
     return strategy.fixed_pipeline.problems(
@@ -32,7 +29,7 @@ def fixed_pipeline_problems(cfg: Any, layout: ParallelLayout) -> list[str]:
     )
 
 
-def schedule_problems(cfg: Any, layout: ParallelLayout) -> list[str]:
+def schedule_problems(cfg: Any, layout: ParallelLayout, strategy: Any = None) -> list[str]:
     """Stages per rank and micro-batches the schedule can run (``ScheduleSpec``); the name is typed by the schema."""
     spec = SCHEDULES.get(str(layout.schedule)) if layout.schedule is not None else None
     if spec is None:
@@ -57,7 +54,7 @@ def schedule_problems(cfg: Any, layout: ParallelLayout) -> list[str]:
     ]
 
 
-def split_problems(cfg: Any, layout: ParallelLayout) -> list[str]:
+def split_problems(cfg: Any, layout: ParallelLayout, strategy: Any = None) -> list[str]:
     """The model splits into stages (its ``ModelSpec.pipeline``), has a block per stage, and the split points
     name blocks in increasing order."""
     try:
@@ -83,9 +80,6 @@ def split_problems(cfg: Any, layout: ParallelLayout) -> list[str]:
     points = layout.split_points
     if points is None:
         return []
-    from parallel.core.registry import strategy_spec  # the registry lists these checks: imported when they run
-
-    strategy = strategy_spec(name)
     key = strategy.split_points_key if strategy is not None else "pp.split_points"
     shown, out = list(points), []
     if len(points) != num_stages - 1:
@@ -107,11 +101,11 @@ def split_problems(cfg: Any, layout: ParallelLayout) -> list[str]:
     return out
 
 
-def pipeline_problems(cfg: Any, layout: ParallelLayout) -> list[str]:
+def pipeline_problems(cfg: Any, layout: ParallelLayout, strategy: Any) -> list[str]:
     """Everything a pipelined layout needs (nothing when the run does not pipeline)."""
     if layout.schedule is None:
         return []
-    out = schedule_problems(cfg, layout)
+    out = schedule_problems(cfg, layout, strategy)
     if int(cfg.pp.trace_step) < 0:
         out.append(f"pp.trace_step={cfg.pp.trace_step}: must be >= 0 (0 writes no timeline)")
-    return out + split_problems(cfg, layout)
+    return out + split_problems(cfg, layout, strategy)

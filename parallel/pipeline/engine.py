@@ -34,19 +34,19 @@ from torch import nn
 from models.moe import set_aux_loss_scale
 from parallel.core.base import Engine, WorkerContext
 from parallel.core.comm_timer import SampledCommMeter
-from parallel.core.compose import Composition, compose
+from parallel.core.compose import ComposeSettings, Composition, PipelinePlan, compose
 from parallel.core.intervals import IntervalLog, union_seconds
+from parallel.core.rank_map import announce_rank_map
 from parallel.core.registry import strategy_spec
 from parallel.pipeline.schedules import (
     action_order,
     bubble_parts,
-    schedule_class,
     schedule_spec,
     simulate,
     stage_to_rank,
 )
 from parallel.pipeline.split import SplitPlan, even_split, min_max_partition, profile_blocks, uniform_costs
-from parallel.pipeline.stages import StageSpec, build_stage_module, pipeline_parts, stage_specs
+from parallel.pipeline.stages import StageSpec, pipeline_parts, stage_specs
 from parallel.pipeline.timing import StageRecorder, StepRecord, union_busy
 
 #: per-rank numbers exchanged each step: window start/end, busy, bytes sent (act, grad), peak live act
@@ -443,59 +443,61 @@ class PipelineEngine(Engine):
 def build_pipeline_engine(
     *,
     ctx: WorkerContext,
-    model: nn.Module | None = None,
     composition: Composition,
+    settings: ComposeSettings,
+    model: nn.Module | None = None,
 ) -> PipelineEngine:
-    """This rank's pipeline engine: each stage it runs is composed (``parallel/core/compose.py``: TP, AC,
-    compile, FSDP2/DDP as ``composition`` says) before it becomes a ``PipelineStage``."""
-    from torch.distributed.pipelining import PipelineStage
-
-    from parallel.core.rank_map import announce_rank_map
-    from parallel.strategies.tp import tp_meter
-
+    """This rank's pipeline engine: the split chosen (the same on every rank), then ``compose`` cuts this rank's
+    stages, wraps each (TP, AC, compile, FSDP2/DDP as ``composition`` says) and makes them ``PipelineStage``s
+    under ``pp.schedule``."""
     layout = ctx.layout
     spec = schedule_spec(str(layout.schedule))
     num_stages = layout.pp * layout.stages_per_rank
     model = model if model is not None else ctx.build_model(materialize=False)
-    part_names = pipeline_parts(model, units=ctx.model_spec.pipeline)
+    units = ctx.model_spec.pipeline
+    part_names = pipeline_parts(model, units=units)
     plan = choose_split(model, ctx=ctx, num_stages=num_stages)
     ranks = stage_to_rank(placement=spec.placement, pp=layout.pp, num_stages=num_stages)
     specs = stage_specs(n_blocks=len(part_names[1]), split_points=plan.split_points, stage_ranks=ranks)
     pp_rank = ctx.coords["pp"]
     group = ctx.mesh["pp"].get_group()
     recorder = StageRecorder()
-    stages = []
-    composed = []
-    for s in specs:
-        if s.pp_rank != pp_rank:
-            continue
-        # TP, AC/compile/autocast, DP, then placed: a meta-built stage is materialised here, holding its blocks
-        # only; PipelineStage drives the dp no-sync itself
-        wrapped = compose(
-            build_stage_module(model, spec=s, units=ctx.model_spec.pipeline), ctx=ctx, composition=composition
-        )
-        composed.append(wrapped)
-        stage = PipelineStage(wrapped.module, s.index, num_stages, ctx.device, group=group)
-        recorder.instrument(
-            stage,
-            sends_forward=not s.last and ranks[s.index + 1] != pp_rank,
-            sends_backward=not s.first and ranks[s.index - 1] != pp_rank,
-        )
-        stages.append(stage)
-    del model
     m = layout.micro_batches
     model_loss = ctx.model_spec.loss_fn()
 
     def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return model_loss(output, target) / m
 
-    cls = schedule_class(str(layout.schedule))
-    schedule = cls(
-        stages[0] if spec.placement == "single" else stages,
-        n_microbatches=m,
-        loss_fn=recorder.wrap_loss(loss_fn),
-        scale_grads=False,
+    def instrument(stage: Any, s: StageSpec) -> None:
+        recorder.instrument(
+            stage,
+            sends_forward=not s.last and ranks[s.index + 1] != pp_rank,
+            sends_backward=not s.first and ranks[s.index - 1] != pp_rank,
+        )
+
+    local_specs = [s for s in specs if s.pp_rank == pp_rank]
+    # a meta-built stage is materialised by ctx.place, holding its blocks only; PipelineStage drives the dp no-sync
+    composed = compose(
+        model,
+        composition=composition,
+        settings=settings,
+        mesh=ctx.mesh,
+        sizes=ctx.layout.sizes,
+        device=ctx.device,
+        parallelize=ctx.model_spec.parallelize_fn() if composition.tp else None,
+        place=ctx.place,
+        pipeline=PipelinePlan(
+            stages=local_specs,
+            num_stages=num_stages,
+            schedule=str(layout.schedule),
+            micro_batches=m,
+            loss_fn=recorder.wrap_loss(loss_fn),
+            group=group,
+            units=units,
+            instrument=instrument,
+        ),
     )
+    del model
     if ctx.world_size > 1:
         dist.barrier(group=group)
     recorder.origin = time.perf_counter()
@@ -505,25 +507,22 @@ def build_pipeline_engine(
         num_stages,
         list(plan.split_points),
         plan.policy,
-        "; ".join(
-            f"stage {s.index}: {s.describe(part_names[0], part_names[2])}" for s in specs if s.pp_rank == pp_rank
-        ),
+        "; ".join(f"stage {s.index}: {s.describe(part_names[0], part_names[2])}" for s in local_specs),
     )
-    local = [s.index for s in specs if s.pp_rank == pp_rank]
     rank_map = (
-        announce_rank_map(ctx, stage_modules=[c.module for c in composed], stages=local)
+        announce_rank_map(ctx, stage_modules=[c.module for c in composed.parts], stages=[s.index for s in local_specs])
         if composition.rank_map
         else None
     )
     return PipelineEngine(
         ctx=ctx,
-        stages=stages,
+        stages=composed.stages,
         specs=specs,
-        schedule=schedule,
+        schedule=composed.schedule,
         recorder=recorder,
         plan=plan,
         part_names=part_names,
-        tp_meter=tp_meter(ctx) if composition.tp else None,
-        dp_timers=[c.dp_timer for c in composed if c.dp_timer is not None],
+        tp_meter=ctx.tp_meter(settings) if composition.tp else None,
+        dp_timers=[c.dp_timer for c in composed.parts if c.dp_timer is not None],
         rank_map=rank_map,
     )

@@ -46,8 +46,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from models.registry import model_shape
 from parallel.plan.cost_model import DDP_BUCKET_BYTES, Candidate, estimate
-from parallel.plan.specs import HardwareSpec, Link, ModelShape, PlanError, Workload
+from parallel.plan.specs import HardwareSpec, Link, PlanError, Workload
 
 MAX_BUILD_PARAMS = 50_000_000
 COMM_SIZES = (64 * 1024, 4 * 2**20)
@@ -189,7 +190,7 @@ def measure_compute(model_cfg: Any, *, seq_len: int, threads: int, max_rows: int
     from parallel.core.optimizer import build_optimizer_over
 
     torch.set_num_threads(threads)
-    spec = ModelShape.from_cfg(model_cfg)
+    spec = model_shape(model_cfg)
     sizes = {"max_seq_len": max(spec.max_seq_len, seq_len)}
     proxy = spec.params > MAX_BUILD_PARAMS
     if proxy:  # same width, two blocks, shorter rows: the FLOP rate of big matmuls, not the model's memory

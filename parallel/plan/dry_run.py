@@ -24,7 +24,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from parallel.core import dims
+from parallel.core.compose import ComposeSettings, Composition, PipelinePlan, compose
+from parallel.core.precision import PLANNER_PRECISIONS
 from parallel.core.state_bytes import model_state_bytes
+from parallel.pipeline.stages import build_stage_module
 from parallel.plan.cost_model import Candidate, estimate
 from parallel.plan.specs import HardwareSpec, ModelShape, Workload
 
@@ -123,16 +126,6 @@ def _fake_parameters(module, *, dtype) -> None:
                 sub._buffers[name] = torch.empty(b.shape, dtype=b.dtype, device="cpu")
 
 
-def _tp_stage(meta_model, spec, *, mesh, c: Candidate, sequence_parallel: bool, tp_plan):
-    """The stage module cut from the meta model, with the model family's tensor-parallel plan when tp > 1."""
-    from parallel.pipeline.stages import build_stage_module
-
-    module = build_stage_module(meta_model, spec=spec)
-    if c.tp > 1:
-        tp_plan(module, tp_mesh=mesh["tp"], sequence_parallel=sequence_parallel)
-    return module
-
-
 def _saved_activation_bytes(
     module, *, first: bool, last: bool, micro_batch: int, seq_len: int, d_model: int, vocab_size: int, dtype, loss
 ) -> int:
@@ -197,7 +190,7 @@ class DryRunError(RuntimeError):
 
 
 def _fix_for(phase: str, c: Candidate, model: ModelShape) -> str:
-    if phase == "tensor-parallel plan":
+    if phase == "tensor parallel":
         return f"use a tp.size dividing model.n_heads={model.n_heads} and model.d_model={model.d_model} (now {c.tp})"
     if phase == "schedule":
         return (
@@ -217,31 +210,46 @@ def _measure_rank(
     specs,
     model: ModelShape,
     workload: Workload,
-    sequence_parallel: bool,
-    mixed: bool,
+    settings: ComposeSettings,
     tp_plan,
     loss,
 ) -> dict[str, float]:
-    """Build this rank's part of the layout under a fake process group of ``world`` ranks and measure it."""
+    """Build this rank's part of the layout under a fake process group of ``world`` ranks and measure it: the
+    trainer's ``compose`` on the meta device (TP, FSDP2 for ZeRO-3, the pipeline stages and their schedule)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
-    phase = "device mesh"
+    phase = ["device mesh"]
+
+    def on_step(step: str) -> None:
+        phase[0] = step
+
     try:
         mesh = init_device_mesh("cpu", c.mesh_shape, mesh_dim_names=dims.mesh_names())
         pp_rank = c.coords(rank)["pp"]
-        dtype = torch.bfloat16 if mixed else torch.float32
+        dtype = torch.bfloat16 if settings.precision != "fp32" else torch.float32
         b = workload.global_batch_size // (c.dp * c.micro_batches)
-        stages, acts = [], 0
-        for spec in (s for s in specs if s.pp_rank == pp_rank):
-            phase = "tensor-parallel plan"
-            module = _tp_stage(meta_model, spec, mesh=mesh, c=c, sequence_parallel=sequence_parallel, tp_plan=tp_plan)
-            phase = "activations"
+        local = [s for s in specs if s.pp_rank == pp_rank]
+        acts = 0
+        for spec in local:
+            on_step("activations")
+            # a tensor-parallel copy of the stage, run on fake tensors (FSDP2 leaves a micro-batch's activations alone)
+            copy = compose(
+                build_stage_module(meta_model, spec=spec),
+                composition=Composition(tp=c.tp > 1),
+                settings=settings,
+                mesh=mesh,
+                sizes=c.sizes,
+                device=torch.device("cpu"),
+                parallelize=tp_plan,
+                on_step=on_step,
+            )
+            on_step("activations")
             acts += _saved_activation_bytes(
-                _tp_stage(meta_model, spec, mesh=mesh, c=c, sequence_parallel=sequence_parallel, tp_plan=tp_plan),
+                copy.module,
                 first=spec.first,
                 last=spec.last,
                 micro_batch=b,
@@ -251,49 +259,44 @@ def _measure_rank(
                 dtype=dtype,
                 loss=loss,
             )
-            if c.zero_stage >= 3 and c.dp > 1:
-                phase = "FSDP2 sharding"
-                from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-                from parallel.core.meshes import fsdp_mesh
-
-                policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-                shard_mesh = fsdp_mesh(mesh, c.sizes)
-                for block in module.layers.values():
-                    fully_shard(block, mesh=shard_mesh, mp_policy=policy)
-                fully_shard(module, mesh=shard_mesh, mp_policy=policy)
-            stages.append((spec, module))
-        phase = "optimizer"
-        params = [p for _, m in stages for p in m.parameters()]
+        composition = Composition(
+            tp=c.tp > 1, dp="fsdp" if c.zero_stage >= 3 and c.dp > 1 else "none", pipeline=c.pp > 1
+        )
+        composed = compose(
+            meta_model,
+            composition=composition,
+            settings=settings,
+            mesh=mesh,
+            sizes=c.sizes,
+            device=torch.device("cpu"),
+            parallelize=tp_plan,
+            pipeline=PipelinePlan(
+                stages=local,
+                num_stages=c.pp * c.stages_per_rank,
+                schedule=c.schedule,
+                micro_batches=c.micro_batches,
+                loss_fn=lambda out, tgt: out.sum(),
+                group=mesh["pp"].get_group(),
+            )
+            if c.pp > 1
+            else None,
+            on_step=on_step,
+        )
+        on_step("optimizer")
+        params = [p for part in composed.parts for p in part.module.parameters()]
         for p in params:
             p.grad = torch.zeros_like(p)
         opt = torch.optim.AdamW(params, lr=1e-4, foreach=False)
         opt.step()  # creates the moments, on meta tensors
         measured: dict[str, float] = {k: float(v) for k, v in model_state_bytes(params, opt).items()}
         measured["activations_per_micro_batch"] = float(acts)
-        if c.pp > 1:
-            phase = "schedule"
-            _build_schedule(stages, c=c, group=mesh["pp"].get_group())
         return measured
     except Exception as exc:  # noqa: BLE001 - every failure to build is reported with the rank and the fix
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DryRunError(f"{phase} failed: {reason}; fix: {_fix_for(phase, c, model)}") from exc
+        raise DryRunError(f"{phase[0]} failed: {reason}; fix: {_fix_for(phase[0], c, model)}") from exc
     finally:
         dist.destroy_process_group()
         _clear_dtensor_caches()
-
-
-def _build_schedule(stages, *, c: Candidate, group) -> None:
-    import torch
-    from torch.distributed.pipelining import PipelineStage
-
-    from parallel.pipeline.schedules import schedule_class, schedule_spec
-
-    num_stages = c.pp * c.stages_per_rank
-    built = [PipelineStage(m, s.index, num_stages, torch.device("cpu"), group=group) for s, m in stages]
-    cls = schedule_class(c.schedule)
-    single = schedule_spec(c.schedule).placement == "single"
-    cls(built[0] if single else built, n_microbatches=c.micro_batches, loss_fn=lambda out, tgt: out.sum())
 
 
 def dry_run(
@@ -347,8 +350,9 @@ def dry_run(
                 specs=specs,
                 model=model,
                 workload=workload,
-                sequence_parallel=sp,
-                mixed=workload.precision == "mixed",
+                settings=ComposeSettings(
+                    precision=PLANNER_PRECISIONS[workload.precision].trains_as, sequence_parallel=sp
+                ),
                 tp_plan=tp_plan,
                 loss=family.loss_fn(),
             )

@@ -16,6 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from models.registry import model_shape
 from parallel.core import dims
 from parallel.core.layout import ParallelLayout, factorizations
 from parallel.core.registry import STRATEGIES, TRAINABLE_RECOMPUTE, TRAINABLE_ZERO_STAGES, plannable, strategy_for
@@ -97,7 +98,7 @@ def available_strategies(conf_dir: Path) -> dict[str, str]:
     return found
 
 
-#: the planner's recomputation choice -> trainer.activation_checkpointing (parallel/core/regional.py): the
+#: the planner's recomputation choice -> trainer.activation_checkpointing (parallel/techniques/checkpointing.py): the
 #: planner's "selective" (attention scores and softmax recomputed, arXiv 2205.05198) is what the trainer's
 #: op-level selective policy does (matmul outputs kept, the element-wise and softmax ops recomputed)
 TRAINER_AC = {"none": "none", "selective": "selective", "full": "full"}
@@ -244,7 +245,7 @@ def seed_reason(ranked: tuple[Estimate, ...], *, model: ModelShape, hardware: Ha
 
 def specs_from_cfg(cfg: DictConfig, *, calibrate: bool | None = None) -> tuple[ModelShape, HardwareSpec, Workload]:
     """Model, hardware (measured when ``topology.calibrate``) and workload of a composed config."""
-    model = ModelShape.from_cfg(cfg.model)
+    model = model_shape(cfg.model)
     hardware = HardwareSpec.from_cfg(cfg.topology)
     if calibrate if calibrate is not None else bool(cfg.topology.get("calibrate", False)):
         from parallel.plan.calibrate import calibrate_hardware

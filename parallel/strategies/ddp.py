@@ -1,105 +1,11 @@
-"""parallel=ddp: DistributedDataParallel over the mesh's dp dimension, with measured communication.
-
-DDP's C++ reducer times its own backward when asked (``_set_ddp_runtime_logging_sample_rate``): from the first
-bucket's all-reduce launch to the last one's completion, and how much of that overlapped the backward's compute.
-``ReducerCommMeter`` turns that on for the steps the loop logs (the loop says which) and reads it after them, so DDP
-keeps its C++ all-reduce path on every step. A Python comm hook would time each bucket, but it replaces that
-path and cost 2-5% of the tokens/s on 2 CPU ranks (docs/benchmarks.md); ``CommTimer`` is that hook, kept for
-the planner's calibration, which fits a per-bucket cost. ``dp.measure_comm=false`` measures nothing. The
-wrapping order (after activation checkpointing and compile) is ``parallel/core/compose.py``'s.
-"""
+"""parallel=ddp: DistributedDataParallel over the mesh's dp dimension (``parallel/techniques/ddp.py``), one replica
+per process, with its reducer's own communication timer on the logged steps."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
-
-from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-from torch.nn.parallel import DistributedDataParallel as DDP
-
 from parallel.core.base import Engine, Strategy, WorkerContext
-from parallel.core.compose import Composition, build_engine
-from parallel.core.intervals import IntervalLog
-from parallel.core.meshes import loss_mesh
-
-
-class CommTimer(IntervalLog):
-    """Collects [launch, completion] of every gradient bucket all-reduce (a Python comm hook: the planner's
-    calibration uses it; a training run reads DDP's own timer, ``ReducerCommMeter``)."""
-
-    count_key = "comm_buckets"
-
-    def hook(self, process_group, bucket):
-        start = time.perf_counter()
-        fut = allreduce_hook(process_group, bucket)
-
-        def done(f):
-            self.add(start, time.perf_counter())
-            return f.value()
-
-        return fut.then(done)
-
-
-#: DDP's sample rate between measured steps: never (its first 10 iterations are always timed)
-_NEVER = 2**31 - 1
-
-
-class ReducerCommMeter:
-    """DDP's C++ reducer timer on the steps the loop logs (it says which: ``Engine.measure_step``).
-
-    ``step(measure)`` wraps a whole step (every micro-batch); ``take()`` after it gives (seconds from the first bucket
-    all-reduce's launch to the last one's completion in the step's synchronising backward, buckets reduced),
-    or None on a step that was not measured. On CUDA the reducer reads its events with a synchronisation, which
-    is why unmeasured steps leave the timer off.
-    """
-
-    count_key = "comm_buckets"
-
-    def __init__(self, ddp: DDP):
-        self.ddp = ddp
-        self.active = False
-        ddp._set_ddp_runtime_logging_sample_rate(_NEVER)
-
-    def step(self, measure: bool = True) -> AbstractContextManager:
-        self.active = measure
-        return self._measuring() if self.active else nullcontext()
-
-    @contextmanager
-    def _measuring(self) -> Iterator[None]:
-        self.ddp._set_ddp_runtime_logging_sample_rate(1)
-        try:
-            yield
-        finally:
-            self.ddp._set_ddp_runtime_logging_sample_rate(_NEVER)
-
-    def take(self) -> tuple[float, int] | None:
-        if not self.active:
-            return None
-        self.active = False
-        self.ddp.logger.set_runtime_stats_and_log()  # DDP would compute them at the next forward
-        stats = self.ddp._get_ddp_logging_data()
-        return float(stats.get("backward_comm_time", 0)) / 1e9, int(stats.get("num_buckets_reduced", 0))
-
-
-def wrap_ddp(model: nn.Module, *, ctx: WorkerContext) -> tuple[DDP, ReducerCommMeter | None]:
-    """DDP over the gradient-reduction mesh (``loss_mesh``: dp, and cp once it is a dimension), SyncBatchNorm if
-    asked, its reducer timing the logged steps unless ``dp.measure_comm=false``."""
-    cfg = ctx.cfg.dp
-    group = loss_mesh(ctx.mesh, ctx.layout.sizes).get_group()
-    if cfg.sync_batchnorm:
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group=group)
-    ddp = DDP(
-        model,
-        process_group=group,
-        device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
-        bucket_cap_mb=float(cfg.bucket_cap_mb),
-        find_unused_parameters=bool(cfg.find_unused_parameters),
-    )
-    if not cfg.get("measure_comm", True):
-        return ddp, None
-    return ddp, ReducerCommMeter(ddp)
+from parallel.core.build import build_engine
+from parallel.core.compose import Composition
 
 
 class DDPStrategy(Strategy):

@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from parallel.core.base import Engine, ModuleEngine, Strategy, WorkerContext
-from parallel.core.compose import Composition, build_engine
+from parallel.core.build import build_engine
+from parallel.core.compose import Composition
 from parallel.core.precision import enable_autocast
 
 

@@ -15,7 +15,8 @@ The engine adds to its own measurements the tp group's communication time and th
 from __future__ import annotations
 
 from parallel.core.base import Engine, Strategy, WorkerContext
-from parallel.core.compose import Composition, build_engine
+from parallel.core.build import build_engine
+from parallel.core.compose import Composition
 from parallel.core.layout import why_dp_needs_fsdp
 
 

@@ -8,7 +8,8 @@ and the pipeline's split read; this class is the same for both.
 from __future__ import annotations
 
 from parallel.core.base import Engine, Strategy, WorkerContext
-from parallel.core.compose import Composition, build_engine
+from parallel.core.build import build_engine
+from parallel.core.compose import Composition
 
 
 class PipelineStrategy(Strategy):

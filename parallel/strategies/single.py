@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from parallel.core.base import Engine, Strategy, WorkerContext
-from parallel.core.compose import Composition, build_engine
+from parallel.core.build import build_engine
+from parallel.core.compose import Composition
 
 
 class SingleStrategy(Strategy):

@@ -95,6 +95,96 @@ def test_imports_run_one_way(package):
     assert not bad, f"{package}/ must not import {sorted(FORBIDDEN[package])}:\n" + "\n".join(bad)
 
 
+def module_graph(sources: dict[str, tuple[Path, str | None]]) -> dict[str, set[str]]:
+    """module -> the project modules it imports (``from a.b import c`` imports ``a.b.c`` when that is a module),
+    for ``sources``: module name -> (its path, its source or None to read the file)."""
+    graph: dict[str, set[str]] = {name: set() for name in sources}
+    for name, (path, source) in sources.items():
+        tree = ast.parse(path.read_text() if source is None else source, filename=str(path))
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        for node in ast.walk(tree):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join(package[: len(package) - (node.level - 1)] + ([node.module] if node.module else []))
+                base = base if node.level else node.module or ""
+                targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            for target in targets:
+                parts = target.split(".")
+                # the longest prefix that is a project module (a package's __init__ counts as a module)
+                hit = next(
+                    (".".join(parts[:k]) for k in range(len(parts), 0, -1) if ".".join(parts[:k]) in graph), None
+                )
+                if hit is not None and hit != name:
+                    graph[name].add(hit)
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted: every import circle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def project_sources() -> dict[str, tuple[Path, str | None]]:
+    return {module_name(p): (p, None) for package in PACKAGES for p in python_files(package)}
+
+
+def test_circle_finder_catches_a_planted_circle():
+    """The check itself: a circle closed by an import inside a function, one through ``from package import
+    module``, and a module that imports itself (no circle) are told apart."""
+    root = ROOT / "parallel"
+    planted = {
+        "parallel.a": (root / "a.py", "from parallel.b import f\n"),
+        "parallel.b": (root / "b.py", "def f():\n    from parallel import c\n"),
+        "parallel.c": (root / "c.py", "import parallel.a\n"),
+        "parallel.d": (root / "d.py", "from . import a\nimport parallel.d\n"),
+        "parallel": (root / "__init__.py", ""),
+    }
+    assert import_circles(module_graph(planted)) == [["parallel.a", "parallel.b", "parallel.c"]]
+    planted["parallel.c"] = (root / "c.py", "import torch\n")
+    assert import_circles(module_graph(planted)) == []
+
+
+def test_no_import_circles():
+    """No module of conf/, models/, parallel/ or trainer/ reaches itself through imports, those inside functions
+    and under ``TYPE_CHECKING`` included: each technique, check and table is imported downward only."""
+    circles = import_circles(module_graph(project_sources()))
+    assert not circles, "import circles (move the shared piece down, or pass it in as an argument):\n" + "\n".join(
+        " <-> ".join(c) for c in circles
+    )
+
+
 #: a string that names a module or object by import path: ``package.module``, ``package.module:attr``
 IMPORT_PATH = re.compile(r"^([A-Za-z_]\w*)(\.\w+)+(:[\w.]+)?$")
 

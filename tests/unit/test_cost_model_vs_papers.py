@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from models.registry import model_shape
 from parallel.plan.cost_model import (
     ActivationCase,
     Candidate,
@@ -161,8 +162,8 @@ def test_tp_collectives_are_counted_as_each_implementation_issues_them(compose_c
     """Megatron fuses each sub-block's input-gradient all-reduce (2 fwd + 2 bwd); meshtrain's DTensor plan
     all-reduces every column-wise projection's input gradient: gpt_small's 4 blocks + head run the 26 that
     tests/integration/test_tp_fsdp_parity.py counts in a real tp run."""
-    gpt = ModelShape.from_cfg(compose_cfg("model=gpt_small").model)
-    llama = ModelShape.from_cfg(compose_cfg("model=llama_debug").model)
+    gpt = model_shape(compose_cfg("model=gpt_small").model)
+    llama = model_shape(compose_cfg("model=llama_debug").model)
     assert tp_collectives_per_layer(gpt, meshtrain=False) == 4
     assert tp_collectives_per_layer(gpt, meshtrain=False, recompute="full") == 6
     assert tp_collectives_per_layer(gpt, meshtrain=True) == 6 and gpt.n_layers * 6 + 2 == 26

@@ -9,7 +9,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from parallel.core.base import ModuleEngine
-from parallel.strategies.ddp import ReducerCommMeter
+from parallel.techniques.ddp import ReducerCommMeter
 
 
 def _model() -> nn.Module:

@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from models.hf_adapter import HFConfigError, Source
-from models.registry import REGISTRY
-from models.shape import ModelShape
+from models.registry import REGISTRY, model_shape
 from tests.hf_helpers import CASES, checkpoint_tensors, hf_config, hf_model, max_logit_difference, meshtrain_twin
 
 TOKENS = torch.randint(0, 96, (2, 32), generator=torch.Generator().manual_seed(0))
@@ -111,7 +110,7 @@ def test_configs_map_to_transformers_models_of_the_same_size(compose_cfg, name):
     hf = adapter.hf_config(model_cfg)
     with torch.device("meta"):
         built = AutoModelForCausalLM.from_config(AutoConfig.for_model(**hf))
-    shape = ModelShape.from_cfg(OmegaConf.create(model_cfg))
+    shape = model_shape(OmegaConf.create(model_cfg))
     shape = replace(shape, bias=True) if model_cfg["family"] == "gpt" else shape
     assert sum(p.numel() for p in built.parameters()) == shape.params
     again = adapter.model_config(hf)

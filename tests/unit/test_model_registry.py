@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from models.registry import REGISTRY, spec_for
-from models.shape import ModelShape
+from models.registry import REGISTRY, model_shape, spec_for
 from trainer.validate import ConfigError, validate
 
 
@@ -33,14 +32,14 @@ def test_formula_counts_the_built_modules_parameters(compose_cfg, overrides):
 
     cfg = compose_cfg(*overrides)
     module = instantiate(builder_kwargs(cfg.model))
-    assert ModelShape.from_cfg(cfg.model).params == sum(p.numel() for p in module.parameters())
+    assert model_shape(cfg.model).params == sum(p.numel() for p in module.parameters())
 
 
 def test_llama3_sizes_are_the_published_ones(compose_cfg):
     published = {"llama3_8b": 8.03e9, "llama3_70b": 70.6e9, "llama3_405b": 405.9e9}
     for name, params in published.items():
         cfg = compose_cfg(f"model={name}")
-        shape = ModelShape.from_cfg(cfg.model)
+        shape = model_shape(cfg.model)
         assert shape.params == pytest.approx(params, rel=2e-3), name
         assert shape.n_kv_heads == 8 and shape.vocab_size == 128256 and cfg.model.rope_theta == 500000
         assert spec_for(cfg.model) is REGISTRY["llama"]

@@ -101,9 +101,9 @@ def test_bias_balancing_moves_toward_the_underloaded_experts():
 )
 def test_published_sizes(compose_cfg, name, total, active):
     """Qwen3 technical report (arXiv 2505.09388, Table 2): 30.5B total / 3.3B active, 235B / 22B."""
-    from models.shape import ModelShape
+    from models.registry import model_shape
 
-    shape = ModelShape.from_cfg(compose_cfg(f"model={name}").model)
+    shape = model_shape(compose_cfg(f"model={name}").model)
     assert shape.params == pytest.approx(total, rel=1e-3)
     assert shape.active_params == pytest.approx(active, rel=1e-3)
     dense_flops = 6 * shape.params

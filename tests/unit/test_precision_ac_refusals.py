@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from trainer.validate import ConfigError, validate
 
@@ -55,12 +54,11 @@ def _grads_and_saved(mode: str, every: int = 1) -> tuple[dict[str, torch.Tensor]
     from models.gpt.model import GPT
     from models.losses import token_cross_entropy as cross_entropy
     from parallel.core.activations import SavedActivationMeter
-    from parallel.core.regional import prepare_module
+    from parallel.techniques.checkpointing import apply_activation_checkpointing
 
     torch.manual_seed(0)
     model = GPT(n_layers=4, d_model=32, n_heads=2, max_seq_len=32)
-    trainer = OmegaConf.create({"activation_checkpointing": mode, "ac_every": every, "precision": "fp32"})
-    prepare_module(model, trainer=trainer, device_type="cpu", autocast=True)
+    apply_activation_checkpointing(model, mode=mode, every=every)
     x = torch.randint(0, 256, (4, 32))
     meter = SavedActivationMeter()
     with meter.step():

@@ -1,5 +1,5 @@
 """How a run computes: ``trainer.precision``, activation checkpointing, compile and profiling
-(parallel/core/precision.py, parallel/core/regional.py, trainer/observe/perf.py), and the GPU it needs for them.
+(parallel/core/precision.py, parallel/techniques/checkpointing.py, trainer/observe/perf.py), and the GPU it needs for them.
 No torch import: the GPUs are asked through nvidia-smi."""
 
 from __future__ import annotations

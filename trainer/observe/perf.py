@@ -55,10 +55,11 @@ KNOWN_BF16_PEAK_TFLOPS = {
 
 def model_flops_per_token(cfg: Any) -> float | None:
     """Training FLOPs per token of the configured model (no recomputation), or None if it has no formula."""
-    from models.shape import ModelShape, PlanError
+    from models.registry import model_shape
+    from models.shape import PlanError
 
     try:
-        shape = ModelShape.from_cfg(cfg.model)  # the family's formulas (models/registry.py)
+        shape = model_shape(cfg.model)  # the family's formulas (models/registry.py)
     except PlanError:
         return None
     return float(shape.training_flops_per_token(int(cfg.data.seq_len)))

@@ -1,21 +1,15 @@
-"""Per-block transforms of a model (or a pipeline stage): activation checkpointing, then regional compile,
-then bf16 autocast on the module's forward, applied after tensor parallel and before data parallel —
-torchtitan's order TP → AC → compile → FSDP.
+"""Activation checkpointing, per block of a model (or a pipeline stage): one step of ``parallel/core/compose.py``'s
+order, after tensor parallel, before compile and data parallel (torchtitan's TP → AC → compile → FSDP).
 
-``prepare_module`` is what every strategy calls on the module it is about to hand to DDP, FSDP2 or a
-``PipelineStage``. Each block in ``module.layers`` keeps its name: its instance ``forward`` is replaced by a
-checkpointed and/or compiled one, so parameter names (checkpoints, split points, TP plans) do not change and
-FSDP2's per-block hooks stay outside the compiled region.
+Each block in ``module.layers`` keeps its name: its instance ``forward`` is replaced by a checkpointed one, so
+parameter names (checkpoints, split points, TP plans) do not change and FSDP2's per-block hooks stay outside.
 
-- ``trainer.activation_checkpointing=full``: every block's activations are recomputed in backward; only the
-  block's input is kept.
-- ``selective`` with ``trainer.ac_every=1`` (default): torch's op-level selective checkpointing
+- ``full``: every block's activations are recomputed in backward; only the block's input is kept.
+- ``selective`` with ``every=1`` (``trainer.ac_every``, default): torch's op-level selective checkpointing
   (``create_selective_checkpoint_contexts``) keeps the outputs of matmuls (mm, addmm, bmm, attention)
   and recomputes the cheap element-wise and normalisation ops.
-- ``selective`` with ``trainer.ac_every=k > 1``: block-level selective: every k-th block (global block
-  index k-1, 2k-1, ...) is checkpointed in full, the others keep everything.
-- ``trainer.compile=true``: each block is compiled on its own (regional compilation): one compiled graph
-  reused by every block of the same shape, so compile time does not grow with depth.
+- ``selective`` with ``every=k > 1``: block-level selective: every k-th block (global block index k-1, 2k-1,
+  ...) is checkpointed in full, the others keep everything.
 """
 
 from __future__ import annotations
@@ -28,7 +22,6 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from parallel.core.activations import CountingSACStorage, active_meter, hold_inputs
-from parallel.core.precision import enable_autocast
 
 
 def _matmul_ops() -> frozenset:
@@ -85,10 +78,6 @@ def checkpoint_block(block: nn.Module, *, selective: bool, for_compile: bool = F
     block.forward = forward  # type: ignore[method-assign]
 
 
-def compile_block(block: nn.Module) -> None:
-    block.forward = torch.compile(block.forward)  # type: ignore[method-assign]
-
-
 def blocks_of(module: nn.Module) -> list[tuple[int, nn.Module]]:
     """(global block index, block) of the blocks this module (or pipeline stage) holds."""
     layers = getattr(module, "layers", None)
@@ -108,20 +97,10 @@ def checkpoint_plan(mode: str, every: int, index: int) -> str:
     return "none"
 
 
-def prepare_module(module: nn.Module, *, trainer: Any, device_type: str, autocast: bool) -> nn.Module:
-    """Activation checkpointing and compile per block, then (``autocast``) bf16 autocast on the forward.
-
-    ``trainer`` is ``cfg.trainer``; ``autocast`` is False where FSDP2's MixedPrecisionPolicy casts instead.
-    """
-    mode = str(trainer.get("activation_checkpointing", "none"))
-    every = int(trainer.get("ac_every", 1))
-    compile_ = bool(trainer.get("compile", False))
+def apply_activation_checkpointing(module: nn.Module, *, mode: str, every: int = 1, for_compile: bool = False) -> None:
+    """Checkpoint the blocks of ``module`` as ``mode`` (none, full, selective) and ``every`` say; ``for_compile``:
+    the blocks are compiled next (a selective policy torch.compile accepts)."""
     for index, block in blocks_of(module):
         how = checkpoint_plan(mode, every, index)
         if how != "none":
-            checkpoint_block(block, selective=how == "selective", for_compile=compile_)
-        if compile_:
-            compile_block(block)
-    if autocast and str(trainer.get("precision", "fp32")) == "bf16-mixed":
-        enable_autocast(module, device_type=device_type)
-    return module
+            checkpoint_block(block, selective=how == "selective", for_compile=for_compile)

@@ -1,0 +1,41 @@
+"""A rank's engine from a ``Composition``: ``compose`` (``parallel/core/compose.py``) wraps the model, and the
+engine that drives it is the pipeline engine (``parallel/pipeline/engine.py``) or one module with gradient
+accumulation (``ModuleEngine``). Every named strategy calls ``build_engine``; a user's own ``Strategy`` subclass
+may too, or build its engine its own way.
+"""
+
+from __future__ import annotations
+
+from parallel.core.base import Engine, ModuleEngine, WorkerContext
+from parallel.core.compose import Composition, compose
+from parallel.core.rank_map import announce_rank_map
+from parallel.pipeline.engine import build_pipeline_engine
+
+
+def build_engine(*, ctx: WorkerContext, composition: Composition) -> Engine:
+    """This rank's engine for ``composition``: the pipeline engine over composed stages, or one composed
+    module with gradient accumulation (``data.micro_batch_size``)."""
+    settings = ctx.compose_settings()
+    if composition.pipeline:
+        return build_pipeline_engine(ctx=ctx, composition=composition, settings=settings)
+    composed = compose(
+        ctx.build_model(materialize=False),
+        composition=composition,
+        settings=settings,
+        mesh=ctx.mesh,
+        sizes=ctx.layout.sizes,
+        device=ctx.device,
+        parallelize=ctx.model_spec.parallelize_fn() if composition.tp else None,
+        place=ctx.place,
+    )
+    part = composed.parts[0]
+    return ModuleEngine(
+        part.module,
+        accumulation=ctx.accumulation_steps(),
+        loss_fn=ctx.model_spec.loss_fn(),
+        no_sync=part.no_sync,
+        dp_timer=part.dp_timer,
+        loss_parallel=composition.tp and ctx.layout.tp > 1 and settings.loss_parallel,
+        tp_meter=ctx.tp_meter(settings) if composition.tp else None,
+        rank_map=announce_rank_map(ctx, stage_modules=[part.module]) if composition.rank_map else None,
+    )

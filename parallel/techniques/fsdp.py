@@ -1,0 +1,127 @@
+"""FSDP2 (``fully_shard``) over the mesh's dp dimension: how it wraps a model or a pipeline stage.
+
+Each block becomes its own FSDP unit (its parameters all-gathered just before it runs and freed
+after), then the root takes what is left (embeddings, final norm, head), the order torchtitan uses.
+Parameters, gradients and optimizer state are sharded over dp; gradients are reduce-scattered with
+the mean over replicas, so the update equals one process on the global batch. Applied after tensor
+parallel, ``fully_shard`` sees DTensor parameters and shards them over (dp, tp) in 2-D.
+Gradient accumulation skips the reduce-scatter on all but the last micro-batch
+(``set_requires_gradient_sync(False)``).
+
+Communication is measured per step: ``FSDPCommTimer`` replaces FSDP2's all-gather and reduce-scatter
+with the same calls timed (``set_custom_all_gather`` / ``set_custom_reduce_scatter``), from issue to the
+``wait`` FSDP2 does on the work; the union of those intervals over a step is ``comm_time_s``. That is
+host time: on gloo the whole collective; on CUDA, where FSDP2 runs them on side streams, the launch
+and any wait the host does, not the kernels' device time. ``dp.measure_comm=false`` leaves FSDP2's own
+collectives in place.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+
+from parallel.core.intervals import IntervalLog
+
+
+class FSDPCommTimer(IntervalLog):
+    """[issue, completion] of every all-gather and reduce-scatter FSDP2 runs on this rank."""
+
+    count_key = "comm_collectives"
+
+    def attach(self, model: nn.Module) -> FSDPCommTimer:
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_custom_all_gather(_TimedAllGather(self))
+                module.set_custom_reduce_scatter(_TimedReduceScatter(self))
+        return self
+
+
+class _TimedWork:
+    """An async collective's work: its ``wait`` ends the interval."""
+
+    def __init__(self, work, start: float, timer: FSDPCommTimer):
+        self._work, self._start, self._timer = work, start, timer
+
+    def wait(self, *args, **kwargs):
+        out = self._work.wait(*args, **kwargs)
+        if self._timer is not None:
+            self._timer.add(self._start, time.perf_counter())
+            self._timer = None
+        return out
+
+    def __getattr__(self, name: str):
+        return getattr(self._work, name)
+
+
+def _timed(timer: FSDPCommTimer, call):
+    start = time.perf_counter()
+    work = call()
+    if work is None:
+        timer.add(start, time.perf_counter())
+        return None
+    return _TimedWork(work, start, timer)
+
+
+class _TimedAllGather(DefaultAllGather):
+    def __init__(self, timer: FSDPCommTimer):
+        self.timer = timer
+
+    def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
+        return _timed(
+            self.timer, lambda: super(_TimedAllGather, self).__call__(output_tensor, input_tensor, group, async_op)
+        )
+
+
+class _TimedReduceScatter(DefaultReduceScatter):
+    def __init__(self, timer: FSDPCommTimer):
+        self.timer = timer
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False):
+        return _timed(
+            self.timer,
+            lambda: super(_TimedReduceScatter, self).__call__(output_tensor, input_tensor, group, op, async_op),
+        )
+
+
+def apply_fsdp(
+    model: nn.Module, *, dp_mesh: DeviceMesh, reshard_after_forward: bool = True, mp_policy: Any = None
+) -> nn.Module:
+    """Shard ``model`` in place: every block in ``model.layers`` (when it has them), then the root.
+
+    ``mp_policy``: FSDP2's ``MixedPrecisionPolicy`` (bf16-mixed: bf16 all-gather and compute, fp32
+    gradient reduce-scatter into fp32 sharded parameters); None keeps the parameters' dtype.
+    """
+    extra = {"mp_policy": mp_policy} if mp_policy is not None else {}
+    # With TP the root returns ``to_local()`` of the gathered logits, a view; FSDP2 warns that an in-place
+    # op on it would skip its pre-backward hook. Engines here never modify outputs in place.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+    blocks = getattr(model, "layers", None)
+    if isinstance(blocks, nn.ModuleDict):
+        for block in blocks.values():
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, **extra)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, **extra)
+    return model
+
+
+def fsdp_no_sync(module: nn.Module):
+    """A context factory: inside it, backward keeps gradients unsharded-local (no reduce-scatter)."""
+
+    @contextmanager
+    def no_sync() -> Iterator[None]:
+        assert isinstance(module, FSDPModule)
+        module.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            module.set_requires_gradient_sync(True)
+
+    return no_sync
