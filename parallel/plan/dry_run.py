@@ -263,7 +263,9 @@ def _measure_rank(
             tp=c.tp > 1, dp="fsdp" if c.zero_stage >= 3 and c.dp > 1 else "none", pipeline=c.pp > 1
         )
         composed = compose(
-            meta_model,
+            # pipelined, compose cuts copies of the stages; else it wraps in place, so it gets a copy (the next
+            # sampled rank starts from the same meta model)
+            meta_model if c.pp > 1 else build_stage_module(meta_model, spec=local[0]),
             composition=composition,
             settings=settings,
             mesh=mesh,
