@@ -13,8 +13,8 @@ from omegaconf import OmegaConf
 
 from parallel.core import dims
 from parallel.core.dims import MeshDim
-from parallel.core.layout import ParallelLayout, describe_factorization, factorizations
-from parallel.core.registry import strategy_for
+from parallel.core.layout import ParallelLayout, factorizations
+from parallel.core.registry import describe_factorization, strategy_for
 
 
 @pytest.fixture
