@@ -29,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from parallel.core.intervals import IntervalLog  # noqa: E402
 from parallel.plan.cli import compose  # noqa: E402
 from parallel.plan.cost_model import Candidate, estimate  # noqa: E402
 from parallel.plan.search import describe, specs_from_cfg, strategy_of  # noqa: E402
@@ -319,7 +320,6 @@ def _ddp_parts_worker(rank: int, port: int, out: str, cycles: int) -> None:
     from models.losses import token_cross_entropy as cross_entropy
     from parallel.core.grad_clip import clip_grad_norm_
     from parallel.plan.calibrate import build_family, family_kwargs
-    from parallel.techniques.ddp import CommTimer
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
@@ -333,8 +333,8 @@ def _ddp_parts_worker(rank: int, port: int, out: str, cycles: int) -> None:
 
     m = {"ddp": DDP(build_family(family, kwargs)), "no_comm": DDP(build_family(family, kwargs))}
     m["no_comm"].register_comm_hook(state=None, hook=no_comm_hook)
-    timer = CommTimer()
-    m["ddp"].register_comm_hook(state=None, hook=timer.hook)  # the trainer's timing hook
+    timer = BucketTimer()
+    m["ddp"].register_comm_hook(state=None, hook=timer.hook)
     m["opt"] = torch.optim.AdamW(m["ddp"].parameters(), lr=1e-4)
     x = torch.randint(0, int(kwargs["vocab_size"]), (BATCH // 2, 64))
     flat = torch.zeros(sum(p.numel() for p in plain.parameters()))
@@ -385,6 +385,22 @@ def _ddp_parts_worker(rank: int, port: int, out: str, cycles: int) -> None:
     m.clear()
     gc.collect()  # free the DDP modules before the group goes (docs/stack.md: teardown deadlock)
     dist.destroy_process_group()
+
+
+class BucketTimer(IntervalLog):
+    """[launch, completion] of every gradient bucket's all-reduce, from a Python comm hook (what ``ddp_parts``
+    times; a training run reads DDP's own reducer timer instead, ``parallel/techniques/ddp.py``)."""
+
+    def hook(self, process_group, bucket):
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        start = time.perf_counter()
+
+        def done(f):
+            self.add(start, time.perf_counter())
+            return f.value()
+
+        return allreduce_hook(process_group, bucket).then(done)
 
 
 def ddp_parts(cycles: int = 30) -> dict[str, float]:

@@ -26,12 +26,14 @@ from models.registry import model_schemas
 from models.spec import import_object
 from parallel.config import MPConfig, ParallelConfig, PlannerConfig, TopologyConfig
 from parallel.core import dims
+from parallel.core.checkpointing_modes import AC_MODES
 from parallel.core.optimizer import IMPLEMENTATIONS
+from parallel.core.precision import PRECISIONS
 
-#: trainer.activation_checkpointing modes (trainer.precision's values are parallel/core/precision.py's PRECISIONS)
-AC_MODES = ("none", "full", "selective")
-
-#: enum-typed choices of the trainer's keys: a typo fails at compose time (conf/choices.py)
+#: enum-typed choices of the trainer's keys: a typo fails at compose time (conf/choices.py). Precision and
+#: ActivationCheckpointing follow their one list: a new precision is one more name in PRECISIONS.
+Precision = choices("Precision", PRECISIONS, module=__name__)
+ActivationCheckpointing = choices("ActivationCheckpointing", AC_MODES, module=__name__)
 OnNonFinite = choices("OnNonFinite", ("stop", "skip"), module=__name__)
 WandbMode = choices("WandbMode", ("offline", "online", "disabled"), module=__name__)
 WandbConsole = choices("WandbConsole", ("off", "wrap", "redirect", "auto"), module=__name__)
@@ -71,12 +73,13 @@ class TrainerConfig:
     that makes a checkpoint complete follows when every shard is written (at the next save or the end)."""
     on_nonfinite: OnNonFinite = OnNonFinite["stop"]
     """stop or skip when the loss or gradient norm is not finite."""
-    precision: str = "fp32"
+    precision: Precision = Precision["fp32"]
     """fp32; bf16-mixed (bf16 compute, fp32 master weights, optimizer state and gradient reduction); or bf16
-    (parameters stored in bf16). The loss is computed in fp32 in every mode."""
-    activation_checkpointing: str = "none"
-    """none, full (recompute every block in backward) or selective (ac_every=1: keep matmul outputs and
-    recompute the rest, op by op; ac_every=k>1: recompute every k-th block in full)."""
+    (parameters stored in bf16). The loss is computed in fp32 in every mode. No fp16: it needs a loss scaler
+    this trainer does not have (bf16 has fp32's range and needs none)."""
+    activation_checkpointing: ActivationCheckpointing = ActivationCheckpointing["none"]
+    """none, selective (ac_every=1: keep matmul outputs and recompute the rest, op by op; ac_every=k>1: recompute
+    every k-th block in full) or full (recompute every block in backward)."""
     ac_every: int = 1
     """With activation_checkpointing=selective: 1 = op-level policy on every block, k > 1 = every k-th block."""
     compile: bool = False

@@ -1,8 +1,7 @@
 """Config schema of the keys the parallel layer reads: parallel, dp, tp, pp, mp, topology, planner.
 
-The trainer's root schema (``conf/schema.py``) extends ``ParallelJobConfig`` with its own
-groups; the planner CLI composes conf/ with ``ParallelJobConfig`` alone, so it needs nothing from the
-trainer. No torch import.
+The root schema (``conf/schema.py``) types these groups with the classes below, beside the trainer's own
+groups; the planner CLI composes the same conf/ and reads only these. No torch import.
 """
 
 from __future__ import annotations

@@ -16,15 +16,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from parallel.core import dims
+from parallel.core.checkpointing_modes import AC_MODES
 from parallel.core.strategy_checks import tensor_parallel_problems
 from parallel.pipeline.checks import fixed_pipeline_problems, pipeline_problems
 
 #: the mesh dimension names in written order, as the table (``parallel/core/dims.py``) stood at import
 DIMS = dims.names()
 
-#: what the trainer can build of the planner's options: FSDP2 (ZeRO-3) or no sharding, no recomputation
+#: what the trainer can build of the planner's options: FSDP2 (ZeRO-3) or no sharding, and every recomputation
 TRAINABLE_ZERO_STAGES = (0, 3)
-TRAINABLE_RECOMPUTE = ("none", "selective", "full")
+TRAINABLE_RECOMPUTE = AC_MODES
 
 
 @dataclass(frozen=True)

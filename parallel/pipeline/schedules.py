@@ -389,12 +389,6 @@ def action_order(name: str, *, pp: int, micro_batches: int, schedule: Any = None
     return schedule.pipeline_order
 
 
-def theoretical_bubble(name: str, *, pp: int, micro_batches: int, num_stages: int, schedule: Any = None) -> float:
-    """Bubble fraction of a schedule with unit costs (equal stages, B = 2F), replaying its action order."""
-    order = action_order(name, pp=pp, micro_batches=micro_batches, schedule=schedule)
-    return float(simulate(order, num_stages=num_stages)["bubble_fraction"])
-
-
 def bubble_parts(
     order: dict[int, list[Any]], *, num_stages: int, measured: float, stage_costs: StageCosts
 ) -> dict[str, float]:

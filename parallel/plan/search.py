@@ -101,7 +101,7 @@ def available_strategies(conf_dir: Path) -> dict[str, str]:
 #: the planner's recomputation choice -> trainer.activation_checkpointing (parallel/techniques/checkpointing.py): the
 #: planner's "selective" (attention scores and softmax recomputed, arXiv 2205.05198) is what the trainer's
 #: op-level selective policy does (matmul outputs kept, the element-wise and softmax ops recomputed)
-TRAINER_AC = {"none": "none", "selective": "selective", "full": "full"}
+TRAINER_AC = {mode: mode for mode in TRAINABLE_RECOMPUTE}
 
 
 def trainable(c: Candidate, strategies: Iterable[str]) -> bool:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from models.shape import ModelShape, PlanError
+from parallel.core.checkpointing_modes import AC_MODES
 from parallel.core.precision import PLANNER_PRECISIONS
 
 __all__ = ["ModelShape", "PlanError", "HardwareSpec", "Workload", "Link"]
@@ -177,14 +178,9 @@ class Workload:
                 f"planner.precision={planner.precision}: use auto or one of {', '.join(PLANNER_PRECISIONS)}"
             )
         recompute = str(planner.recompute)
-        options = {
-            "none": ("none",),
-            "selective": ("selective",),
-            "full": ("full",),
-            "any": ("none", "selective", "full"),
-        }
+        options = {**{mode: (mode,) for mode in AC_MODES}, "any": AC_MODES}
         if recompute not in options:
-            raise PlanError(f"planner.recompute={recompute}: use none, selective, full or any")
+            raise PlanError(f"planner.recompute={recompute}: use {', '.join(AC_MODES)} or any")
         fraction = float(planner.memory_fraction)
         if not 0 < fraction <= 1:
             raise PlanError(f"planner.memory_fraction={fraction}: must be in (0, 1]")

@@ -4,42 +4,19 @@ DDP's C++ reducer times its own backward when asked (``_set_ddp_runtime_logging_
 bucket's all-reduce launch to the last one's completion, and how much of that overlapped the backward's compute.
 ``ReducerCommMeter`` turns that on for the steps the loop logs (the loop says which) and reads it after them, so DDP
 keeps its C++ all-reduce path on every step. A Python comm hook would time each bucket, but it replaces that
-path and cost 2-5% of the tokens/s on 2 CPU ranks (docs/benchmarks.md); ``CommTimer`` is that hook, kept for
-the planner's calibration, which fits a per-bucket cost. ``dp.measure_comm=false`` measures nothing. The
-wrapping order (after activation checkpointing and compile) is ``parallel/core/compose.py``'s.
+path and cost 2-5% of the tokens/s on 2 CPU ranks (docs/benchmarks.md). ``dp.measure_comm=false`` measures
+nothing. The wrapping order (after activation checkpointing and compile) is ``parallel/core/compose.py``'s.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import torch
 from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.parallel import DistributedDataParallel as DDP
-
-from parallel.core.intervals import IntervalLog
-
-
-class CommTimer(IntervalLog):
-    """Collects [launch, completion] of every gradient bucket all-reduce (a Python comm hook: the planner's
-    calibration uses it; a training run reads DDP's own timer, ``ReducerCommMeter``)."""
-
-    count_key = "comm_buckets"
-
-    def hook(self, process_group, bucket):
-        start = time.perf_counter()
-        fut = allreduce_hook(process_group, bucket)
-
-        def done(f):
-            self.add(start, time.perf_counter())
-            return f.value()
-
-        return fut.then(done)
-
 
 #: DDP's sample rate between measured steps: never (its first 10 iterations are always timed)
 _NEVER = 2**31 - 1

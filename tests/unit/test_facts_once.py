@@ -1,6 +1,6 @@
-"""Each fact is defined once and imported: no second table of the strategy, schedule, split-policy, precision or
-family names in the product sources, no spec that retypes its family name or builder path, and one rank memory
-budget. Read from the source with ``ast``: a second definition fails here before it drifts from the first."""
+"""Each fact is defined once and imported: no second table of the strategy, schedule, split-policy, precision,
+activation-checkpointing or family names in the product sources, no spec that retypes its family name or builder
+path, and one rank memory budget. Read from the source with ``ast``: a second definition fails here before it drifts from the first."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ PACKAGES = ("conf", "models", "parallel", "trainer")
 def canonical_tables() -> dict[str, tuple[str, frozenset[str]]]:
     """What each table of names holds and the one file that defines it."""
     from models.registry import REGISTRY
+    from parallel.core.checkpointing_modes import AC_MODES
     from parallel.core.precision import PLANNER_PRECISIONS, PRECISIONS
     from parallel.core.registry import STRATEGIES
     from parallel.pipeline.schedules import SCHEDULES
@@ -29,6 +30,7 @@ def canonical_tables() -> dict[str, tuple[str, frozenset[str]]]:
         "split policies": ("parallel/pipeline/split.py", frozenset(POLICIES)),
         "trainer precisions": ("parallel/core/precision.py", frozenset(PRECISIONS)),
         "planner precisions": ("parallel/core/precision.py", frozenset(PLANNER_PRECISIONS)),
+        "activation-checkpointing modes": ("parallel/core/checkpointing_modes.py", frozenset(AC_MODES)),
         "model families": ("models/registry.py", frozenset(REGISTRY)),
     }
 

@@ -76,9 +76,6 @@ class TokenStream:
                 k, pos = k + 1, 0
         return out
 
-    def max_token(self) -> int:
-        return max((int(a.max()) for a in self.arrays if len(a)), default=0)
-
 
 def read_metadata(folder: Path) -> dict[str, Any]:
     path = folder / METADATA
