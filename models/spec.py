@@ -200,7 +200,7 @@ class ModelSpec:
 
     # -- what the family trains with, and the names its tensor-parallel plan shards (both read by the strategies)
     loss: str = "models.losses:token_cross_entropy"
-    """``package.module:function`` of its loss, ``fn(output, targets) -> mean loss`` (``models/losses.py``)."""
+    """``package.module:function`` of its loss, ``fn(output, targets, *, reduction="mean"|"sum")`` (``models/losses.py``)."""
     tp_plan: TPPlan | None = None
     """The module names its ``parallelize`` function shards; ``None`` for a family without tensor parallel."""
     moe: MoESpec | None = None

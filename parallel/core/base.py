@@ -1,9 +1,11 @@
 """What a strategy is: a class built from ``cfg.parallel`` that turns the model into an ``Engine``.
 
 The training loop knows only ``Engine``: it hands it the rank's share of the global batch and gets
-back the mean loss over that share (``None`` on ranks that compute no loss, such as early pipeline
-stages). How the forward and backward passes run (one module, accumulated micro-batches, a pipeline
-schedule) is the engine's business, and so are the extra measurements it reports. A user plugs in a
+back that share's part of the step's loss (the mean over the global batch's target tokens), scaled so that
+its average over the ranks that computed one is that loss (``None`` on ranks that compute no loss, such as
+early pipeline stages; ``parallel/core/token_loss.py``). How the forward and backward passes run (one
+module, accumulated micro-batches, a pipeline schedule) is the engine's business, and so are the extra
+measurements it reports. A user plugs in a
 strategy of their own by pointing ``parallel._target_`` at a ``Strategy`` subclass.
 """
 
@@ -22,7 +24,6 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from models.losses import token_cross_entropy
 from models.moe import moe_metrics, set_aux_loss_scale
@@ -32,6 +33,8 @@ from parallel.core.grad_clip import clip_grad_norm_
 from parallel.core.intervals import StepCommMeter
 from parallel.core.layout import ParallelLayout
 from parallel.core.memory import BuildPeak, rank_budget_bytes, tensor_bytes
+from parallel.core.meshes import loss_mesh
+from parallel.core.token_loss import TokenMean
 from parallel.techniques.tp import tp_meter
 
 
@@ -184,6 +187,11 @@ class WorkerContext:
             log=self.log,
         )
 
+    def loss_mesh(self) -> Any:
+        """The mesh the loss's target count is all-reduced and the gradients are averaged over (dp x cp); None
+        for one process."""
+        return loss_mesh(self.mesh, self.layout.sizes) if self.mesh is not None else None
+
     def per_replica_batch(self) -> int:
         return int(self.cfg.data.global_batch_size) // self.layout.dp
 
@@ -239,12 +247,13 @@ class Engine(ABC):
 
     @abstractmethod
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
-        """Forward and backward over this rank's batch; return its mean loss (detached) or None."""
+        """Forward and backward over this rank's batch; return its part of the global batch's token-mean loss
+        (detached; ``TokenMean``) or None."""
 
     def eval_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
-        """Forward only (no gradients) over this rank's batch; return its mean loss or None (ranks that
-        compute no loss). The loop calls it between training steps, with the modules in eval mode, on
-        every rank at the same time (it may hold collectives)."""
+        """Forward only (no gradients) over this rank's batch; return its part of the batch's token-mean loss,
+        as ``train_step``, or None (ranks that compute no loss). The loop calls it between training steps, with
+        the modules in eval mode, on every rank at the same time (it holds collectives)."""
         raise NotImplementedError(f"{type(self).__name__} does not implement eval_step; set trainer.eval_every=0")
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
@@ -278,9 +287,10 @@ class ModuleEngine(Engine):
     """One (possibly wrapped) module per rank; gradient accumulation over ``accumulation`` chunks. The engine of
     every strategy without a pipeline: single, ddp, fsdp, tp, hybrid with pp.size=1 (``parallel/core/compose.py``).
 
-    ``loss_fn`` is the model family's loss (``ctx.model_spec.loss_fn()``); a loss that comes back as a DTensor
-    (vocabulary-sharded logits) is returned as a plain tensor. ``no_sync`` suppresses gradient synchronisation
-    on all but the last chunk (DDP's ``no_sync``, FSDP2's ``set_requires_gradient_sync``), so accumulation
+    ``loss_fn`` is the model family's loss (``ctx.model_spec.loss_fn()``), summed over each chunk's target tokens
+    and divided by the step's count of targets over ``loss_mesh`` (``TokenMean``); a loss that comes back as a
+    DTensor (vocabulary-sharded logits) is returned as a plain tensor. ``no_sync`` suppresses gradient
+    synchronisation on all but the last chunk (DDP's ``no_sync``, FSDP2's ``set_requires_gradient_sync``), so accumulation
     costs one reduction per step. ``loss_parallel`` runs forward and backward inside torch's
     ``loss_parallel()`` (the head is vocabulary-sharded). Measured: ``dp_timer``, the dp dimension's
     collectives (DDP buckets or FSDP2's), as ``comm_time_s`` / ``comm_fraction`` over the step; ``tp_meter``,
@@ -292,7 +302,8 @@ class ModuleEngine(Engine):
         module: nn.Module,
         *,
         accumulation: int = 1,
-        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = token_cross_entropy,
+        loss_fn: Callable[..., torch.Tensor] = token_cross_entropy,
+        loss_mesh: Any = None,
         no_sync: Callable[[], AbstractContextManager] | None = None,
         dp_timer: StepCommMeter | None = None,
         loss_parallel: bool = False,
@@ -302,7 +313,7 @@ class ModuleEngine(Engine):
         self.module = module
         self.model_parts = [module]
         self.accumulation = accumulation
-        self.loss_fn = loss_fn
+        self.loss = TokenMean(loss_fn, loss_mesh=loss_mesh)
         self.no_sync = no_sync or nullcontext
         self.dp_timer = dp_timer
         self.loss_parallel = loss_parallel
@@ -310,10 +321,6 @@ class ModuleEngine(Engine):
         self.rank_map = rank_map or {}
         self._step_start = time.perf_counter()
         set_aux_loss_scale(module, 1.0 / accumulation)  # a MoE's auxiliary loss scaled as the LM loss (loss / n)
-
-    def _loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        loss = self.loss_fn(self.module(x), y)
-        return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
     def _loss_context(self, stack: ExitStack) -> None:
         if self.loss_parallel:
@@ -325,6 +332,7 @@ class ModuleEngine(Engine):
         self._step_start = time.perf_counter()
         n = self.accumulation
         total = None
+        self.loss.start(targets)
         with ExitStack() as stack:
             self._loss_context(stack)
             stack.enter_context(self.tp_meter.step(self.measure_step))
@@ -332,9 +340,7 @@ class ModuleEngine(Engine):
                 stack.enter_context(self.dp_timer.step(self.measure_step))
             for i, (x, y) in enumerate(zip(inputs.chunk(n), targets.chunk(n))):
                 with self.no_sync() if i < n - 1 else nullcontext():
-                    loss = self._loss(x, y)
-                    if n > 1:  # no extra kernels (and waits on a GPU's launch queue) without accumulation
-                        loss = loss / n
+                    loss = self.loss(self.module(x), y)
                     loss.backward()
                 total = loss.detach() if total is None else total + loss.detach()
         return total
@@ -345,8 +351,9 @@ class ModuleEngine(Engine):
         total = torch.zeros((), device=inputs.device)
         with ExitStack() as stack:
             self._loss_context(stack)
+            self.loss.start(targets)
             for x, y in zip(inputs.chunk(n), targets.chunk(n)):
-                total += self._loss(x, y) / n
+                total += self.loss(self.module(x), y)
         return total
 
     def step_metrics(self) -> dict[str, float]:

@@ -106,7 +106,7 @@ class PipelinePlan:
     schedule: str
     micro_batches: int
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    """The loss the schedule computes after the last stage (already divided by the micro-batches if wanted)."""
+    """The loss the schedule computes after the last stage (the step's token mean: ``parallel/core/token_loss.py``)."""
     group: Any
     """The pp process group."""
     units: PipelineUnits | None = None

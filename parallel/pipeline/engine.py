@@ -7,9 +7,10 @@ How one rank gets its engine (``build_pipeline_engine``), in order:
    wrapped in ``parallel/core/compose.py``'s order (TP, AC, compile, FSDP2/DDP as the strategy's ``Composition``
    says; none for pp and mp), then a ``PipelineStage``;
 4. schedule: torch's class for ``pp.schedule`` with ``scale_grads=False`` and the model family's loss
-   (``ModelSpec.loss``) divided by the number of micro-batches, so the accumulated gradient is exactly the
-   gradient of the global mean loss (torch's default ``scale_grads=True`` divides the accumulated gradients
-   after the fact instead; torchtitan#1733);
+   (``ModelSpec.loss``) summed over each micro-batch's targets and divided by the step's count of targets over
+   the loss mesh (``parallel/core/token_loss.py``, counted by the last stage before the schedule runs), so the
+   accumulated gradient is exactly the gradient of the global batch's token-mean loss (torch's default
+   ``scale_grads=True`` divides the accumulated gradients after the fact instead; torchtitan#1733);
 5. measure: every F/B/W action timed on its stage (``parallel/pipeline/timing.py``); per step the pp group
    exchanges a few numbers to give the measured bubble, per-stage busy time, imbalance and bytes sent, and
    on the loop's logged steps the peak activation memory; at ``pp.trace_step`` every rank's actions go to rank 0, which writes a Chrome
@@ -38,6 +39,7 @@ from parallel.core.compose import ComposeSettings, Composition, PipelinePlan, co
 from parallel.core.intervals import IntervalLog, union_seconds
 from parallel.core.rank_map import announce_rank_map
 from parallel.core.registry import strategy_spec
+from parallel.core.token_loss import TokenMean
 from parallel.pipeline.schedules import (
     action_order,
     bubble_parts,
@@ -118,8 +120,10 @@ class PipelineEngine(Engine):
         tp_meter: SampledCommMeter | None = None,
         dp_timers: list[IntervalLog] | None = None,
         rank_map: dict[str, Any] | None = None,
+        loss: TokenMean | None = None,
     ):
         self.ctx = ctx
+        self.loss = loss
         self.tp_meter = tp_meter or SampledCommMeter(None)
         self.dp_timers = dp_timers or []
         self.rank_map = rank_map or {}
@@ -155,13 +159,15 @@ class PipelineEngine(Engine):
         self.steps += 1
         losses: list[torch.Tensor] | None = [] if self.has_last else None
         args = (inputs,) if self.has_first else ()
+        if self.has_last and self.loss is not None:
+            self.loss.start(targets)
         self.recorder.begin_step(count_saved=self.measure_step)
         with self.tp_meter.step(self.measure_step):
             self.schedule.step(*args, target=targets if self.has_last else None, losses=losses)
         self._last = self.recorder.end_step()
         if not losses:
             return None
-        return torch.stack([loss.detach() for loss in losses]).sum()  # each is already divided by m
+        return torch.stack([loss.detach() for loss in losses]).sum()  # each is already over the step's count
 
     def eval_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
         """The schedule's own forward-only path (``schedule.eval``: same micro-batches, no backward).
@@ -179,6 +185,8 @@ class PipelineEngine(Engine):
         saved = self.schedule.pipeline_order_with_comms if runtime else None
         if runtime:
             self._use_forward_only_order()
+        if self.has_last and self.loss is not None:
+            self.loss.start(targets)
         self.recorder.begin_step(count_saved=False)  # no gradients: nothing is saved for backward
         try:
             with torch.no_grad():
@@ -189,7 +197,7 @@ class PipelineEngine(Engine):
                 self.schedule.pipeline_order_with_comms = saved
         if not losses:
             return None
-        return torch.stack([loss.detach() for loss in losses]).sum()  # each is already divided by m
+        return torch.stack([loss.detach() for loss in losses]).sum()  # each is already over the batch's count
 
     def _use_forward_only_order(self) -> None:
         """Multi-stage schedules run an action list (torch's ``_PipelineScheduleRuntime``). In eval mode
@@ -463,10 +471,7 @@ def build_pipeline_engine(
     group = ctx.mesh["pp"].get_group()
     recorder = StageRecorder()
     m = layout.micro_batches
-    model_loss = ctx.model_spec.loss_fn()
-
-    def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return model_loss(output, target) / m
+    loss = TokenMean(ctx.model_spec.loss_fn(), loss_mesh=ctx.loss_mesh())
 
     def instrument(stage: Any, s: StageSpec) -> None:
         recorder.instrument(
@@ -491,7 +496,7 @@ def build_pipeline_engine(
             num_stages=num_stages,
             schedule=str(layout.schedule),
             micro_batches=m,
-            loss_fn=recorder.wrap_loss(loss_fn),
+            loss_fn=recorder.wrap_loss(loss),
             group=group,
             units=units,
             instrument=instrument,
@@ -525,4 +530,5 @@ def build_pipeline_engine(
         tp_meter=ctx.tp_meter(settings) if composition.tp else None,
         dp_timers=[c.dp_timer for c in composed.parts if c.dp_timer is not None],
         rank_map=rank_map,
+        loss=loss,
     )

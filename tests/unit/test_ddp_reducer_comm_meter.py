@@ -43,7 +43,11 @@ def test_engine_reports_ddp_comm_with_accumulation(gloo_one_rank):
     ddp = DDP(_model(), bucket_cap_mb=0.02)
     meter = ReducerCommMeter(ddp)
     engine = ModuleEngine(
-        ddp, accumulation=2, loss_fn=lambda out, y: (out - y).pow(2).mean(), no_sync=ddp.no_sync, dp_timer=meter
+        ddp,
+        accumulation=2,
+        loss_fn=lambda out, y, reduction: getattr((out - y).pow(2), reduction)(),
+        no_sync=ddp.no_sync,
+        dp_timer=meter,
     )
     for step in range(1, 4):
         engine.train_step(torch.randn(8, 64), torch.randn(8, 64))

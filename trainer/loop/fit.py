@@ -24,6 +24,7 @@ import torch.distributed as dist
 from hydra.utils import instantiate
 from torch import nn
 
+from models.losses import count_targets
 from parallel.core.base import Engine, WorkerContext
 from parallel.core.state_bytes import model_state_bytes
 from trainer.data.prefetch import Prefetcher
@@ -335,8 +336,9 @@ class Trainer:
 
     def evaluate(self, step: int) -> dict[str, float]:
         """Validation loss over ``trainer.eval_batches`` held-out batches (the same ones every time), every
-        rank through its engine's forward-only path; one all-reduce gives the mean over the ranks that
-        computed a loss, as for the training loss."""
+        rank through its engine's forward-only path: the mean over all their target tokens (each batch's token
+        mean weighted by its count of targets); one all-reduce gives the mean over the ranks that computed a
+        loss, as for the training loss."""
         ctx, engine = self.ctx, self.engine
         t0 = time.perf_counter()
         if self._val_batches is None:
@@ -348,8 +350,9 @@ class Trainer:
                 x, y = engine.local_batch(ctx, inputs, targets)
                 loss = engine.eval_step(x, y)
                 if loss is not None:
-                    buf[0] += loss.detach().double()
-                    buf[1] += 1.0
+                    weight = float(count_targets(targets))
+                    buf[0] += loss.detach().double() * weight
+                    buf[1] += weight
         finally:
             engine.train(True)
         if ctx.world_size > 1:
@@ -376,7 +379,8 @@ class Trainer:
     # ---- collectives -------------------------------------------------------------------------
 
     def _reduce_loss(self, loss: torch.Tensor | None) -> float:
-        """Mean of the loss over the ranks that computed one (last pipeline stage, all replicas)."""
+        """Mean of the loss over the ranks that computed one (last pipeline stage, all replicas): each returned its
+        part of the global token mean scaled by the loss mesh's size (``parallel/core/token_loss.py``)."""
         buf = torch.zeros(2, dtype=torch.float64, device=self.ctx.device)
         if loss is not None:
             buf[0] = loss.detach().double()

@@ -1,0 +1,56 @@
+"""The training loss as the mean over the target tokens of the global batch, whatever engine computes it.
+
+Chat data masks prompt tokens (``models.losses.IGNORE_INDEX``), so ranks and micro-batches hold different
+numbers of targets: a mean of per-micro-batch or per-rank means would weigh a token by how crowded its
+micro-batch is. Instead every engine sums the token losses of each micro-batch (the family's loss with
+``reduction="sum"``) and divides by one number per step, ``TokenMean.start(targets)``: this rank's count of
+targets all-reduced over the loss mesh (``parallel/core/meshes.py``'s ``loss_mesh``: the ranks that see different
+tokens, dp x cp), divided by that mesh's size because the gradient reduction (DDP, FSDP2) averages over it. So the
+gradients after the reduction are those of ``sum of token losses / global count``, and the value an engine
+returns (the sum of its micro-batches' terms) averages over the ranks that computed one to that same loss (the
+loop's ``_reduce_loss``; tp ranks hold equal copies). With no masked tokens and equal lengths every term equals
+what a mean per micro-batch gave, up to rounding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from models.losses import count_targets
+
+
+class TokenMean:
+    """The family's loss divided by the step's global count of targets (over the loss mesh's ranks)."""
+
+    def __init__(self, loss_fn: Callable[..., torch.Tensor], *, loss_mesh: Any = None):
+        self.loss_fn = loss_fn
+        spans = loss_mesh is not None and loss_mesh.size() > 1
+        self.group = loss_mesh.get_group() if spans else None
+        self.replicas = loss_mesh.size() if spans else 1
+        self.divisor: torch.Tensor | None = None
+        self.count: torch.Tensor | None = None
+
+    def start(self, targets: torch.Tensor) -> torch.Tensor:
+        """Count this rank's targets for the step (or evaluation batch) about to run, all-reduced over the loss
+        mesh: every rank of that mesh calls it with its own targets. Returns the global count."""
+        count = count_targets(targets)
+        if self.group is not None:
+            dist.all_reduce(count, group=self.group)
+        self.count = count
+        # a batch without any target (every token masked) gives a loss of 0 and no gradient, not 0 / 0
+        self.divisor = count.clamp(min=1).to(torch.float32) / self.replicas
+        return count
+
+    def __call__(self, output: Any, targets: torch.Tensor) -> torch.Tensor:
+        """One micro-batch's term: its summed token losses over the step's divisor (``start`` first)."""
+        if self.divisor is None:
+            raise RuntimeError("TokenMean called before start(targets) counted the step's targets")
+        loss = self.loss_fn(output, targets, reduction="sum")
+        if isinstance(loss, DTensor):  # vocabulary-sharded logits (tp.loss_parallel): a replicated scalar
+            loss = loss.full_tensor()
+        return loss / self.divisor.to(loss.device)
