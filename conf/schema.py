@@ -94,8 +94,9 @@ class TrainerConfig:
 
 @dataclass
 class WandbConfig:
-    mode: WandbMode = WandbMode["offline"]
-    """offline (default here), online (needs an account), or disabled."""
+    mode: WandbMode = WandbMode["disabled"]
+    """offline (what logger=wandb, the default, sets here), online (needs an account), or disabled (no W&B run:
+    the schema's value, so a logger option other than wandb leaves W&B off)."""
     project: str = "meshtrain"
     entity: Optional[str] = None
     group: Optional[str] = None
@@ -113,13 +114,17 @@ class WandbConfig:
 @dataclass
 class TensorBoardConfig:
     enabled: bool = False
-    """Event files under ``<run>/<dir>/`` (logger=tensorboard or logger=wandb_tensorboard turn it on)."""
+    """Event files under ``<run>/<dir>/`` (logger=tensorboard, logger=wandb_tensorboard or
+    logger=[wandb,tensorboard] turn it on)."""
     dir: str = "tensorboard"
     """The folder inside the run folder: ``tensorboard --logdir <run>/tensorboard``."""
 
 
 @dataclass
 class LoggerConfig:
+    """The trackers beside the console and the run folder's files (trainer/observe/sinks.py): ``logger=`` picks one
+    option (wandb, tensorboard, wandb_tensorboard, none) or several as a list (``logger=[wandb,tensorboard]``)."""
+
     wandb: WandbConfig = field(default_factory=WandbConfig)
     tensorboard: TensorBoardConfig = field(default_factory=TensorBoardConfig)
 
@@ -208,30 +213,6 @@ class SGDConfig:
     implementation: OptimImplementation = OptimImplementation["auto"]
 
 
-@dataclass
-class DebugConfig:
-    """Fault injection for tests: ``debug.<fault>_at_step=N`` makes rank ``debug.<fault>_rank`` (default 0)
-    fail (raise), be killed (SIGKILL), hang, or produce a NaN gradient at step N, in the first attempt only
-    (an elastic restart does not repeat it, except ``fail``); ``wait_at_step`` holds every rank until a stop
-    signal. Typed, so a misspelled key is refused."""
-
-    fail_at_step: Optional[int] = None
-    fail_rank: Optional[int] = None
-    kill_at_step: Optional[int] = None
-    kill_rank: Optional[int] = None
-    hang_at_step: Optional[int] = None
-    hang_rank: Optional[int] = None
-    nan_at_step: Optional[int] = None
-    nan_rank: Optional[int] = None
-    wait_at_step: Optional[int] = None
-    """Every rank waits before this step until a stop signal arrives (at most 600 s): tests signal a run at a
-    point it waits for instead of racing its last steps."""
-    wait_file: Optional[str] = None
-    """With ``wait_at_step``: the wait also ends when this file exists (the run then goes on, unsignalled)."""
-    wandb_crash_at_step: Optional[int] = None
-    """Rank 0 tears W&B's service down at this step (its calls then raise): training must go on."""
-
-
 #: keys of an optim node that meshtrain reads (the schedule, the kernels), not the optimizer constructor
 NOT_OPTIMIZER_KEYS = ("name", "warmup_steps", "decay", "min_lr_ratio", "scheduler", "implementation")
 
@@ -258,8 +239,6 @@ class _Groups:
     model: Any = MISSING
     data: Any = MISSING
     optim: Any = MISSING
-    debug: DebugConfig = field(default_factory=DebugConfig)
-    """Fault injection for tests (``debug.fail_at_step=3`` ...)."""
 
 
 #: the root: every group, typed: ``parallel``, one group per mesh dimension, then ``_Groups``' fields

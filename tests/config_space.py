@@ -3,7 +3,7 @@ accepted or refused naming a key; tests/integration/test_config_space_runs.py: a
 
 The overrides are drawn key by key from valid values and, less often, from the kinds of bad input a
 user types: non-positive sizes, negative learning rates and decays, betas outside [0, 1), unknown
-choices (decay, schedule, objective, debug keys), mismatched model/data, wrong list lengths, strings
+choices (decay, schedule, objective, misspelled keys), mismatched model/data, wrong list lengths, strings
 where numbers belong, contradicting layouts and topologies.
 """
 
@@ -92,9 +92,6 @@ SPACE: dict[str, tuple[list, list]] = {
     "topology.device": (["auto", "cpu"], ["tpu"]),
     "logger.wandb.console": (["off", "wrap"], ["loud"]),
     "logger.wandb.init_timeout": ([15], [0]),
-    "debug.fail_at_step": ([1000], [0, "soon"]),
-    "debug.kill_rank": ([0], [-1, 9]),
-    "+debug.fial_at_step": ([], [3]),
     "+trainer.max_step": ([], [2]),
     "trainer.max_step": ([], [2]),
 }

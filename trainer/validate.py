@@ -32,7 +32,7 @@ from trainer.checks.compute import check_precision
 from trainer.checks.data import check_data
 from trainer.checks.findings import Check, ConfigError, Findings
 from trainer.checks.optim import check_optim
-from trainer.checks.run import check_debug, check_trainer
+from trainer.checks.run import check_callbacks, check_trainer
 from trainer.checks.topology import check_backend, check_topology
 from trainer.hf.checks import check_init_from
 from trainer.launch.environment import ExternalLaunch, detect_external_launch
@@ -341,7 +341,7 @@ CHECKS: list[Check] = [
     check_optim,
     check_model_data,
     check_trainer,
-    check_debug,
+    check_callbacks,
     check_topology,
     check_init_from,  # trainer/hf/checks.py: model.init_from's config.json and tensors against this model
 ]

@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 
+from tests.faults import CrashWandbAt, FailAt, HangAt, KillAt, NaNAt, inject
 from tests.helpers import FAST, ROOT, assert_losses_close, exit_times, log_time, run_train
 
 pytestmark = pytest.mark.slow
@@ -40,7 +41,7 @@ LAYOUTS = {
 }
 
 
-CRASH = ("trainer.max_steps=20", "+debug.fail_at_step=11")
+CRASH = ("trainer.max_steps=20", inject(FailAt, step=11))
 
 
 @pytest.fixture(scope="module")
@@ -163,8 +164,7 @@ def test_sigkill_of_one_worker_at_a_random_step_recovers(tmp_path, layout):
     run = run_train(
         *job,
         "topology.max_restarts=1",
-        f"+debug.kill_at_step={step}",
-        f"+debug.kill_rank={rank}",
+        inject(KillAt, step=step, rank=rank),
         run_dir=tmp_path / "run",
         timeout=600,
     )
@@ -215,8 +215,7 @@ def test_nan_guard_stops_and_keeps_checkpoint(tmp_path):
         *FAST,
         *CKPT,
         "trainer.max_steps=20",
-        "+debug.nan_at_step=7",
-        "+debug.nan_rank=1",
+        inject(NaNAt, step=7, rank=1),
         run_dir=tmp_path / "run",
         expect_ok=False,
     )
@@ -235,7 +234,7 @@ def test_nan_guard_skip(tmp_path):
         *FAST,
         "trainer.max_steps=10",
         "trainer.on_nonfinite=skip",
-        "+debug.nan_at_step=4",
+        inject(NaNAt, step=4),
         run_dir=tmp_path / "run",
     )
     summary = run.summary()
@@ -251,8 +250,7 @@ def test_unresponsive_rank_fails_job_within_timeout(tmp_path):
         "trainer.max_steps=50",
         "topology.timeout_s=5",
         "trainer.stop_grace_s=2",
-        "+debug.hang_at_step=3",
-        "+debug.hang_rank=1",
+        inject(HangAt, step=3, rank=1),
         run_dir=tmp_path / "run",
         expect_ok=False,
         timeout=120,
@@ -327,7 +325,7 @@ def test_wandb_never_stops_training(tmp_path):
     )
     no_key = {"WANDB_API_KEY": "", "HOME": str(tmp_path / "home"), "MESHTRAIN_CACHE": cache, "WANDB_MODE": ""}
     anon, t_anon = timed("logger=wandb", "logger.wandb.mode=online", name="anon", env=no_key)
-    crashed, t_crash = timed("logger=wandb", "+debug.wandb_crash_at_step=3", name="crash")
+    crashed, t_crash = timed("logger=wandb", inject(CrashWandbAt, step=3), name="crash")
     for run, took in ((online, t_online), (anon, t_anon)):
         assert run.output.count("W&B online init failed") == 1, run.output[-3000:]
         assert "logging offline instead" in run.output

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from tests.faults import FailAt, inject
 from tests.helpers import FAST, ROOT, assert_losses_close, exit_times, run_train
 from trainer.observe.wandb_read import read_run
 
@@ -84,8 +85,7 @@ def test_worker_failure_ends_job_with_its_error(tmp_path):
     run = run_train(
         *FAST,
         "trainer.max_steps=50",
-        "+debug.fail_at_step=3",
-        "+debug.fail_rank=1",
+        inject(FailAt, step=3, rank=1),
         run_dir=tmp_path / "run",
         expect_ok=False,
         timeout=120,

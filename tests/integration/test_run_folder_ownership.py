@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.faults import WaitAt, inject
 from tests.helpers import FAST, ROOT
 from tests.listeners import listeners_of, process_tree
 from trainer.observe.durable import write_json
@@ -63,12 +64,12 @@ def workers_of(pid: int) -> list[int]:
 @pytest.fixture(scope="module")
 def held(tmp_path_factory):
     """Job A, and what was seen while it ran: its listeners, and job B started on its folder while A's workers
-    waited before step 3 (``+debug.wait_at_step=3`` until the file ``go`` exists: A surely holds the folder
+    waited before step 3 (tests/faults.py's ``WaitAt`` until the file ``go`` exists: A surely holds the folder
     while B asks for it, and A then finishes unsignalled)."""
     root = tmp_path_factory.mktemp("runfolder")
     run_dir, go = root / "run", root / "go"
     log_a = open(root / "a.out", "w")
-    gate = ("+debug.wait_at_step=3", f"+debug.wait_file={go}")
+    gate = (inject(WaitAt, step=3, file=go),)
     a = subprocess.Popen(
         train_cmd(*JOB, *gate, f"hydra.run.dir={run_dir}"), stdout=log_a, stderr=subprocess.STDOUT, cwd=ROOT, env=ENV
     )
@@ -81,7 +82,7 @@ def held(tmp_path_factory):
         pids.update(tree)
         seen |= listeners_of(tree)
         logs = [run_dir / "logs" / f"rank{r}.log" for r in (0, 1)]
-        if b is None and all(p.exists() and "debug.wait_at_step" in p.read_text() for p in logs):
+        if b is None and all(p.exists() and "waits before step 3" in p.read_text() for p in logs):
             waiting = workers_of(a.pid)
             seen |= listeners_of(process_tree(a.pid))
             t0 = time.perf_counter()

@@ -5,7 +5,7 @@ jobs run locally (the Slurm ones also log to W&B, offline): job 0 gets the time-
 requeued, job 2 gets SIGTERM and may not be requeued (max_num_preemption=0), jobs 1 and 3 ask for 4 ranks
 from 2 tasks. Time limits are not waited for: the warning is sent with ``scancel --signal=<submitit's signal>``,
 which is what Slurm sends at ``--signal=USR2@signal_delay_s`` (and what submitit's own test helper sends). The
-Slurm jobs hold before step 4 until a signal arrives (``+debug.wait_at_step=4``), so the signal lands at a point
+Slurm jobs hold before step 4 until a signal arrives (``WAIT``: tests/faults.py's ``WaitAt``), so the signal lands at a point
 the job waits for, never raced against its last steps.
 """
 
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.faults import WaitAt, inject
 from tests.helpers import FAST, ROOT
 from trainer.observe.wandb_read import read_run
 from trainer.sweeps.jobs import read_sweep
@@ -33,7 +34,7 @@ JOB = ("parallel=ddp", f"trainer.max_steps={STEPS}", *FAST)
 WANDB = tuple(o for o in JOB if not o.startswith("logger=")) + ("logger=wandb",)
 SLURM = ("hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.tasks_per_node=2")
 #: the signalled jobs hold here until their signal comes (jobs that get none go on after 600 s)
-WAIT = "+debug.wait_at_step=4"
+WAIT = inject(WaitAt, step=4)
 
 
 def _losses(job_dir: Path) -> dict[int, float]:
@@ -46,7 +47,9 @@ def _losses(job_dir: Path) -> dict[int, float]:
 def _start(cluster, out_dir: Path, *overrides: str) -> subprocess.Popen:
     """``python train.py -m OVERRIDES`` in the background, console to ``<out_dir>.txt``."""
     cmd = [sys.executable, str(ROOT / "train.py"), "-m", *overrides, f"hydra.sweep.dir={out_dir}"]
-    env = {**os.environ, **cluster.env, "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
+    # the jobs import tests.faults (WAIT) wherever Slurm starts them: the checkout on their path
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, **cluster.env, "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
     console = out_dir.with_suffix(".txt")
     with open(console, "w") as f:  # a file, not a pipe nobody drains meanwhile
         proc = subprocess.Popen(

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from tests.faults import KillAt, inject
 from tests.helpers import FAST, ROOT, run_train
 from trainer.observe.wandb_read import inspect_summary, read_run
 
@@ -27,8 +28,7 @@ def resumed_run(tmp_path_factory):
         *RUN,
         "trainer.max_steps=20",
         "topology.max_restarts=1",
-        "+debug.kill_at_step=13",
-        "+debug.kill_rank=1",
+        inject(KillAt, step=13, rank=1),
         run_dir=run_dir,
         timeout=400,
     )

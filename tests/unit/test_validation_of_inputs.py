@@ -125,8 +125,6 @@ def test_unknown_model_option_is_named(tmp_path):
         ("dp.bucket_cap_mb=0", "dp.bucket_cap_mb=0.0: must be a number of MiB > 0"),
         ("model.layer_d_ff=[64,64]", "model.layer_d_ff=[64, 64]: 2 width(s) for model.n_layers=4"),
         ("trainer.objective=loss", "trainer.objective=loss: not a summary.json number; use one of tokens_per_s"),
-        ("+debug.fial_at_step=3", "debug.fial_at_step=3: unknown debug key; known: fail_at_step"),
-        ("debug.fail_rank=5", "debug.fail_rank=5: no such rank; the job has ranks 0..1"),
         ("topology.node_rank=5", "topology.node_rank=5 with topology.nnodes=1: node ranks run 0..0"),
     ],
 )
@@ -176,12 +174,6 @@ def test_grad_clip_off_values_are_accepted(compose_cfg):
         validate(compose_cfg(f"trainer.grad_clip={value}"), environ={})
 
 
-def test_typed_debug_keys_still_take_plus(compose_cfg):
-    cfg = compose_cfg("+debug.fail_at_step=3", "debug.fail_rank=1")
-    assert cfg.debug.fail_at_step == 3 and cfg.debug.fail_rank == 1
-    validate(cfg, environ={})
-
-
 def test_multi_node_contradictions(compose_cfg):
     import socket
 
@@ -202,7 +194,7 @@ def test_multi_node_contradictions(compose_cfg):
 @pytest.mark.parametrize("full_error", ["", "1"], ids=["plain", "HYDRA_FULL_ERROR"])
 def test_override_that_does_not_compose_exits_2(tmp_path, full_error):
     run = run_train(
-        "debug.fial_at_step=3",
+        "trainer.fial_at_step=3",
         "optim.lr=fast",
         run_dir=tmp_path / "run",
         expect_ok=False,

@@ -159,10 +159,10 @@ def test_init_is_retried_while_the_run_id_is_in_use(monkeypatch):
     """A resumed or restarted rank 0 reuses the run id; W&B may still hold it for the process before: retried."""
     import pytest
 
-    from trainer.observe import wandb_sink
-    from trainer.observe.wandb_sink import WandbSink
+    from trainer.observe import wandb_client
+    from trainer.observe.wandb_client import WandbClient
 
-    monkeypatch.setattr(wandb_sink.time, "sleep", lambda s: None)
+    monkeypatch.setattr(wandb_client.time, "sleep", lambda s: None)
     answers = [RuntimeError("run ID abc is in use"), RuntimeError("run ID abc is in use"), "run"]
 
     def init():
@@ -171,30 +171,30 @@ def test_init_is_retried_while_the_run_id_is_in_use(monkeypatch):
             raise answer
         return answer
 
-    assert WandbSink._init_while_id_in_use(init, patience_s=60) == "run" and answers == []
+    assert WandbClient._init_while_id_in_use(init, patience_s=60) == "run" and answers == []
 
     def broken():
         raise RuntimeError("permission denied")
 
     with pytest.raises(RuntimeError, match="permission denied"):
-        WandbSink._init_while_id_in_use(broken, patience_s=60)
+        WandbClient._init_while_id_in_use(broken, patience_s=60)
     with pytest.raises(RuntimeError, match="in use"):  # no patience left: the error stands
-        WandbSink._init_while_id_in_use(lambda: (_ for _ in ()).throw(RuntimeError("id in use")), patience_s=0)
+        WandbClient._init_while_id_in_use(lambda: (_ for _ in ()).throw(RuntimeError("id in use")), patience_s=0)
 
 
-def test_a_sink_starts_its_own_service_and_leaves_none_behind(tmp_path, monkeypatch):
+def test_a_client_starts_its_own_service_and_leaves_none_behind(tmp_path, monkeypatch):
     """An inherited WANDB_SERVICE (the caller's Python wrote a report first) is not the run's service: one that
     outlives a killed rank 0 kept the run id in use for the elastic restart. After finish, no WANDB_SERVICE is left
     for processes started later from this one."""
     import logging
     import os
 
-    from trainer.observe.wandb_sink import WandbSink
+    from trainer.observe.wandb_client import WandbClient
 
     monkeypatch.setenv("WANDB_SERVICE", "2-99999-tcp-localhost-9")  # a service that is not there
-    sink = WandbSink(mode="offline", project="p", run_dir=tmp_path, config={}, log=logging.getLogger("t"))
-    sink.log_metrics({"train/loss": 1.0}, step=1)
-    assert sink.ready() and sink.error is None, sink.error
-    sink.finish()
+    client = WandbClient(mode="offline", project="p", run_dir=tmp_path, config={}, log=logging.getLogger("t"))
+    client.log_metrics({"train/loss": 1.0}, step=1)
+    assert client.ready() and client.error is None, client.error
+    client.finish()
     assert "WANDB_SERVICE" not in os.environ
     assert len(list(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))) == 1

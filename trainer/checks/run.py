@@ -1,16 +1,15 @@
-"""The run's own keys: ``trainer.*`` (clipping, objective, checkpoints, resume, stop), DDP's bucket, W&B and
-``debug.*``. Enum-typed keys (trainer.on_nonfinite, logger.wandb.mode, logger.wandb.console) are refused by the
-schema at compose (conf/schema.py). No torch import."""
+"""The run's own keys: ``trainer.*`` (clipping, objective, checkpoints, resume, stop, callbacks), DDP's bucket and
+W&B. Enum-typed keys (trainer.on_nonfinite, trainer.precision, logger.wandb.mode ...) are refused by the schema at
+compose (conf/schema.py). No torch import (a callback's own module may import it)."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import fields
 
 from omegaconf import DictConfig
 
-from conf.schema import DebugConfig
 from trainer.checks.findings import Findings, finite, number
+from trainer.loop.callbacks import callback_problems
 
 #: summary.json keys written by runs that evaluate (trainer.eval_every > 0): objectives that need an evaluation
 VAL_OBJECTIVES = ("val_loss", "best_val_loss", "val_ppl")
@@ -56,18 +55,7 @@ def check_trainer(cfg: DictConfig, layout: object, f: Findings) -> None:
     )
 
 
-def check_debug(cfg: DictConfig, layout, f: Findings) -> None:
-    """``+debug.<key>`` adds keys past the typed group: anything not in DebugConfig is a typo."""
-    known = [fl.name for fl in fields(DebugConfig)]
-    debug = cfg.get("debug") or {}
-    for key in debug:
-        if key not in known:
-            f.error(f"debug.{key}={debug[key]}: unknown debug key; known: {', '.join(known)}")
-            continue
-        value = debug[key]
-        if value is None or not key.endswith(("_at_step", "_rank")):  # the others are typed by the schema
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < (0 if key.endswith("_rank") else 1):
-            f.error(f"debug.{key}={value}: must be an integer >= {0 if key.endswith('_rank') else 1}")
-        elif key.endswith("_rank") and value >= layout.world_size:
-            f.error(f"debug.{key}={value}: no such rank; the job has ranks 0..{layout.world_size - 1}")
+def check_callbacks(cfg: DictConfig, layout, f: Findings) -> None:
+    """Each ``trainer.callbacks`` entry imports and takes its arguments (trainer/loop/callbacks.py)."""
+    for problem in callback_problems(cfg.trainer.get("callbacks"), world_size=layout.world_size):
+        f.error(problem)

@@ -33,7 +33,7 @@ from trainer.launch.loopback import WORKER_STORE
 from trainer.launch.preemption import EXIT_PREEMPTED, PreemptionFlag
 from trainer.loop.fit import Trainer
 from trainer.observe.rank_logs import TRACE_LOGGER_NAME, setup_rank_logging, teardown_rank_logging
-from trainer.observe.sinks import RankZeroSinks, output_listing
+from trainer.observe.sinks import build_sinks, finish_sinks, output_listing
 
 
 @dataclass(frozen=True)
@@ -239,7 +239,7 @@ def run(
         if start_step and env.rank == 0:
             log.info("continuing at step %d of %d", start_step + 1, cfg.trainer.max_steps)
         if env.rank == 0:
-            sinks = RankZeroSinks(ctx=ctx, cfg_dict=cfg_dict, run_meta=run_meta, start_step=start_step)
+            sinks = build_sinks(ctx=ctx, cfg_dict=cfg_dict, run_meta=run_meta, start_step=start_step)
         summary = trainer.fit(sinks=sinks, start_step=start_step, preemption=preemption)
         summary["restarts"] = restart_count()
         if summary["status"] == "preempted":  # which signal stopped it: the Slurm launcher's requeue reads it
@@ -263,7 +263,7 @@ def run(
         preemption.uninstall()
         write_exit_record(run_dir, env.rank, error=error)
         if sinks is not None:
-            sinks.finish(summary, exit_code=exit_code)
+            finish_sinks(sinks, summary, exit_code=exit_code, log=log)
             if summary is not None:  # the listing now includes summary.json
                 log.info(output_listing(run_dir))
         if engine is not None:

@@ -2,12 +2,12 @@
 
 ``Trainer.fit`` runs ``Trainer.step`` for each step: ``_forward_backward`` (batch, engine, clip),
 ``_agree`` (one all-reduce), ``_update`` (``optimizer.step()``, or skip), then ``_log`` and
-``_boundary`` (checkpoint, preemption). Fault injection for tests lives in ``faults.py``; rank 0's
-files and W&B in ``trainer/observe/sinks.py``.
+``_boundary`` (checkpoint, preemption). Callbacks (``trainer.callbacks``, ``callbacks.py``) hook in around it;
+rank 0's sinks (console, files, trackers: ``trainer/observe/sinks.py``) receive the logged records.
 
 Every rank runs the same loop; collectives happen at the same steps on all ranks: one small all-reduce
 per step (did a stop signal arrive, did any rank go non-finite), the loss on logged steps, checkpoints,
-the summary at the end. Rank 0 owns the sinks: console, metrics.jsonl, summary.json, W&B.
+the summary at the end. Rank 0 owns the sinks: console, metrics.jsonl, summary.json, W&B, TensorBoard.
 """
 
 from __future__ import annotations
@@ -30,13 +30,11 @@ from parallel.core.state_bytes import model_state_bytes
 from trainer.data.prefetch import Prefetcher
 from trainer.launch.preemption import PreemptionFlag
 from trainer.loop.callbacks import build_callbacks, call
-from trainer.loop.faults import FaultInjector
 from trainer.loop.optim import build_optimizer, build_scheduler
-from trainer.observe.console import ProgressDisplay
 from trainer.observe.memory import peak_memory_bytes
 from trainer.observe.metrics import StepStats, read_metrics
 from trainer.observe.perf import StepInstruments
-from trainer.observe.sinks import RankZeroSinks
+from trainer.observe.sink import Sink
 
 
 class NonFiniteError(RuntimeError):
@@ -125,8 +123,11 @@ class Trainer:
         self.eval_every = int(self.cfg.trainer.get("eval_every", 0))
         self.checkpoint_every = int(self.cfg.trainer.checkpoint_every)
         self.tokens_per_step = int(self.cfg.data.global_batch_size) * int(self.data.tokens_per_sample)
-        self.faults = FaultInjector.from_config(self.cfg.get("debug"), rank=ctx.rank, log=ctx.log)
         self.callbacks = build_callbacks(self.cfg.trainer.get("callbacks"))
+        self.sinks: list[Sink] = []
+        """Rank 0's sinks (``fit``'s); none on the other ranks."""
+        self.preemption: PreemptionFlag | None = None
+        """``fit``'s stop-signal flag (a callback may wait for it)."""
         self.stats = StepStats()
         self.instruments = StepInstruments(ctx=ctx, tokens_per_step=self.tokens_per_step)
         self.first_loss: float | None = None
@@ -150,13 +151,11 @@ class Trainer:
     # ---- the loop ----------------------------------------------------------------------------
 
     def fit(
-        self, *, sinks: RankZeroSinks | None, start_step: int = 0, preemption: PreemptionFlag | None = None
+        self, *, sinks: list[Sink] | None = None, start_step: int = 0, preemption: PreemptionFlag | None = None
     ) -> dict[str, Any]:
         warn_small_batchnorm(self.engine, self.ctx)
         self.engine.train()
-        progress = ProgressDisplay(
-            total_steps=self.max_steps, start_step=start_step, log=self.ctx.log, enabled=sinks is not None
-        )
+        self.sinks, self.preemption = list(sinks or []), preemption
         # What was built before the loop (imports, configs, the model, the launcher's objects a forked worker
         # inherited) lives as long as the run: left out of later collections, whose full passes otherwise
         # scan it and pause this rank while the others wait at the next collective (docs/benchmarks.md).
@@ -175,9 +174,9 @@ class Trainer:
         try:
             for step in range(start_step + 1, self.max_steps + 1):
                 outcome = self.step(step, preemption=preemption)
-                record = self._log(step, outcome, sinks=sinks, progress=progress)
+                record = self._log(step, outcome)
                 call(self.callbacks, "on_step_end", self, step=step, metrics=record or {"step": step})
-                if self._boundary(step, outcome, preemption=preemption, sinks=sinks):
+                if self._boundary(step, outcome, preemption=preemption):
                     status = "preempted"
                     break
         except RuntimeError as exc:
@@ -187,7 +186,6 @@ class Trainer:
             raise timeout from None
         finally:
             self._prefetch.close()
-            progress.close()
             gc.unfreeze()  # the run's objects collectable again: the worker frees the model before the group goes
         if self._checkpointer is not None:  # a background save still running: its marker comes now
             self._checkpointer.wait()
@@ -205,8 +203,7 @@ class Trainer:
 
     def step(self, step: int, *, preemption: PreemptionFlag | None = None) -> StepOutcome:
         """One optimizer step: forward/backward and clip, agree across ranks, update (or skip), measure."""
-        if self.faults is not None and preemption is not None:
-            self.faults.wait_for_stop(step, lambda: preemption.requested)
+        call(self.callbacks, "on_step_start", self, step=step)
         t0, cpu0 = time.perf_counter(), time.process_time()
         self.step_started = t0
         loss, grad_norm, data_s = self._forward_backward(step)
@@ -250,14 +247,11 @@ class Trainer:
         (inputs, targets), data_s = self._prefetch.get(step)
         x, y = self.engine.local_batch(self.ctx, inputs, targets)
         self.optimizer.zero_grad(set_to_none=True)
-        if self.faults is not None:
-            self.faults.before_step(step)
         # saved activations and the engine's sampled comm meters on logged steps; profiler at trainer.profile_steps
         measure = self.engine.measure_step = self._should_log(step)
         with self.instruments.step(step, measure=measure):
             loss = self.engine.train_step(x, y)
-        if self.faults is not None:
-            loss = self.faults.after_backward(step, loss, self.engine.parameters())
+        call(self.callbacks, "on_after_backward", self, step=step, loss=loss)
         return loss, self.engine.clip_grad_norm_(self.max_grad_norm), data_s
 
     def _update(self, step: int, bad_ranks: list[int]) -> None:
@@ -276,11 +270,9 @@ class Trainer:
             self.optimizer.step()
         self.scheduler.step()
 
-    def _log(
-        self, step: int, outcome: StepOutcome, *, sinks: RankZeroSinks | None, progress: ProgressDisplay
-    ) -> dict[str, Any] | None:
-        """On logged steps: the loss averaged over ranks (a collective), to the sinks and the console; the record
-        (None on other steps)."""
+    def _log(self, step: int, outcome: StepOutcome) -> dict[str, Any] | None:
+        """On logged steps: the loss averaged over ranks (a collective), to the sinks (the console among them); the
+        record (None on other steps)."""
         record = None
         if self._should_log(step) and not outcome.skipped:
             value = self._reduce_loss(outcome.loss)
@@ -298,22 +290,21 @@ class Trainer:
                 **self.instruments.logged(step, outcome.seconds),  # mfu, memory, saved activations (collective)
                 **outcome.extras,
             }
-            if sinks is not None:
-                sinks.log_step(record)
-                progress.logged(record)
-        progress.advance(step)
+            for sink in self.sinks:
+                sink.log_step(record)
+        for sink in self.sinks:
+            sink.advance(step)
         return record
 
-    def _boundary(
-        self, step: int, outcome: StepOutcome, *, preemption: PreemptionFlag | None, sinks: RankZeroSinks | None
-    ) -> bool:
+    def _boundary(self, step: int, outcome: StepOutcome, *, preemption: PreemptionFlag | None) -> bool:
         """Checkpoint when due or asked to stop; True when the run stops here (preempted)."""
         if outcome.preempt and preemption is not None:
             preemption.honoured()
         if self._checkpoint_due(step) or outcome.preempt:
             saved = self.checkpointer.save(step)
-            if sinks is not None:
-                sinks.checkpoint_saved(saved, step=step, loss=self.last_loss)
+            if saved is not None:  # None: the save failed, or it completes in the background
+                for sink in self.sinks:
+                    sink.log_checkpoint(saved, step=step, loss=self.last_loss)
             call(self.callbacks, "on_checkpoint", self, step=step, path=saved)
             if outcome.preempt:  # the process exits next: the (possibly background) save must be complete
                 self.checkpointer.wait()

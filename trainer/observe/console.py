@@ -1,4 +1,5 @@
-"""Rank 0's console: a rich progress bar with loss and tokens/s on a terminal, log lines elsewhere."""
+"""Rank 0's console: a rich progress bar with loss and tokens/s on a terminal, a log line per logged step (above the
+bar on a terminal; always in logs/rank0.log)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,15 @@ import logging
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from trainer.observe.sink import Sink
 
-class ProgressDisplay:
-    def __init__(self, *, total_steps: int, start_step: int, log: logging.Logger, enabled: bool):
+
+class ConsoleSink(Sink):
+    def __init__(self, *, total_steps: int, start_step: int, log: logging.Logger):
         self.log = log
         console = Console()
         self.progress = None
-        if enabled and console.is_terminal:
+        if console.is_terminal:
             self.progress = Progress(
                 TextColumn("[bold]train"),
                 BarColumn(),
@@ -33,7 +36,7 @@ class ProgressDisplay:
         if self.progress is not None:
             self.progress.update(self.task, completed=step)
 
-    def logged(self, record: dict) -> None:
+    def log_step(self, record: dict) -> None:
         extras = ""
         if "comm_fraction" in record:
             extras += f" comm {record['comm_fraction']:.0%}"
@@ -51,7 +54,10 @@ class ProgressDisplay:
         )
         self.log.info(line)  # above the live bar on a terminal; always in logs/rank0.log
 
-    def close(self) -> None:
+    def log_summary(self, summary: dict) -> None:
+        self.close(exit_code=0)  # the loop is over: the bar goes before the run's last lines
+
+    def close(self, *, exit_code: int) -> None:
         if self.progress is not None:
             self.progress.stop()
             self.progress = None

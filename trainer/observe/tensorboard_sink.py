@@ -6,6 +6,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from trainer.observe.sink import Sink
+
 
 def scalars(record: dict[str, Any]) -> dict[str, float]:
     """The record's finite numbers (bools and the step itself left out): what TensorBoard can plot."""
@@ -18,7 +20,7 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-class TensorBoardSink:
+class TensorBoardSink(Sink):
     """One event-file writer per run folder; a resumed run appends a new event file to the same folder, and
     TensorBoard's reader orders the steps."""
 
@@ -28,13 +30,13 @@ class TensorBoardSink:
         self.log_dir = Path(log_dir)
         self.writer = SummaryWriter(log_dir=str(self.log_dir))
 
-    def log_metrics(self, record: dict[str, Any], *, step: int) -> None:
+    def log_step(self, record: dict[str, Any]) -> None:
         for key, value in scalars(record).items():
-            self.writer.add_scalar(key, value, global_step=step)
+            self.writer.add_scalar(key, value, global_step=int(record["step"]))
 
     def log_summary(self, summary: dict[str, Any]) -> None:
         self.writer.add_text("summary", "\n".join(f"{k}: {v}" for k, v in scalars(summary).items()))
         self.writer.flush()
 
-    def finish(self) -> None:
+    def close(self, *, exit_code: int) -> None:
         self.writer.close()

@@ -1,273 +1,91 @@
-"""Weights & Biases from rank 0: the real ``wandb`` library, offline unless told otherwise.
-
-W&B's import and ``init`` cost 1.5–3 s (it starts its own service process). They run in a background
-thread started by the first logged step (after the first training step); steps logged before the run is ready are queued and sent in order, so
-W&B adds nothing to the time to the first step. An online run that cannot reach its server within
-``logger.wandb.init_timeout`` falls back to offline with a warning instead of retrying for minutes.
-``finish`` is always called, with a non-zero exit code when the run failed.
-
-With ``identity`` (a training run) the sink opens the run folder's own W&B run id with
-``resume="allow"`` (``trainer/observe/wandb_run.py``), names metrics by section (``train/loss``,
-``perf/tokens_per_s``, ``pipeline/bubble_fraction`` ...), defines the step metric and summaries, and logs
-checkpoints as artifacts by reference (``file://``, nothing uploaded) and the resolved config as an artifact.
-
-W&B never stops training: every call into ``wandb`` is guarded; the first failure (its service gone,
-a full disk, a bug) is logged once and the sink turns itself off, while metrics.jsonl keeps every step.
-"""
+"""W&B as a sink of a training run (logger=wandb): one W&B run per run folder, continued by resumes, elastic restarts
+and preemption; tagged with the layout; metrics by section, checkpoints as reference artifacts, the summary, the
+resolved config and the run's figures at the end. The calls go through ``WandbClient`` (``wandb_client.py``), which
+never lets W&B stop training."""
 
 from __future__ import annotations
 
 import logging
-import os
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
-from trainer.observe.wandb_run import RunIdentity, define_metrics, wandb_key, wandb_metrics
+from parallel.core.layout import ParallelLayout
+from trainer.observe.files_sink import config_files
+from trainer.observe.sink import Sink
+from trainer.observe.wandb_client import WandbClient
+from trainer.observe.wandb_run import RunIdentity
 
 
-class WandbSink:
+class WandbSink(Sink):
     def __init__(
         self,
         *,
-        mode: str,
-        project: str,
+        settings: Any,
+        layout: ParallelLayout,
         run_dir: Path,
-        config: dict[str, Any],
+        cfg_dict: dict,
+        run_meta: dict[str, Any],
         log: logging.Logger,
-        entity: str | None = None,
-        group: str | None = None,
-        job_type: str | None = None,
-        tags: list[str] | None = None,
-        name: str | None = None,
-        init_timeout: float = 15.0,
-        system_stats: bool = False,
-        console: str = "off",
-        identity: RunIdentity | None = None,
-        git: dict[str, Any] | None = None,
-        crash_at_step: int | None = None,
     ):
-        self.run = None
-        self.failed = False
-        self.crash_at_step = crash_at_step  # fault injection (debug.wandb_crash_at_step)
-        self.identity = identity
-        self._logged_step: int | None = None  # last step this process sent
-        self.log = log
-        self.error: BaseException | None = None
-        self._thread: threading.Thread | None = None
-        self._pending: list[tuple[dict[str, Any], int]] = []  # steps logged before init finished
-        if mode == "disabled":
-            return
-        os.environ.setdefault("WANDB_SILENT", "true")
-        kwargs = dict(
-            project=project,
-            entity=entity,
-            group=group,
-            job_type=job_type,
-            tags=list(tags or []),
-            name=name,
+        """``settings``: the ``logger.wandb`` node; ``run_meta``: the task's (run name, sweep, provenance)."""
+        w = settings
+        self.layout, self.run_dir = layout, run_dir
+        tags = [layout.strategy, f"dp{layout.dp}", f"tp{layout.tp}", f"pp{layout.pp}", *list(w.tags)]
+        if layout.schedule:
+            tags += [layout.schedule, f"m{layout.micro_batches}"]
+        # one W&B run per run folder: resume, elastic restart and preemption continue it
+        self.identity = RunIdentity(run_dir)
+        # provenance beside the job's keys, whatever system_stats says (run.git.commit, run.command ...)
+        prov = run_meta.get("provenance") or {}
+        config = {**cfg_dict, "run": {**prov, "layout": layout.to_dict(), "name": run_meta.get("run_name")}}
+        self.client = WandbClient(
+            mode=str(w.mode),
+            project=str(w.project),
+            entity=w.entity,
+            group=w.group or run_meta.get("sweep_name"),
+            job_type=layout.strategy,
+            tags=tags,
+            name=run_meta.get("run_name"),
             config=config,
-            dir=str(run_dir),
-        )
-        if identity is not None:
-            kwargs.update(id=identity.id, resume="allow")
-        settings = dict(console=console, x_disable_stats=not system_stats, x_disable_machine_info=not system_stats)
-        # the commit is recorded even with machine info off (it also sits in the config under run.git)
-        if git and git.get("commit"):
-            settings.update(
-                git_commit=git["commit"], **({"git_remote_url": git["remote"]} if git.get("remote") else {})
-            )
-        # started by the first logged step, i.e. after the first training step: W&B's import and service
-        # start compete for the cores, and the time to the first step should not pay for them
-        self._thread = threading.Thread(
-            target=self._init, args=(mode, kwargs, settings, init_timeout), name="wandb-init", daemon=True
+            run_dir=run_dir,
+            init_timeout=float(w.init_timeout),
+            system_stats=bool(w.system_stats),
+            console=str(w.console),
+            log=log,
+            identity=self.identity,
+            git=prov.get("git"),
         )
 
-    def _init(self, mode: str, kwargs: dict, settings: dict, init_timeout: float) -> None:
-        # Our own W&B service, not one inherited through WANDB_SERVICE from a process that started us (a sweep's
-        # report run in the same Python, a notebook): an inherited service outlives a killed rank 0 and kept its
-        # run id "in use" for over 15 s while the elastic restart's rank 0 waited for it (seen in the suite).
-        os.environ.pop("WANDB_SERVICE", None)
-        try:
-            import wandb
+    def log_step(self, record: dict[str, Any]) -> None:
+        self.client.log_metrics(record, step=int(record["step"]))
 
-            try:
-                self.run = self._init_while_id_in_use(
-                    lambda: wandb.init(
-                        mode=mode, settings=wandb.Settings(init_timeout=init_timeout, **settings), **kwargs
-                    ),
-                    patience_s=init_timeout,
-                )
-            except Exception as exc:  # noqa: BLE001 - any failure to reach the server
-                if mode != "online":
-                    raise
-                first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-                self.log.warning("W&B online init failed (%s); logging offline instead (`wandb sync` later)", first)
-                self.run = wandb.init(mode="offline", settings=wandb.Settings(**settings), **kwargs)
-            if self.identity is not None:
-                define_metrics(self.run)
-                self.identity.started()
-        except BaseException as exc:  # noqa: BLE001 - reported by ready(); training goes on
-            self.error = exc
-            self.log.warning(
-                "W&B could not start (%s: %s); metrics.jsonl still has every logged step", type(exc).__name__, exc
-            )
+    def log_checkpoint(self, path: Path, *, step: int, loss: float | None) -> None:
+        """The checkpoint as a reference artifact (aliases latest, step-N, and best for the lowest loss so far)."""
+        self.client.log_checkpoint(path, step=step, loss=loss, best=self.identity.is_best(loss))
 
-    @staticmethod
-    def _init_while_id_in_use(init, *, patience_s: float):
-        """``init()``, tried again while W&B answers that the run id is in use: a resumed or elastically
-        restarted process reuses the id while the service of the process before it (stopped without
-        ``finish``) may still hold it for a moment (seen: "run ID ... is in use" 2 s after the previous run)."""
-        deadline = time.monotonic() + patience_s
-        while True:
-            try:
-                return init()
-            except Exception as exc:  # noqa: BLE001 - only "in use" is retried
-                if "in use" not in str(exc) or time.monotonic() >= deadline:
-                    raise
-                time.sleep(1.0)
-
-    def _start(self) -> None:
-        if self._thread is not None and self._thread.ident is None:
-            self._thread.start()
-
-    def ready(self) -> bool:
-        """Wait for the background init; True when a run is available."""
-        if self._thread is not None:
-            self._start()
-            self._thread.join()
-            self._thread = None
-        return self.run is not None
-
-    @property
-    def directory(self) -> str | None:
-        return str(Path(self.run.dir).parent) if self.ready() else None
-
-    def _guard(self, what: str, call, *args, **kwargs) -> None:
-        """Run one call into wandb; on the first failure warn once and stop using W&B."""
-        if self.run is None:
-            return
-        try:
-            call(*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - W&B must never stop training
-            self.run, self.failed = None, True
-            self.log.warning(
-                "W&B failed while %s (%s: %s); training goes on without W&B, metrics.jsonl has every step",
-                what,
-                type(exc).__name__,
-                str(exc).splitlines()[0][:200] if str(exc) else "",
-            )
-
-    def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
-        if self.crash_at_step is not None and step == self.crash_at_step and self.ready():
-            import wandb
-
-            wandb.teardown()  # W&B's service goes away under the run, as when it crashes
-        self._start()
-        if self._thread is not None and self._thread.is_alive():
-            self._pending.append((metrics, step))
-            return
-        if self.ready():
-            for m, s in self._drain():
-                self._log(m, s)
-            self._log(metrics, step)
-
-    def _drain(self) -> list[tuple[dict[str, Any], int]]:
-        pending, self._pending = self._pending, []
-        return pending
-
-    def _log(self, metrics: dict[str, Any], step: int) -> None:
-        if self.run is None:
-            return
-        if self.identity is None:
-            numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
-            self._guard(f"logging step {step}", lambda: self.run.log(numbers, step=step))
-            return
-        if step <= self.identity.last_step:  # W&B has it from before a restart: once per step
-            return
-
-        def send() -> None:
-            self.run.log(wandb_metrics(metrics), step=step)
-            self._logged_step = step
-            self.identity.logged(step)
-
-        self._guard(f"logging step {step}", send)
+    def summary_fields(self) -> dict[str, Any]:
+        return {"wandb_dir": self.client.directory}
 
     def log_summary(self, summary: dict[str, Any]) -> None:
-        if not self.ready():
-            return
-        for m, s in self._drain():
-            self._log(m, s)
+        self.client.log_summary({**summary, **self._memory_per_pp_rank(summary)})
+        self.client.log_config(config_files(self.run_dir))
+        # engines list files they wrote (traces, plots): {"images": {key: path}, "files": [path]}
+        artifacts = summary.get("artifacts") or {}
+        self.client.log_files(
+            images={k: Path(v) for k, v in artifacts.get("images", {}).items()},
+            files=[Path(p) for p in artifacts.get("files", [])],
+        )
 
-        def write() -> None:
-            for key, value in summary.items():
-                if isinstance(value, (int, float, str)):
-                    self.run.summary[key] = value
+    def close(self, *, exit_code: int) -> None:
+        self.client.finish(exit_code=exit_code)
 
-        self._guard("writing the summary", write)
-
-    def log_files(self, *, images: dict[str, Path] | None = None, files: list[Path] | None = None) -> None:
-        if not self.ready():
-            return
-
-        def upload() -> None:
-            import wandb
-
-            step = {"step": self._logged_step} if self._logged_step is not None else {}
-            for key, path in (images or {}).items():  # on the last logged step's row, not a row of its own
-                name = wandb_key(key) if self.identity is not None else key
-                self.run.log({name: wandb.Image(str(path))}, **step)
-            for path in files or []:
-                self.run.save(str(path), base_path=str(path.parent), policy="now")
-
-        self._guard("saving files", upload)
-
-    def log_checkpoint(self, path: Path, *, step: int, loss: float | None, best: bool) -> None:
-        """The checkpoint folder as a reference artifact (``file://`` URIs, nothing uploaded): one
-        artifact per run, a version per checkpoint, aliases ``latest`` and (lowest loss so far) ``best``."""
-        if not self.ready():
-            return
-
-        def log() -> None:
-            import wandb
-
-            art = wandb.Artifact(
-                f"checkpoints-{self.run.id}",
-                type="model",
-                description="DCP checkpoint of a meshtrain run (by reference: the files stay in the run folder)",
-                metadata={"step": step, "loss": loss, "path": str(path)},
-            )
-            art.add_reference(Path(path).resolve().as_uri(), name=Path(path).name, checksum=False)
-            aliases = ["latest", f"step-{step}"] + (["best"] if best else [])
-            self.run.log_artifact(art, aliases=aliases)
-
-        self._guard(f"logging checkpoint {step}", log)
-
-    def log_config(self, files: list[Path]) -> None:
-        """The resolved config (and Hydra's own files) as a ``config`` artifact."""
-        if not self.ready():
-            return
-
-        def log() -> None:
-            import wandb
-
-            art = wandb.Artifact(f"config-{self.run.id}", type="config")
-            for path in files:
-                if Path(path).is_file():
-                    art.add_file(str(path), name=Path(path).name)
-            self.run.log_artifact(art)
-
-        self._guard("logging the config", log)
-
-    def finish(self, exit_code: int = 0) -> None:
-        if self.ready():
-            for m, s in self._drain():
-                self._log(m, s)
-            self._guard("finishing the run", lambda: self.run.finish(exit_code=exit_code))
-            import wandb
-
-            # stop the service this process started and clear its WANDB_SERVICE, which processes started
-            # from this one later would otherwise inherit (a report written in the caller's Python)
-            self._guard("stopping W&B's service", wandb.teardown)
-            self.run = None
+    def _memory_per_pp_rank(self, summary: dict[str, Any]) -> dict[str, int]:
+        """``memory/peak_bytes_pp{p}``: peak memory of pipeline rank p (max over its dp/tp ranks)."""
+        peaks = summary.get("peak_memory_bytes_per_rank") or []
+        out: dict[str, int] = {}
+        for entry in self.layout.to_dict().get("rank_map") or []:
+            rank, pp = int(entry["rank"]), int(entry.get("pp", 0))
+            if rank < len(peaks) and peaks[rank] is not None:
+                key = f"memory/peak_bytes_pp{pp}"
+                out[key] = max(out.get(key, 0), int(peaks[rank]))
+        return out

@@ -161,10 +161,10 @@ def log_to_wandb(
     mode, cfg, group = _wandb_settings(jobs, mode, sweep_dir)
     if mode == "disabled":
         return None
-    from trainer.observe.wandb_sink import WandbSink
+    from trainer.observe.wandb_client import WandbClient
 
     counts = count_statuses(jobs)
-    sink = WandbSink(
+    client = WandbClient(
         mode=mode,
         project=str(cfg.get("project", "meshtrain")),
         entity=cfg.get("entity"),
@@ -177,22 +177,22 @@ def log_to_wandb(
         name=f"{group}-report",
         init_timeout=float(cfg.get("init_timeout", 15)),
     )
-    if not sink.ready():
+    if not client.ready():
         return None
     import wandb
 
     cols = columns(rows)
     with_val = len(cols) > len(COLUMNS)
-    sink.run.log({"sweep/table": wandb.Table(columns=cols, data=[row_cells(r, with_val=with_val) for r in rows])})
-    sink.run.log(interactive_charts(rows))
+    client.run.log({"sweep/table": wandb.Table(columns=cols, data=[row_cells(r, with_val=with_val) for r in rows])})
+    client.run.log(interactive_charts(rows))
     best = next((r for r in rows if r.best), None)
     best_summary = {"best_job": best.job, "best_tokens_per_s": best.tokens_per_s} if best else {}
     if best is not None and best.val_loss is not None:
         best_summary["best_val_loss"] = best.val_loss
-    sink.log_summary(best_summary)
-    sink.log_files(images={f"sweep/{name}": path for name, path in plots.items()}, files=[report_path])
-    directory = sink.directory
-    sink.finish()
+    client.log_summary(best_summary)
+    client.log_files(images={f"sweep/{name}": path for name, path in plots.items()}, files=[report_path])
+    directory = client.directory
+    client.finish()
     return directory
 
 
