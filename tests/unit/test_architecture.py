@@ -339,7 +339,8 @@ def test_readme_architecture_matches_the_tree():
     assert not stale, f"README.md's architecture tree names what is not in the tree: {stale}"
     assert rest, "README.md's architecture section has no step path block"
     step_path = list(rest[0])
-    assert step_path[0] == "train.py" and step_path[-1] == "trainer/loop/fit.py", step_path
+    assert step_path[0] == "train.py" and step_path[-1] == "trainer/observe/sinks.py", step_path
+    assert "trainer/loop/fit.py" in step_path and "parallel/core/compose.py" in step_path, step_path
     assert all((ROOT / p).is_file() for p in step_path), step_path
 
 
