@@ -87,6 +87,8 @@ SPACE: dict[str, tuple[list, list]] = {
     "trainer.grad_clip": ([1.0, 0.0, -1.0, "inf"], ["nan"]),
     "trainer.objective": (["tokens_per_s", "final_loss"], ["loss", "tokens/s", "mfu"]),
     "trainer.on_nonfinite": (["stop", "skip"], ["ignore"]),
+    "trainer.precision": (["fp32"], ["fp16", "bf16_mixed"]),
+    "trainer.activation_checkpointing": (["none"], ["some"]),
     "trainer.stop_grace_s": ([15.0], [-1.0]),
     "topology.backend": (["auto", "gloo"], ["nccl", "mpi"]),
     "topology.device": (["auto", "cpu"], ["tpu"]),
