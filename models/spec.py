@@ -133,6 +133,9 @@ class TPPlan:
     before the model's end, so its last block gathers the sequence back."""
     head: str = "output"
     """The output projection: column-wise over the vocabulary (kept sharded with ``tp.loss_parallel``)."""
+    embedding: str = "tok_embeddings"
+    """The token embedding: replicated, unless the model ties it to the head (its ``tie_embeddings``); then it is
+    split over the vocabulary as the head is (``Shard(0)``), so the two are one weight with one placement."""
     block_extra_inputs: int = 0
     """Inputs a block takes after the residual stream (Llama's rotary table: 1)."""
 
@@ -351,8 +354,7 @@ def transformer_problems(model: Any, *, kv_heads: bool = False) -> Problems:
 
 
 def transformer_tp_problems(model: Any, tp: int, *, widths: Sequence[int], kv_heads: bool = False) -> Problems:
-    """What a Megatron-style plan (column-wise q/k/v and MLP in, row-wise out) needs from the sizes, and a head
-    that is not tied to the embedding (``tied_tp_problems``)."""
+    """What a Megatron-style plan (column-wise q/k/v and MLP in, row-wise out) needs from the sizes."""
     out: Problems = []
     heads, d_model = int(model.n_heads), int(model.d_model)
     if heads % tp:
@@ -379,17 +381,7 @@ def transformer_tp_problems(model: Any, tp: int, *, widths: Sequence[int], kv_he
                 f"feed-forward width {width} (model.d_ff / model.layer_d_ff) is not divisible by tp.size={tp}: "
                 f"the MLP matrices are split by it; use a multiple of {tp}"
             )
-    return out + tied_tp_problems(model, tp)
-
-
-def tied_tp_problems(model: Any, tp: int) -> Problems:
-    """A tied head cannot be sharded over the vocabulary while its embedding stays whole."""
-    if not model.get("tie_embeddings", False):
-        return []
-    return [
-        f"model.tie_embeddings=true with tp.size={tp}: the output projection is sharded over the vocabulary "
-        "while the token embedding stays whole, so they cannot share one weight; set model.tie_embeddings=false"
-    ]
+    return out
 
 
 # ---- where the weights are first made -------------------------------------------------------------

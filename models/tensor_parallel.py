@@ -13,6 +13,14 @@ one in backward. Options:
   shards (``torch.distributed.tensor.parallel.loss_parallel``): the logits are never gathered. The engine
   must run forward *and* backward inside ``loss_parallel()``.
 
+Tied embeddings (a model whose ``tie_embeddings`` is true, such as Llama 3.2 1B, Qwen3 0.6B, GPT-2): the token
+embedding is split over the vocabulary too (``RowwiseParallel`` of an ``nn.Embedding``: each rank looks up the
+rows it holds, the partial embeddings are summed), so it has the head's placement, ``Shard(0)`` of the same
+(vocab, d_model) matrix; after ``parallelize_module`` (which makes a separate DTensor of each module's weight)
+the head takes the embedding's Parameter again: one weight, one placement, one gradient, as torchtitan and Megatron
+tie them. A pipeline stage holding only one of the two shards it the same way, so the copies on the first and last
+stage have equal shards (``parallel/pipeline/tied.py`` keeps them equal).
+
 Works on the full model and on a pipeline stage (parts set to ``None`` are skipped).
 """
 
@@ -56,7 +64,10 @@ def missing_modules(model: nn.Module, plan: TPPlan) -> list[str]:
     present = {name for name, module in model.named_modules() if module is not None}
     wanted = [n for key in model.layers.keys() for n in plan.block_modules(f"layers.{key}")]
     wanted += [n for n in (plan.final_norm, plan.head) if getattr(model, n, None) is not None]
-    return [n for n in wanted if n not in present]
+    missing = [n for n in wanted if n not in present]
+    if getattr(model, "tie_embeddings", False) and not hasattr(model, plan.embedding):  # a stage keeps it as None
+        missing.append(plan.embedding)
+    return missing
 
 
 def parallelize_decoder(
@@ -83,6 +94,10 @@ def parallelize_decoder(
     has_final_norm = getattr(model, plan.final_norm, None) is not None
     if has_final_norm and sequence_parallel:
         styles[plan.final_norm] = SequenceParallel()
+    tied = bool(getattr(model, "tie_embeddings", False))
+    embedding = getattr(model, plan.embedding, None)
+    if tied and embedding is not None:  # the head's split: Shard(0) of the same matrix; full embeddings out
+        styles[plan.embedding] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
     if getattr(model, plan.head, None) is not None:
         styles[plan.head] = ColwiseParallel(
             input_layouts=Shard(1) if sequence_parallel else Replicate(),
@@ -90,6 +105,9 @@ def parallelize_decoder(
             use_local_output=not loss_parallel,
         )
     parallelize_module(model, tp_mesh, styles)
+    head = getattr(model, plan.head, None)
+    if tied and embedding is not None and head is not None:
+        head.weight = embedding.weight  # one Parameter again (each module's weight was distributed on its own)
     # sequence parallel: shard the residual stream where it enters, gather it where a stage leaves
     # (separate calls, so one block can be both entry and exit of a stage)
     if sequence_parallel and blocks:

@@ -266,11 +266,6 @@ def check_model(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
     if f.problems or spec.shape is None or model.get("planner_only", False):
         return
     shape = spec.shape(model)
-    if shape.tied_embeddings and layout.pp > 1:
-        f.error(
-            f"model.tie_embeddings=true with pp.size={layout.pp}: the token embedding lives on the first stage and "
-            "the output projection on the last, so one weight cannot serve both; set model.tie_embeddings=false"
-        )
     full = 4.0 * shape.params
     share = full / (layout.tp * layout.pp * (layout.dp if layout.dp_shard else 1))
     budget = rank_budget_bytes(cfg)

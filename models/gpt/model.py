@@ -93,6 +93,7 @@ class GPT(nn.Module):
         if len(widths) != n_layers:
             raise ValueError(f"model.layer_d_ff has {len(widths)} entries for model.n_layers={n_layers}")
         self.n_layers = n_layers
+        self.tie_embeddings = tie_embeddings
         self.init = check_rule(init)
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(vocab_size, d_model)
         self.pos_embeddings: nn.Embedding | None = nn.Embedding(max_seq_len, d_model)

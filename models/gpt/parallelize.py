@@ -4,7 +4,8 @@ Megatron's pattern (``models/tensor_parallel.py``) over the module names its spe
 ``models/gpt/spec.py``): in attention, ``wq``/``wk``/``wv`` are column-wise
 (each tp rank owns a slice of the heads) and ``wo`` is row-wise (partial sums all-reduced); in the
 feed-forward, ``w1`` is column-wise and ``w2`` row-wise. Embeddings stay replicated (the byte vocabulary
-is tiny). ``sequence_parallel`` puts the LayerNorms on the sequence shard; ``loss_parallel`` keeps the
+is tiny), except a token embedding tied to the head (GPT-2), which is vocabulary-sharded as the head and stays one
+Parameter with it. ``sequence_parallel`` puts the LayerNorms on the sequence shard; ``loss_parallel`` keeps the
 logits vocabulary-sharded.
 
 What the plan needs from the model's sizes (heads, widths, vocabulary divisible by tp) is checked

@@ -9,9 +9,9 @@ the module names its spec declares (``SPEC.tp_plan``, ``models/llama/spec.py``):
 - the rotary table is passed to every block as a plain (replicated) tensor: its input layout is ``None``.
 
 ``sequence_parallel`` and ``loss_parallel`` work as for the GPT (RMSNorm on the sequence shard; the head
-vocabulary-sharded). What the plan needs from the sizes (``n_heads`` and ``n_kv_heads`` divisible by
-tp, widths too, no tied embeddings) is checked before any process starts (``models/llama/spec.py``,
-asked by ``trainer/validate.py``).
+vocabulary-sharded). A tied embedding (``tie_embeddings``: Llama 3.2 1B) is vocabulary-sharded as its head and
+stays one Parameter with it. What the plan needs from the sizes (``n_heads`` and ``n_kv_heads`` divisible by
+tp, widths too) is checked before any process starts (``models/llama/spec.py``, asked by ``trainer/validate.py``).
 """
 
 from __future__ import annotations

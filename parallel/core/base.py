@@ -34,6 +34,7 @@ from parallel.core.intervals import StepCommMeter
 from parallel.core.layout import ParallelLayout
 from parallel.core.memory import BuildPeak, rank_budget_bytes, tensor_bytes
 from parallel.core.meshes import loss_mesh
+from parallel.core.ties import retie, tied_parameters
 from parallel.core.token_loss import TokenMean
 from parallel.techniques.tp import tp_meter
 
@@ -201,27 +202,6 @@ class WorkerContext:
         return self.per_replica_batch() // int(mbs) if mbs else 1
 
 
-def tied_parameters(module: nn.Module) -> list[tuple[str, str]]:
-    """(alias, original) names of parameters registered under two names (a tied embedding and head)."""
-    first: dict[int, str] = {}
-    pairs = []
-    for name, p in module.named_parameters(remove_duplicate=False):
-        if id(p) in first:
-            pairs.append((name, first[id(p)]))
-        else:
-            first[id(p)] = name
-    return pairs
-
-
-def retie(module: nn.Module, pairs: list[tuple[str, str]]) -> None:
-    """Share the parameters again that ``to_empty`` gave separate storage (FSDP2 keeps them shared itself)."""
-    for alias, original in pairs:
-        owner, _, attr = alias.rpartition(".")
-        target = module.get_parameter(original)
-        if module.get_parameter(alias) is not target:
-            setattr(module.get_submodule(owner), attr, target)
-
-
 class Engine(ABC):
     """A model prepared by a strategy, driven one optimizer step at a time by the loop."""
 
@@ -234,9 +214,20 @@ class Engine(ABC):
     #: run's included
     measure_step: bool = True
 
+    #: parameters that hold a copy of another's gradient (a tied embedding's head on a pipeline rank of its own,
+    #: ``parallel/pipeline/tied.py``): updated and clipped, counted once in the gradient norm
+    uncounted: tuple[nn.Parameter, ...] = ()
+    #: copy name -> the name its optimizer state is saved under (the same copies; ``trainer/checkpoint``)
+    state_aliases: dict[str, str] = {}
+
     def parameters(self) -> Iterator[nn.Parameter]:
+        """Each parameter once (two local stages may share a tied one)."""
+        seen: set[int] = set()
         for part in self.model_parts:
-            yield from part.parameters()
+            for p in part.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    yield p
 
     def local_batch(self, ctx: WorkerContext, inputs: torch.Tensor, targets: torch.Tensor):
         """This rank's share of the global batch: the dp-th contiguous slice."""
@@ -264,7 +255,7 @@ class Engine(ABC):
         params = self.__dict__.get("_clip_params")
         if params is None:
             params = self.__dict__["_clip_params"] = list(self.parameters())
-        return clip_grad_norm_(params, max_norm, pp_group=self.pp_group)
+        return clip_grad_norm_(params, max_norm, pp_group=self.pp_group, uncounted=self.uncounted)
 
     def step_metrics(self) -> dict[str, float]:
         """Measured extras for the step just taken (comm_fraction, bubble_fraction ...)."""

@@ -26,8 +26,10 @@ from models.spec import PipelineUnits
 from parallel.core.intervals import StepCommMeter
 from parallel.core.meshes import fsdp_mesh, loss_mesh
 from parallel.core.precision import enable_autocast, fsdp_mp_policy
+from parallel.core.ties import tied_parameters
 from parallel.pipeline.schedules import schedule_class, schedule_spec
 from parallel.pipeline.stages import StageSpec, build_stage_module
+from parallel.pipeline.tied import share_across_stages
 from parallel.techniques.checkpointing import apply_activation_checkpointing
 from parallel.techniques.compile import apply_compile
 from parallel.techniques.ddp import wrap_ddp
@@ -158,6 +160,7 @@ def compose(
     ``place``: gives a module storage on this rank's device (after sharding, before DDP); ``pipeline``: this rank's
     stages, required when ``composition.pipeline``; ``on_step`` hears each step's name before it runs (the dry run
     names the failing one)."""
+    ties = tied_parameters(model)  # before the stages are cut: a stage holds one end of a tie at most
     if composition.pipeline:
         if pipeline is None:
             raise ValueError("compose(composition.pipeline=True) needs a PipelinePlan")
@@ -171,6 +174,8 @@ def compose(
     ]  # fmt: skip
     if not composition.pipeline:
         return Composed(parts)
+    if composition.dp == "none":  # a V schedule's first and last stage on this rank share one tied Parameter
+        share_across_stages([p.module for p in parts], ties)
     on_step("schedule")
     stages, schedule = _pipeline_stages(parts, plan=pipeline, device=device)
     return Composed(parts, stages=stages, schedule=schedule)

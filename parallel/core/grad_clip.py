@@ -85,13 +85,21 @@ def _squared_norm(grads: list[torch.Tensor], key) -> torch.Tensor:
 
 
 def clip_grad_norm_(
-    params: Iterable[torch.nn.Parameter], max_norm: float, *, pp_group: dist.ProcessGroup | None = None
+    params: Iterable[torch.nn.Parameter],
+    max_norm: float,
+    *,
+    pp_group: dist.ProcessGroup | None = None,
+    uncounted: Iterable[torch.nn.Parameter] = (),
 ) -> torch.Tensor:
     """Scale gradients so their global norm is at most ``max_norm`` (0 or inf: measure only); return the
-    norm before clipping. ``pp_group``: the engine's pipeline group, None when it holds the whole model."""
+    norm before clipping. ``pp_group``: the engine's pipeline group, None when it holds the whole model.
+    ``uncounted``: parameters among ``params`` whose gradient is a copy of one counted elsewhere (a tied
+    embedding's head on the last pipeline stage): clipped, but left out of the norm."""
     params = list(params)
     grads = [p.grad for p in params if p.grad is not None]
-    norm = total_grad_norm(grads, pp_group=pp_group, device=params[0].device if params else None)
+    skip = {id(p) for p in uncounted}
+    counted = [p.grad for p in params if p.grad is not None and id(p) not in skip] if skip else grads
+    norm = total_grad_norm(counted, pp_group=pp_group, device=params[0].device if params else None)
     if not grads or not 0 < max_norm < math.inf:
         return norm
     # torch's clip_grads_with_norm_: the coefficient stays on the device (no host synchronisation) and

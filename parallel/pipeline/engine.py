@@ -11,7 +11,9 @@ How one rank gets its engine (``build_pipeline_engine``), in order:
    the loss mesh (``parallel/core/token_loss.py``, counted by the last stage before the schedule runs), so the
    accumulated gradient is exactly the gradient of the global batch's token-mean loss (torch's default
    ``scale_grads=True`` divides the accumulated gradients after the fact instead; torchtitan#1733);
-5. measure: every F/B/W action timed on its stage (``parallel/pipeline/timing.py``); per step the pp group
+5. tie: a tied embedding's copies on the first and last stage start equal and have their gradients summed over
+   the embedding group after each step (``parallel/pipeline/tied.py``);
+6. measure: every F/B/W action timed on its stage (``parallel/pipeline/timing.py``); per step the pp group
    exchanges a few numbers to give the measured bubble, per-stage busy time, imbalance and bytes sent, and
    on the loop's logged steps the peak activation memory; at ``pp.trace_step`` every rank's actions go to rank 0, which writes a Chrome
    trace and a Gantt PNG (``parallel/pipeline/timeline.py``).
@@ -39,6 +41,7 @@ from parallel.core.compose import ComposeSettings, Composition, PipelinePlan, co
 from parallel.core.intervals import IntervalLog, union_seconds
 from parallel.core.rank_map import announce_rank_map
 from parallel.core.registry import strategy_spec
+from parallel.core.ties import tied_parameters
 from parallel.core.token_loss import TokenMean
 from parallel.pipeline.schedules import (
     action_order,
@@ -49,6 +52,7 @@ from parallel.pipeline.schedules import (
 )
 from parallel.pipeline.split import SplitPlan, even_split, min_max_partition, profile_blocks, uniform_costs
 from parallel.pipeline.stages import StageSpec, pipeline_parts, stage_specs
+from parallel.pipeline.tied import TiedCopies, embedding_group, tied_copies
 from parallel.pipeline.timing import StageRecorder, StepRecord, union_busy
 
 #: per-rank numbers exchanged each step: window start/end, busy, bytes sent (act, grad), peak live act
@@ -121,9 +125,13 @@ class PipelineEngine(Engine):
         dp_timers: list[IntervalLog] | None = None,
         rank_map: dict[str, Any] | None = None,
         loss: TokenMean | None = None,
+        tied: list[TiedCopies] | None = None,
     ):
         self.ctx = ctx
         self.loss = loss
+        self.tied = [t for t in tied or () if t.active]
+        self.uncounted = tuple(p for t in self.tied for p in t.uncounted)
+        self.state_aliases = {k: v for t in self.tied for k, v in t.aliases.items()}
         self.tp_meter = tp_meter or SampledCommMeter(None)
         self.dp_timers = dp_timers or []
         self.rank_map = rank_map or {}
@@ -164,6 +172,8 @@ class PipelineEngine(Engine):
         self.recorder.begin_step(count_saved=self.measure_step)
         with self.tp_meter.step(self.measure_step):
             self.schedule.step(*args, target=targets if self.has_last else None, losses=losses)
+        for tied in self.tied:  # before the gradient norm: the copies' gradients summed into each
+            tied.sync_grads()
         self._last = self.recorder.end_step()
         if not losses:
             return None
@@ -481,6 +491,7 @@ def build_pipeline_engine(
         )
 
     local_specs = [s for s in specs if s.pp_rank == pp_rank]
+    ties = tied_parameters(model)  # (head, embedding) of a tied model, found before the stages are cut
     # a meta-built stage is materialised by ctx.place, holding its blocks only; PipelineStage drives the dp no-sync
     composed = compose(
         model,
@@ -503,6 +514,12 @@ def build_pipeline_engine(
         ),
     )
     del model
+    # the pp ranks of the first and the last stage (every rank joins the group's creation: it is collective)
+    tied_group = embedding_group(ctx.mesh, first=ranks[0], last=ranks[-1]) if ties else None
+    parts = [c.module for c in composed.parts]
+    tied = [tied_copies(parts, alias=alias, original=original, group=tied_group) for alias, original in ties]
+    for copies in tied:  # the last stage's copy takes the first stage's values (a meta build draws each apart)
+        copies.sync_values()
     if ctx.world_size > 1:
         dist.barrier(group=group)
     recorder.origin = time.perf_counter()
@@ -531,4 +548,5 @@ def build_pipeline_engine(
         dp_timers=[c.dp_timer for c in composed.parts if c.dp_timer is not None],
         rank_map=rank_map,
         loss=loss,
+        tied=tied,
     )

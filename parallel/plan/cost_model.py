@@ -155,7 +155,8 @@ def rank_params(model: ModelShape, layers: list[int], *, first: bool, last: bool
 
     Megatron-LM shards every block's matrices, the vocabulary-parallel embedding and the head over t
     (norms are small and counted as sharded). meshtrain's tensor-parallel plans (``models/*/parallelize.py``)
-    shard the blocks' projections and the output head, and replicate norms and embeddings.
+    shard the blocks' projections and the output head, and replicate norms and embeddings, except a tied token
+    embedding, which is split over the vocabulary as its head is (``models/tensor_parallel.py``).
     """
     params = sum(model.layer_params(i) for i in layers)
     embedding = model.embedding_params if first else 0
@@ -166,7 +167,8 @@ def rank_params(model: ModelShape, layers: list[int], *, first: bool, last: bool
         return (params + embedding + head) / tp
     norms = sum(model.layer_norm_params(i) for i in layers)
     head_norm = model.head_params - (0 if model.tied_embeddings else model.vocab_size * model.d_model) if last else 0
-    return (params - norms + head - head_norm) / tp + norms + embedding + head_norm
+    tied = model.vocab_size * model.d_model if first and model.tied_embeddings else 0
+    return (params - norms + head - head_norm + tied) / tp + norms + embedding - tied + head_norm
 
 
 def model_state_bytes(

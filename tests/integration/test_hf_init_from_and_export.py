@@ -1,6 +1,7 @@
-"""Hugging Face in and out through train.py: a tiny Llama and a tiny Qwen3 written by transformers (random weights,
-no download) start runs with ``model.init_from`` under single, pp 2, and two 4-rank hybrids (Llama: dp 2 x pp 2, so
-FSDP2 inside pipeline stages; Qwen3: tp 2 x pp 2 with sequence parallel, so its q/k head norms under the TP plan).
+"""Hugging Face in and out through train.py: a tiny tied Llama and a tiny Qwen3 written by transformers (random
+weights, no download) start runs with ``model.init_from`` under single, pp 2, and two 4-rank hybrids (Llama: dp 2 x
+pp 2, so FSDP2 inside pipeline stages and the tied embedding's copy on the last stage read from the embedding; Qwen3:
+tp 2 x pp 2 with sequence parallel, so its q/k head norms under the TP plan).
 
 One multirun starts every job. Step 1's loss equals the loss transformers computes on the same batch (the weights
 were read, not drawn); every layout reproduces single's losses and gradient norms (1e-4 relative); the hybrid
@@ -24,7 +25,11 @@ STEPS = ("trainer.max_steps=3", "pp.trace_step=0", "pp.micro_batches=2")
 #: the tiny checkpoints: 2 blocks (one per pipeline stage), 4 query heads sharing 2 key/value heads
 TINY_HF = {"vocab_size": 256, "num_hidden_layers": 2, "num_key_value_heads": 2}
 FAMILIES = {
-    "llama": ("llama_debug", {}, {"n_layers": 2, "d_model": 64, "d_ff": 96, "n_kv_heads": 2, "norm_eps": 1e-5}),
+    "llama": (  # tied, as Llama 3.2 1B: the pipelined runs keep a copy of the embedding on the last stage
+        "llama_debug",
+        {"tie_word_embeddings": True},
+        {"n_layers": 2, "d_model": 64, "d_ff": 96, "n_kv_heads": 2, "norm_eps": 1e-5, "tie_embeddings": True},
+    ),
     "qwen3": (
         "qwen3_debug",
         {"head_dim": 32, "rope_theta": 1000000.0},

@@ -63,13 +63,6 @@ def test_kv_heads_must_divide_heads_and_tp(compose_cfg):
     assert "n_heads=4 is not divisible" not in msg  # 4 query heads split fine over 4 ranks
 
 
-def test_tied_embeddings_refused_where_the_tie_would_be_split(compose_cfg):
-    msg = problems(compose_cfg, "model=llama_debug", "model.tie_embeddings=true", "parallel=pp")
-    assert "model.tie_embeddings=true with pp.size=2" in msg and "set model.tie_embeddings=false" in msg
-    msg = problems(compose_cfg, "model=llama_debug", "model.tie_embeddings=true", "parallel=tp")
-    assert "model.tie_embeddings=true with tp.size=2" in msg
-
-
 def test_llama3_8b_is_refused_on_this_machine_with_how_to_plan_it(compose_cfg):
     msg = problems(compose_cfg, "model=llama3_8b")
     assert "model=llama3_8b: 8.03B parameters" in msg and "32.1 GB of fp32 weights" in msg

@@ -26,6 +26,7 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from parallel.pipeline.tied import restored_optimizer_state, saved_optimizer_state
 from trainer.checkpoint.files import (
     MARKER,
     CheckpointError,
@@ -128,6 +129,7 @@ class Checkpointer:
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.view = state_view(engine.model_parts)
+        self.aliases = dict(engine.state_aliases)  # a tied weight's copy: optimizer state under the original's name
         self.root = checkpoints_root(ctx.run_dir)
         self.keep = int(ctx.cfg.trainer.keep_checkpoints)
         self.async_save = bool(ctx.cfg.trainer.get("async_checkpoint", False))
@@ -140,9 +142,11 @@ class Checkpointer:
     #: checkpoint reshards to any layout (torchtitan does the same)
     OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
-    def _state(self) -> dict[str, Any]:
+    def _state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(what DCP writes and reads: model and optimizer state by name, a tied weight's copy under its original's
+        name; the optimizer's own flattened state dict)."""
         model_sd, optim_sd = get_state_dict(self.view, self.optimizer, options=self.OPTIONS)
-        return {"model": model_sd, "optim": optim_sd}
+        return {"model": model_sd, "optim": saved_optimizer_state(optim_sd, self.aliases)}, optim_sd
 
     def save(self, step: int) -> Path | None:
         """Collective: every rank writes its shard into ``.tmp-step_N``; rank 0 checks that every rank's
@@ -167,14 +171,14 @@ class Checkpointer:
             return self._failed(step, tmp, error)
         if self.async_save:
             try:
-                future = dcp.async_save(self._state(), checkpoint_id=str(tmp), process_group=self._async_group())
+                future = dcp.async_save(self._state()[0], checkpoint_id=str(tmp), process_group=self._async_group())
             except SAVE_ERRORS as exc:  # DCP raises the same error on every rank
                 return self._failed(step, tmp, _describe(exc))
             self._pending = (future, step, tmp, final, t0, sched)
             ctx.log.info("checkpoint step %d: writing in the background to %s", step, tmp)
             return None
         try:
-            dcp.save(self._state(), checkpoint_id=str(tmp))
+            dcp.save(self._state()[0], checkpoint_id=str(tmp))
         except SAVE_ERRORS as exc:  # DCP gathers every rank's write error and raises it on all
             return self._failed(step, tmp, _describe(exc))
         return self._complete(step, tmp, final, t0, sched)
@@ -267,7 +271,7 @@ class Checkpointer:
         ctx = self.ctx
         meta = read_marker(path)
         check_model_matches(meta, OmegaConf.to_container(ctx.cfg.model, resolve=True), path)
-        state = self._state()
+        state, optim_sd = self._state()
         try:
             dcp.load(state, checkpoint_id=str(path))
         except Exception as exc:  # noqa: BLE001 - DCP raises many kinds; the path and cause matter
@@ -279,7 +283,7 @@ class Checkpointer:
             self.view,
             self.optimizer,
             model_state_dict=state["model"],
-            optim_state_dict=state["optim"],
+            optim_state_dict=restored_optimizer_state(state["optim"], self.aliases, template=optim_sd),
             options=self.OPTIONS,
         )
         self.scheduler.load_state_dict(meta["scheduler"])
