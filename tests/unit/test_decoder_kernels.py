@@ -1,5 +1,5 @@
 """The decoders' cheap kernels give the textbook numbers: the complex-multiply rotary embedding against the
-real-valued pair rotation, and SDPA's ``enable_gqa`` against key/value heads copied ``n_rep`` times (forward and
+real-valued pair rotation (which is what runs under ``torch.compile``), and SDPA's ``enable_gqa`` against key/value heads copied ``n_rep`` times (forward and
 backward)."""
 
 from __future__ import annotations
@@ -8,14 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.llama.model import apply_rotary, causal_attention, rotary_table
-
-
-def _rotate_pairs(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    pairs = x.float().reshape(*x.shape[:-1], -1, 2)
-    cos, sin = table[:, None, :, 0], table[:, None, :, 1]
-    x0, x1 = pairs[..., 0], pairs[..., 1]
-    return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2).type_as(x)
+from models.llama.model import apply_rotary, causal_attention, rotary_table, rotate_pairs
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -24,7 +17,7 @@ def test_complex_rotary_equals_the_pair_rotation(dtype):
     table = rotary_table(16, 32, 10000.0)
     x = torch.randn(2, 32, 3, 16, dtype=dtype, requires_grad=True)
     out = apply_rotary(x, table)
-    expected = _rotate_pairs(x, table)
+    expected = rotate_pairs(x, table)
     assert out.dtype == dtype and out.shape == x.shape
     torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
     (grad,) = torch.autograd.grad(out.float().pow(2).sum(), x)
@@ -51,3 +44,22 @@ def test_shared_kv_heads_equal_copied_heads_forward_and_backward():
     grads_copied = torch.autograd.grad((copied * weights).sum(), (q, k, v))
     for g, e in zip(grads, grads_copied):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_rotary_is_real_valued_and_equal():
+    """Compiled, the rotation takes the real form: same numbers, and Inductor has no complex operator to fall back
+    on (it warns "does not support code generation for complex operators" when it meets one)."""
+    import warnings
+
+    torch.manual_seed(0)
+    table = rotary_table(16, 32, 10000.0)
+    x = torch.randn(2, 32, 3, 16, requires_grad=True)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out = torch.compile(apply_rotary, fullgraph=True)(x, table)
+        (grad,) = torch.autograd.grad(out.pow(2).sum(), x)
+    assert not [w for w in seen if "complex operators" in str(w.message)]
+    eager = apply_rotary(x, table)
+    torch.testing.assert_close(out, eager, rtol=1e-6, atol=1e-6)
+    (grad_eager,) = torch.autograd.grad(eager.pow(2).sum(), x)
+    torch.testing.assert_close(grad, grad_eager, rtol=1e-5, atol=1e-5)
