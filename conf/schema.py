@@ -148,6 +148,8 @@ class TextDataConfig:
     micro_batch_size: Optional[int] = None
     """Samples per forward pass on one rank; null = no gradient accumulation (pp: from micro_batches)."""
     seq_len: int = 128
+    packing: str = "none"
+    """Byte text has no document boundaries: only ``none`` (``documents`` needs data=tokens or data=chat)."""
 
 
 @dataclass
@@ -156,6 +158,29 @@ class TokensDataConfig:
     name: str = "tokens"
     path: Optional[str] = None
     """A folder written by ``python -m trainer.data.prepare`` (metadata.json, tokenizer.json, shards)."""
+    global_batch_size: int = 16
+    micro_batch_size: Optional[int] = None
+    seq_len: int = 128
+    packing: str = "none"
+    """``documents``: each window's documents (ended by the EOS) attend only within themselves, positions restarting
+    at each; ``none``: windows read as one text (docs/data.md)."""
+
+
+@dataclass
+class ChatDataConfig:
+    _target_: str = "trainer.data.chat.ChatData"
+    name: str = "chat"
+    path: Optional[str] = None
+    """A .jsonl of conversations ({"messages": [{"role": ..., "content": ...}, ...]} per line), or a folder of them."""
+    tokenizer: Optional[str] = "${oc.select:model.init_from,null}"
+    """The folder whose tokenizer and chat template render the conversations (by default model.init_from)."""
+    prepared: Optional[str] = None
+    """Where the tokenized shards go; null: under cache_dir, named by a fingerprint of inputs and tokenizer."""
+    cache_dir: str = "${oc.env:MESHTRAIN_CACHE,${oc.env:HOME}/.cache/meshtrain}/chat"
+    val_fraction: float = 0.1
+    """The share of the conversations held out as the validation split (a seeded draw)."""
+    packing: str = "none"
+    """``documents``: several conversations per row, each attending only within itself; ``none``: one per row."""
     global_batch_size: int = 16
     micro_batch_size: Optional[int] = None
     seq_len: int = 128
@@ -263,5 +288,6 @@ def register_configs() -> None:
     cs.store(group=f"{SCHEMA_ROOT}/data", name="text", node=TextDataConfig)
     cs.store(group=f"{SCHEMA_ROOT}/data", name="tokens", node=TokensDataConfig)
     cs.store(group=f"{SCHEMA_ROOT}/data", name="images", node=ImageDataConfig)
+    cs.store(group=f"{SCHEMA_ROOT}/data", name="chat", node=ChatDataConfig)
     cs.store(group=f"{SCHEMA_ROOT}/optim", name="adamw", node=OptimConfig)
     cs.store(group=f"{SCHEMA_ROOT}/optim", name="sgd", node=SGDConfig)

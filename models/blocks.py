@@ -12,13 +12,14 @@ from torch import nn
 
 class PreNormBlock(nn.Module):
     """Set ``attention_norm``, ``attention``, ``ffn_norm`` and ``feed_forward`` in ``__init__``. ``context``
-    (Llama's rotary table) is passed to the attention after the normed input."""
+    (Llama's rotary table) is passed to the attention after the normed input, and ``mask`` (packed documents'
+    attention mask, ``models/documents.py``) as a keyword, which tensor-parallel input plans leave alone."""
 
     attention_norm: nn.Module
     attention: nn.Module
     ffn_norm: nn.Module
     feed_forward: nn.Module
 
-    def forward(self, x: torch.Tensor, *context: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), *context)
+    def forward(self, x: torch.Tensor, *context: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), *context, mask=mask)
         return x + self.feed_forward(self.ffn_norm(x))

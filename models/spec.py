@@ -31,15 +31,39 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from models.shape import ModelShape
 
 #: keys of a model config that describe the model to meshtrain, not arguments of its builder
-META_KEYS = ("name", "family", "spec", "init_device", "init_from", "planner_only", "global_batch_size", "source")
+META_KEYS = (
+    "name",
+    "family",
+    "spec",
+    "init_device",
+    "init_from",
+    "planner_only",
+    "global_batch_size",
+    "source",
+    "lora",
+)
 
 INIT_DEVICES = ("auto", "cpu", "meta")
+
+
+@dataclass
+class LoRAConfig:
+    """``model.lora``: low-rank adapters beside frozen weights (``models/lora.py``; docs/fine-tuning.md)."""
+
+    rank: int = 0
+    """Adapter rank; 0: no LoRA, every weight trains."""
+    alpha: float = 16.0
+    """The adapters' output is scaled by alpha / rank."""
+    dropout: float = 0.0
+    targets: list[str] = field(default_factory=lambda: ["wq", "wv"])
+    """The linear layers that get adapters: module names (``wq``, ``wv``, ``w1`` ...) or FQN patterns
+    (``layers.*.attention.wq``)."""
 
 
 @dataclass
@@ -59,6 +83,8 @@ class ModelConfig:
     init_from: Optional[str] = None
     """A Hugging Face model folder (config.json + safetensors) whose weights the run starts from, read by each
     rank for the shards it holds (``ModelSpec.hf_adapter`` maps the names); null: random weights."""
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    """LoRA adapters (``rank > 0``): only they train; the other weights are frozen."""
 
 
 @dataclass(frozen=True)

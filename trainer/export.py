@@ -10,6 +10,10 @@ started from, if it did: token ids and context length kept). OUT gets ``config.j
 in fp32, or bf16 with ``--dtype bf16``. A non-empty OUT is refused unless ``--overwrite``, which first removes the
 weight files, index and tokenizer files an earlier export left there (a loader globbing ``*.safetensors`` would
 read stale shards beside the new file).
+
+A LoRA run (``model.lora.rank > 0``, ``models/lora.py``) exports its adapters as a PEFT adapter folder
+(``adapter_config.json``, ``adapter_model.safetensors``) that ``peft.PeftModel.from_pretrained(base, OUT)`` loads
+over the folder the run started from; ``--merge`` folds them into the weights and writes a whole model instead.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from models.hf_adapter import HFConfigError
+from models.lora import LoRA, merged_state
 from models.registry import spec_for
 from trainer.checkpoint.files import MARKER, CheckpointError, checkpoints_root, complete_checkpoints, read_marker
 from trainer.hf.folder import CONFIG, GENERATION_CONFIG, INDEX, MAX_SHARD_BYTES, HFFolderError, write_weights
@@ -33,6 +38,9 @@ from trainer.hf.tokenizer import TOKENIZER_FILES, reconcile, write_tokenizer
 DTYPES = {"fp32": ("float32", "float32"), "bf16": ("bfloat16", "bfloat16")}
 #: files of an earlier export (or a save_pretrained) that --overwrite removes before writing
 STALE_PATTERNS = ("*.safetensors", "*.bin", "*.bin.index.json", INDEX, CONFIG, GENERATION_CONFIG, *TOKENIZER_FILES)
+#: a PEFT adapter folder's files (also removed by --overwrite)
+ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
+STALE_PATTERNS += (ADAPTER_CONFIG,)
 
 
 class ExportError(ValueError):
@@ -117,9 +125,11 @@ def export(
     max_shard_bytes: int = MAX_SHARD_BYTES,
     dtype: str = "fp32",
     overwrite: bool = False,
+    merge: bool = False,
     log=print,
 ) -> Path:
-    """Write the Hugging Face folder ``out`` from the checkpoint ``src`` names; returns ``out``."""
+    """Write the Hugging Face folder ``out`` from the checkpoint ``src`` names (a LoRA run's: a PEFT adapter folder,
+    or with ``merge`` the adapters folded into a whole model); returns ``out``."""
     import torch
 
     if dtype not in DTYPES:
@@ -127,11 +137,17 @@ def export(
     checkpoint = find_checkpoint(src)
     model = read_marker(checkpoint)["model"]
     adapter = spec_for(model).hf_adapter_obj()
+    lora = LoRA.of(model)
+    if lora is not None and not merge:
+        return export_adapters(checkpoint, model, out, lora=lora, dtype=dtype, overwrite=overwrite, log=log)
     config = adapter.hf_config(model, base=starting_config(model, CONFIG))
     config["dtype"] = DTYPES[dtype][1]
     target = prepare_target(out, overwrite=overwrite)
     cast = getattr(torch, DTYPES[dtype][0])
-    state = {k: v.to(cast) for k, v in full_state(checkpoint).items()}
+    state = full_state(checkpoint)
+    if lora is not None:
+        state = merged_state(state, lora)
+    state = {k: v.to(cast) for k, v in state.items()}
     tensors = adapter.to_hf(state, model)
     run = run_config(checkpoint)
     tokenizer = write_tokenizer(target, data=run.data if run is not None else None, model=model)
@@ -156,6 +172,62 @@ def export(
     return target
 
 
+def export_adapters(
+    checkpoint: Path, model: dict[str, Any], out: str | Path, *, lora: LoRA, dtype: str, overwrite: bool, log=print
+) -> Path:
+    """A PEFT adapter folder: ``adapter_config.json`` and ``adapter_model.safetensors`` holding each adapter under
+    the Hugging Face name of the layer it adapts (``lora_B``'s rows in HF's order, as its base weight's)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from models.hf_adapter import Source
+
+    start = model.get("init_from")
+    if not start:
+        raise ExportError(
+            "this LoRA run did not start from a Hugging Face folder (model.init_from), so a PEFT adapter has no base "
+            "model to name; export with --merge for a whole model"
+        )
+    adapter = spec_for(model).hf_adapter_obj()
+    state = full_state(checkpoint)
+    cast = getattr(torch, DTYPES[dtype][0])
+    tensors, modules = {}, []
+    for key in sorted(k for k in state if k.endswith(".lora_A.weight")):
+        module = key[: -len(".lora_A.weight")]
+        src = adapter.source(f"{module}.weight", model)
+        if not isinstance(src, Source) or src.transpose or src.parts > 1:
+            raise ExportError(
+                f"{module}: its Hugging Face weight is fused or transposed ({src}), which a PEFT adapter of this "
+                "layer cannot express; export with --merge"
+            )
+        name = src.key[: -len(".weight")]
+        b = state[f"{module}.lora_B.weight"]
+        hf_b = b.new_zeros(b.shape)
+        src.put(hf_b, b)  # the rotary permutation of q/k rows, as for the base weight
+        tensors[f"base_model.model.{name}.lora_A.weight"] = state[key].to(cast).contiguous()
+        tensors[f"base_model.model.{name}.lora_B.weight"] = hf_b.to(cast).contiguous()
+        modules.append(name)
+    target = prepare_target(out, overwrite=overwrite)
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": str(Path(str(start)).expanduser()),
+        "r": lora.rank,
+        "lora_alpha": lora.alpha,
+        "lora_dropout": lora.dropout,
+        "target_modules": modules,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "use_rslora": False,
+        "use_dora": False,
+    }
+    (target / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    save_file(tensors, str(target / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    log(f"exported {checkpoint}'s LoRA adapters ({len(modules)} layers, rank {lora.rank}, {dtype}) to {target} (PEFT)")
+    return target
+
+
 def parse_size(text: str) -> int:
     """``5GB``, ``500MB``, ``2000000`` -> bytes (decimal units, as transformers' max_shard_size)."""
     units = {"KB": 10**3, "MB": 10**6, "GB": 10**9}
@@ -177,6 +249,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="write into a non-empty folder, removing its weight files, index, configs and tokenizer first",
     )
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="a LoRA run: fold the adapters into the weights and write a whole model (default: a PEFT adapter folder)",
+    )
     args = p.parse_args(argv)
     try:
         export(
@@ -185,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             max_shard_bytes=parse_size(args.max_shard_size),
             dtype=args.dtype,
             overwrite=args.overwrite,
+            merge=args.merge,
         )
     except (ExportError, CheckpointError, HFConfigError, HFFolderError, ValueError) as exc:
         print(f"export: {exc}", file=sys.stderr)

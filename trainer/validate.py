@@ -31,6 +31,7 @@ from parallel.core.strategy_checks import nearest_multiples as _nearest_multiple
 from trainer.checks.compute import check_precision
 from trainer.checks.data import check_data
 from trainer.checks.findings import Check, ConfigError, Findings
+from trainer.checks.lora import check_lora
 from trainer.checks.optim import check_optim
 from trainer.checks.run import check_callbacks, check_trainer
 from trainer.checks.topology import check_backend, check_topology
@@ -329,6 +330,7 @@ CHECKS: list[Check] = [
     check_batch,
     check_data,
     check_model,
+    check_lora,
     check_backend,
     check_strategy_rules,
     check_dp_composition,

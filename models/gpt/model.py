@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.blocks import PreNormBlock
+from models.documents import attention, document_mask, unpack_inputs
 from models.gpt.spec import ACTIVATIONS
 from models.init import check_rule, init_gpt
 
@@ -33,13 +34,12 @@ class Attention(nn.Module):
         self.wo = nn.Linear(d_model, d_model, bias=bias)
         self.dropout = dropout
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *, mask: torch.Tensor | None = None) -> torch.Tensor:
         b, t, _ = x.shape
         q = self.wq(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, t, -1, self.head_dim).transpose(1, 2)
-        p = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
+        y = attention(q, k, v, mask=mask, dropout=self.dropout if self.training else 0.0)
         return self.wo(y.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -110,12 +110,17 @@ class GPT(nn.Module):
             self.output.weight = self.tok_embeddings.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x``: token ids ``(b, t)``, a packed batch ``(b, 2, t)`` (ids and positions within each document:
+        ``models/documents.py``), or, on a later pipeline stage, the hidden states."""
         h = x
+        mask = None
         if self.tok_embeddings is not None:
-            pos = torch.arange(x.shape[1], device=x.device)
+            x, positions = unpack_inputs(x)
+            pos = torch.arange(x.shape[1], device=x.device) if positions is None else positions
             h = self.tok_embeddings(x) + self.pos_embeddings(pos)
+            mask = None if positions is None else document_mask(positions)
         for layer in self.layers.values():
-            h = layer(h)
+            h = layer(h, mask=mask)
         if self.norm is not None:
             h = self.norm(h)
         if self.output is not None:

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.blocks import PreNormBlock
+from models.documents import attention, document_mask, unpack_inputs
 from models.init import check_rule, init_llama
 
 
@@ -66,29 +67,32 @@ def apply_rotary(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     falls back to eager kernels), while the real form fuses into the block's kernels."""
     if torch.compiler.is_compiling():
         return rotate_pairs(x, table)
-    rotation = torch.view_as_complex(table.float())[:, None, :]  # (t, 1, head_dim / 2): broadcast over b, heads
+    # (t, 1, head_dim / 2), or (b, t, 1, head_dim / 2) at packed documents' positions: broadcast over b, heads
+    rotation = torch.view_as_complex(table.float()).unsqueeze(-2)
     pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
     return torch.view_as_real(pairs * rotation).flatten(-2).type_as(x)
 
 
 def rotate_pairs(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """``apply_rotary`` in real arithmetic: (x0 cos - x1 sin, x0 sin + x1 cos) per channel pair."""
+    """``apply_rotary`` in real arithmetic: (x0 cos - x1 sin, x0 sin + x1 cos) per channel pair (a (t, ...) table,
+    or (b, t, ...) at packed documents' positions)."""
     pairs = x.float().reshape(*x.shape[:-1], -1, 2)
-    cos, sin = table[:, None, :, 0].float(), table[:, None, :, 1].float()
+    angles = table.float().unsqueeze(-3)  # a heads dimension to broadcast over
+    cos, sin = angles[..., 0], angles[..., 1]
     x0, x1 = pairs[..., 0], pairs[..., 1]
     return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2).type_as(x)
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """Causal attention of (b, t, heads, head_dim) queries over (b, t, kv_heads, head_dim) keys and values, each
-    key/value head shared by ``heads / kv_heads`` query heads (also on a tensor-parallel shard: both are split).
+    key/value head shared by ``heads / kv_heads`` query heads (also on a tensor-parallel shard: both are split);
+    within each document only under ``mask`` (packed documents, ``models/documents.py``).
 
     SDPA's ``enable_gqa`` reads the shared heads in place (no ``repeat_interleave`` copies; forward and backward
     on CPU in torch 2.13). Returns (b, t, heads, head_dim)."""
-    y = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=q.shape[2] != k.shape[2]
-    )
-    return y.transpose(1, 2)
+    return attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask=mask).transpose(1, 2)
 
 
 class Attention(nn.Module):
@@ -112,7 +116,7 @@ class Attention(nn.Module):
         self.q_norm = nn.RMSNorm(self.head_dim, eps=eps) if qk_norm else None
         self.k_norm = nn.RMSNorm(self.head_dim, eps=eps) if qk_norm else None
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, *, mask: torch.Tensor | None = None) -> torch.Tensor:
         b, t, _ = x.shape
         q = self.wq(x).view(b, t, -1, self.head_dim)
         k = self.wk(x).view(b, t, -1, self.head_dim)
@@ -120,7 +124,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, rope), apply_rotary(k, rope)
         v = self.wv(x).view(b, t, -1, self.head_dim)
-        return self.wo(causal_attention(q, k, v).reshape(b, t, -1))
+        return self.wo(causal_attention(q, k, v, mask=mask).reshape(b, t, -1))
 
 
 class FeedForward(nn.Module):
@@ -198,10 +202,15 @@ class Llama(nn.Module):
             self.output.weight = self.tok_embeddings.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
-        rope = self.rope[: x.shape[1]]
+        """``x``: token ids ``(b, t)``, a packed batch ``(b, 2, t)`` (ids and positions within each document:
+        ``models/documents.py``; rotary angles at those positions), or, on a later pipeline stage, the hidden
+        states."""
+        tokens, positions = unpack_inputs(x) if self.tok_embeddings is not None else (x, None)
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else x
+        rope = self.rope[: h.shape[1]] if positions is None else self.rope[positions]
+        mask = None if positions is None else document_mask(positions)
         for layer in self.layers.values():
-            h = layer(h, rope)
+            h = layer(h, rope, mask=mask)
         if self.norm is not None:
             h = self.norm(h)
         if self.output is not None:

@@ -25,6 +25,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import nn
 
+from models.lora import LoRA, apply_lora, init_lora
 from models.losses import token_cross_entropy
 from models.moe import moe_metrics, set_aux_loss_scale
 from parallel.core.comm_timer import SampledCommMeter
@@ -108,6 +109,11 @@ class WorkerContext:
         torch.manual_seed(self.cfg.trainer.seed)
         with torch.device(device):
             model = cast_parameters(instantiate(builder_kwargs(self.cfg.model)), self.precision)
+        lora = LoRA.of(self.cfg.model)
+        if lora is not None:  # adapters beside frozen weights; drawn here, or by place() after a meta build
+            self.model_init["lora_modules"] = len(apply_lora(model, lora))
+            if device != "meta":
+                init_lora(model, seed=int(self.cfg.trainer.seed))
         self.model_init.update(init_device=device, full_fp32_bytes=self.full_fp32_bytes())
         self._record_build(model)
         return self.place(model) if materialize and device == "meta" else model
@@ -153,6 +159,7 @@ class WorkerContext:
                     reset = getattr(sub, "reset_parameters", None)
                     if callable(reset):
                         reset()
+            init_lora(module, seed=int(self.cfg.trainer.seed))  # no checkpoint of the base holds the adapters
         self._record_build(module, placed=True)
         return module
 

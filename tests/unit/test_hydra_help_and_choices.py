@@ -28,7 +28,9 @@ def test_help_is_meshtrains_own_and_fits_one_screen(help_text):
     groups = {line.split()[0]: line.split(None, 1)[1] for line in lines if line.startswith("  ") and "  " in line[2:]}
     assert groups["parallel"].split(", ") == ["auto", "ddp", "dp", "fsdp", "hybrid", "mp", "pp", "single", "tp"]
     assert (
-        "gpt_small" in groups["model"] and groups["optim"] == "adamw, sgd" and groups["data"] == "images, text, tokens"
+        "gpt_small" in groups["model"]
+        and groups["optim"] == "adamw, sgd"
+        and groups["data"] == "chat, images, text, tokens"
     )
     # schemas are not options, Hydra's own groups are not listed
     assert "schema" not in help_text and "hydra/" not in help_text

@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 from models.registry import UnknownModel, spec_for
 from trainer.checks.findings import Findings, number
 from trainer.checks.run import VAL_OBJECTIVES
+from trainer.data.packing import PACKINGS
 
 
 def check_data(cfg: DictConfig, layout: object, f: Findings) -> None:
@@ -21,8 +22,12 @@ def check_data(cfg: DictConfig, layout: object, f: Findings) -> None:
             "--output FOLDER`>; or use data=text (byte-level, no preparation)"
         )
     elif path and not os.path.exists(os.path.expanduser(str(path))):
-        what = "a prepared dataset folder" if prepared else "a UTF-8 text file or a .npy/.bin token file"
+        what = {
+            "tokens": "a prepared dataset folder",
+            "chat": "a .jsonl of conversations or a folder of them",
+        }.get(str(cfg.data.get("name")), "a UTF-8 text file or a .npy/.bin token file")
         f.error(f"data.path={path}: no such file or folder; point it at {what}")
+    check_chat_and_packing(cfg, layout, f)
     if str(cfg.trainer.objective) in VAL_OBJECTIVES and int(cfg.trainer.eval_every) <= 0:
         f.error(
             f"trainer.objective={cfg.trainer.objective} needs an evaluation: set trainer.eval_every to a "
@@ -51,4 +56,26 @@ def check_data(cfg: DictConfig, layout: object, f: Findings) -> None:
         f.error(
             f"model={model.name} is a description for the planner, too big to build here; plan it with "
             f"python -m parallel.plan model={model.name} topology=..., or train model=gpt_small"
+        )
+
+
+def check_chat_and_packing(cfg: DictConfig, layout: object, f: Findings) -> None:
+    """data=chat has its conversations and a tokenizer; packed documents reach every layer that needs their
+    positions (a later pipeline stage gets hidden states only)."""
+    if cfg.data.get("name") == "chat":
+        if not cfg.data.get("path"):
+            f.error('data=chat needs data.path=<a .jsonl of conversations ({"messages": [...]} per line)>')
+        if not cfg.data.get("tokenizer"):
+            f.error(
+                "data=chat needs a tokenizer with a chat template: start from a model folder (model.init_from=DIR) "
+                "or set data.tokenizer=DIR"
+            )
+    packing = str(cfg.data.get("packing", "none"))
+    if packing not in PACKINGS:
+        f.error(f"data.packing={packing}: use one of {', '.join(PACKINGS)}")
+    elif packing == "documents" and int(getattr(layout, "pp", 1)) > 1:
+        f.error(
+            f"data.packing=documents with pp.size={layout.pp}: a later pipeline stage receives hidden states "
+            "without the documents' positions, so it cannot keep them apart; train packed documents under "
+            "single, ddp, fsdp, tp or hybrid with pp.size=1, or set data.packing=none"
         )

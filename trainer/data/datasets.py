@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from trainer.data.packing import PACKINGS, window_documents
 from trainer.data.shards import DataError, TokenStream, check_shards, open_split, read_metadata
 from trainer.observe.durable import write_bytes_atomic
 
@@ -51,6 +52,8 @@ class WindowBatches:
     seq_len: int
     seed: int
     describe: str
+    packing: str = "none"
+    """``documents``: positions restart and attention stops at each EOS (``trainer/data/packing.py``)."""
 
     @property
     def tokens_per_sample(self) -> int:
@@ -73,13 +76,23 @@ class WindowBatches:
 
     def global_batch(self, step: int):
         """(inputs, targets) of shape (global_batch_size, seq_len) for ``step``, identical on every rank."""
-        import torch
-
         stream = self.train_stream
         rng = np.random.default_rng([self.seed, step])
         starts = rng.integers(0, len(stream) - self.seq_len - 1, size=self.global_batch_size)
-        t = torch.from_numpy(stream.windows(starts, self.seq_len + 1))
-        return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+        return self._pairs(stream.windows(starts, self.seq_len + 1))
+
+    def _pairs(self, windows: np.ndarray):
+        """(inputs, targets) of windows of ``seq_len + 1`` tokens; packed documents' positions with them."""
+        import torch
+
+        inputs, targets = windows[:, :-1], windows[:, 1:]
+        if self.packing == "documents":
+            inputs, targets = window_documents(inputs, targets, eos_id=self.eos_id)
+        return torch.from_numpy(np.ascontiguousarray(inputs)), torch.from_numpy(np.ascontiguousarray(targets))
+
+    @property
+    def eos_id(self) -> int:
+        raise DataError(f"{self.describe}: no end-of-document token, so data.packing=documents cannot find documents")
 
     def val_windows(self) -> int:
         """Non-overlapping validation windows (0 when there is no validation split)."""
@@ -88,14 +101,11 @@ class WindowBatches:
 
     def val_batch(self, index: int):
         """The ``index``-th validation batch: consecutive windows, wrapping around a short split."""
-        import torch
-
         n = self.val_windows()
         if n == 0:
             raise DataError(f"{self.describe}: no validation split to evaluate on")
         ids = (index * self.global_batch_size + np.arange(self.global_batch_size)) % n
-        t = torch.from_numpy(self.val_stream.windows(ids * self.seq_len, self.seq_len + 1))
-        return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+        return self._pairs(self.val_stream.windows(ids * self.seq_len, self.seq_len + 1))
 
     def check_validation(self, *, eval_every: int, eval_batches: int) -> str | None:
         """Refuse evaluation without a validation split; returns a warning when batches repeat windows."""
@@ -132,7 +142,13 @@ class TextCorpus(WindowBatches):
         micro_batch_size: int | None = None,
         seed: int = 0,
         name: str = "text",
+        packing: str = "none",
     ):
+        if packing != "none":
+            raise DataError(
+                f"data.packing={packing}: data=text is one stream of bytes without document boundaries; pack "
+                "documents from data=tokens (prepared files, each document ended by the EOS) or data=chat"
+            )
         self.global_batch_size = global_batch_size
         self.seq_len = seq_len
         self.seed = seed
@@ -223,13 +239,17 @@ class TokenShards(WindowBatches):
         micro_batch_size: int | None = None,
         seed: int = 0,
         name: str = "tokens",
+        packing: str = "none",
     ):
         if not path:
             raise DataError(
                 "data=tokens needs data.path=<folder written by `python -m trainer.data.prepare`>; "
                 "or use data=text (byte-level, no preparation)"
             )
+        if packing not in PACKINGS:
+            raise DataError(f"data.packing={packing}: use one of {', '.join(PACKINGS)}")
         self.folder = Path(os.path.expanduser(str(path))).resolve()
+        self.packing = packing
         self.global_batch_size = global_batch_size
         self.seq_len = seq_len
         self.seed = seed

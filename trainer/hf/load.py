@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from models.lora import is_adapter
 from models.registry import spec_for
 from parallel.core.memory import peak_rss_since_reset, reset_peak_rss
 from trainer.hf.folder import HFFolder
@@ -51,6 +52,8 @@ def load_hf_weights(module: nn.Module, *, folder: str | Path, model_cfg: Any) ->
     count = nbytes = 0
     filled: set[int] = set()  # storages already read: a tied head shares its embedding's
     for fqn, tensor in module.state_dict().items():
+        if is_adapter(fqn):  # LoRA's adapters are new: drawn by WorkerContext.place, in no base checkpoint
+            continue
         src = adapter.source(fqn, model_cfg)
         if src is None:
             raise KeyError(f"{fqn}: the {adapter.model_type} adapter has no Hugging Face name for it")

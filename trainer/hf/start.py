@@ -94,6 +94,8 @@ def adopt(cfg: DictConfig, *, overrides: list[str]) -> list[str]:
     if "max_seq_len" not in sizes and "max_seq_len" in model:
         values["max_seq_len"] = "${data.seq_len}"
     model = OmegaConf.merge(model, values)
+    if "lora" in previous and "lora" in model:  # the run's adapters, which no config.json describes
+        model.lora = previous.lora
     for key in model_overrides(overrides):
         if OmegaConf.select(model, key, default=KeyError) is KeyError:
             raise InitFromError(

@@ -112,7 +112,8 @@ class Trainer:
         self.engine = engine
         self.cfg = ctx.cfg
         self.data = instantiate(self.cfg.data, seed=int(self.cfg.trainer.seed))
-        self.optimizer = build_optimizer(engine.parameters(), self.cfg.optim)
+        # frozen weights (LoRA's base, models/lora.py) get no optimizer state
+        self.optimizer = build_optimizer((p for p in engine.parameters() if p.requires_grad), self.cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, max_steps=int(self.cfg.trainer.max_steps))
         self.max_steps = int(self.cfg.trainer.max_steps)
         clip = float(self.cfg.trainer.grad_clip)
@@ -514,6 +515,7 @@ class Trainer:
             "layout": ctx.layout.to_dict(),
             "model_init": {
                 "init_device": ctx.model_init.get("init_device"),
+                "lora_modules": ctx.model_init.get("lora_modules", 0),  # linear layers with adapters (models/lora.py)
                 "full_fp32_bytes": ctx.model_init.get("full_fp32_bytes"),
                 "local_param_bytes_per_rank": [i.get("local_param_bytes") for i in inits],
                 "materialised_bytes_max_per_rank": [i.get("materialised_bytes_max") for i in inits],
