@@ -109,3 +109,21 @@ def test_merge_folds_the_adapters_into_a_whole_model(tmp_path):
     assert diff <= 1e-5
     state = merged_state(module.state_dict(), LORA)
     assert not any(is_adapter(k) for k in state) and set(state) == {k for k in module.state_dict() if not is_adapter(k)}
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (("parallel=tp", "model.lora.rank=4"), "model.lora.rank=4 with tp.size=2: LoRA trains under single, ddp"),
+        (("model.lora.rank=-1",), "model.lora.rank=-1: must be a whole number >= 0"),
+        (("model.lora.rank=4", "model.lora.alpha=0"), "model.lora.alpha=0"),
+        (("model.lora.rank=4", "model.lora.targets=[]"), "model.lora.targets=[]: name the linear layers"),
+    ],
+)
+def test_lora_settings_are_checked_before_any_worker(compose_cfg, overrides, message):
+    from trainer.checks.findings import ConfigError
+    from trainer.validate import validate
+
+    with pytest.raises(ConfigError) as err:
+        validate(compose_cfg(*overrides), environ={})
+    assert message in str(err.value)
