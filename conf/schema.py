@@ -28,7 +28,7 @@ from parallel.config import MPConfig, ParallelConfig, PlannerConfig, TopologyCon
 from parallel.core import dims
 from parallel.core.checkpointing_modes import AC_MODES
 from parallel.core.optimizer import IMPLEMENTATIONS
-from parallel.core.precision import PRECISIONS
+from parallel.core.precision import FP8_RECIPES, PRECISIONS
 
 #: enum-typed choices of the trainer's keys: a typo fails at compose time (conf/choices.py). Precision and
 #: ActivationCheckpointing follow their one list: a new precision is one more name in PRECISIONS.
@@ -39,6 +39,20 @@ WandbMode = choices("WandbMode", ("offline", "online", "disabled"), module=__nam
 WandbConsole = choices("WandbConsole", ("off", "wrap", "redirect", "auto"), module=__name__)
 Decay = choices("Decay", ("cosine", "linear", "constant"), module=__name__)
 OptimImplementation = choices("OptimImplementation", IMPLEMENTATIONS, module=__name__)
+FP8Recipe = choices("FP8Recipe", FP8_RECIPES, module=__name__)
+
+
+@dataclass
+class FP8Config:
+    """``trainer.precision=fp8``: torchao's float8 training (parallel/techniques/fp8.py, docs/performance.md)."""
+
+    recipe: FP8Recipe = FP8Recipe["tensorwise"]
+    """tensorwise (one scale per tensor; FSDP2 may all-gather float8 weights) or rowwise (a scale per row,
+    more accurate; communication in high precision)."""
+    fsdp_float8_all_gather: Optional[bool] = None
+    """FSDP2 all-gathers the float8 weights (half bf16's bytes); null: on for tensorwise under FSDP2."""
+    skip: List[str] = field(default_factory=list)
+    """FQN patterns (fnmatch) of Linears kept in bf16 besides the output head and a MoE router."""
 
 
 @dataclass
@@ -74,9 +88,12 @@ class TrainerConfig:
     on_nonfinite: OnNonFinite = OnNonFinite["stop"]
     """stop or skip when the loss or gradient norm is not finite."""
     precision: Precision = Precision["fp32"]
-    """fp32; bf16-mixed (bf16 compute, fp32 master weights, optimizer state and gradient reduction); or bf16
-    (parameters stored in bf16). The loss is computed in fp32 in every mode. No fp16: it needs a loss scaler
-    this trainer does not have (bf16 has fp32's range and needs none)."""
+    """fp32; bf16-mixed (bf16 compute, fp32 master weights, optimizer state and gradient reduction); bf16
+    (parameters stored in bf16); or fp8 (bf16-mixed with the Linears' matmuls in float8, trainer.fp8). The loss is
+    computed in fp32 in every mode. No fp16: it needs a loss scaler this trainer does not have (bf16 has fp32's
+    range and needs none)."""
+    fp8: FP8Config = field(default_factory=FP8Config)
+    """How trainer.precision=fp8 trains (read only then)."""
     activation_checkpointing: ActivationCheckpointing = ActivationCheckpointing["none"]
     """none, selective (ac_every=1: keep matmul outputs and recompute the rest, op by op; ac_every=k>1: recompute
     every k-th block in full) or full (recompute every block in backward)."""

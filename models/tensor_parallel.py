@@ -21,10 +21,15 @@ the head takes the embedding's Parameter again: one weight, one placement, one g
 tie them. A pipeline stage holding only one of the two shards it the same way, so the copies on the first and last
 stage have equal shards (``parallel/pipeline/tied.py`` keeps them equal).
 
-Works on the full model and on a pipeline stage (parts set to ``None`` are skipped).
+Works on the full model and on a pipeline stage (parts set to ``None`` are skipped). ``styles`` swaps the
+block's parallel styles for others of the same shape (torchao's float8 styles, ``parallel/techniques/fp8.py``)
+on the sub-blocks they apply to; the head keeps torch's.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -41,22 +46,43 @@ from torch.distributed.tensor.parallel import (
 from models.spec import TPPlan
 
 
-def block_plan(plan: TPPlan, prefix: str, *, sequence_parallel: bool) -> dict:
-    """The parallel styles of one block (``prefix``: ``layers.N``), from the names the family declares."""
+@dataclass(frozen=True)
+class TPStyles:
+    """The style classes of a sub-block's column-wise and row-wise projections and of its input under sequence
+    parallel; ``applies(sub_block)`` says whether they fit that sub-block (torch's styles fit every one)."""
+
+    colwise: type = ColwiseParallel
+    rowwise: type = RowwiseParallel
+    prepare_input: type = PrepareModuleInput
+    applies: Callable[[nn.Module], bool] = lambda sub_block: True
+
+
+def block_plan(
+    plan: TPPlan,
+    prefix: str,
+    *,
+    sequence_parallel: bool,
+    model: nn.Module | None = None,
+    styles: TPStyles | None = None,
+) -> dict:
+    """The parallel styles of one block (``prefix``: ``layers.N``), from the names the family declares;
+    ``styles`` (asked about each sub-block of ``model``) instead of torch's where they apply."""
     out = Shard(1) if sequence_parallel else Replicate()
-    styles: dict = {}
+    result: dict = {}
     for sub in plan.sub_blocks:
         base = f"{prefix}.{sub.module}"
-        styles.update({f"{base}.{w}": ColwiseParallel() for w in sub.colwise})
-        styles.update({f"{base}.{n}": SequenceParallel(sequence_dim=2, use_local_output=True) for n in sub.head_norms})
-        styles[f"{base}.{sub.rowwise}"] = RowwiseParallel(output_layouts=out)
+        fits = styles is not None and model is not None and styles.applies(model.get_submodule(base))
+        s = styles if fits else TPStyles()
+        result.update({f"{base}.{w}": s.colwise() for w in sub.colwise})
+        result.update({f"{base}.{n}": SequenceParallel(sequence_dim=2, use_local_output=True) for n in sub.head_norms})
+        result[f"{base}.{sub.rowwise}"] = s.rowwise(output_layouts=out)
         if sequence_parallel:
             extra = (None,) * sub.extra_inputs
-            styles[f"{prefix}.{sub.norm}"] = SequenceParallel()
-            styles[base] = PrepareModuleInput(
+            result[f"{prefix}.{sub.norm}"] = SequenceParallel()
+            result[base] = s.prepare_input(
                 input_layouts=(Shard(1), *extra), desired_input_layouts=(Replicate(), *extra)
             )
-    return styles
+    return result
 
 
 def missing_modules(model: nn.Module, plan: TPPlan) -> list[str]:
@@ -77,8 +103,10 @@ def parallelize_decoder(
     plan: TPPlan,
     sequence_parallel: bool = False,
     loss_parallel: bool = False,
+    styles: TPStyles | None = None,
 ) -> nn.Module:
-    """Apply the family's ``plan`` in place (blocks, then the head, then stage edges); returns ``model``."""
+    """Apply the family's ``plan`` in place (blocks, then the head, then stage edges); returns ``model``.
+    ``styles``: the blocks' projection styles where they apply (torch's by default)."""
     if tp_mesh.size() == 1:
         return model
     missing = missing_modules(model, plan)
@@ -88,23 +116,25 @@ def parallelize_decoder(
             "family's tp_plan (its spec.py) name the model's modules"
         )
     blocks = list(model.layers.keys())
-    styles: dict = {}
+    by_name: dict = {}
     for name in blocks:
-        styles.update(block_plan(plan, f"layers.{name}", sequence_parallel=sequence_parallel))
+        by_name.update(
+            block_plan(plan, f"layers.{name}", sequence_parallel=sequence_parallel, model=model, styles=styles)
+        )
     has_final_norm = getattr(model, plan.final_norm, None) is not None
     if has_final_norm and sequence_parallel:
-        styles[plan.final_norm] = SequenceParallel()
+        by_name[plan.final_norm] = SequenceParallel()
     tied = bool(getattr(model, "tie_embeddings", False))
     embedding = getattr(model, plan.embedding, None)
     if tied and embedding is not None:  # the head's split: Shard(0) of the same matrix; full embeddings out
-        styles[plan.embedding] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+        by_name[plan.embedding] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
     if getattr(model, plan.head, None) is not None:
-        styles[plan.head] = ColwiseParallel(
+        by_name[plan.head] = ColwiseParallel(
             input_layouts=Shard(1) if sequence_parallel else Replicate(),
             output_layouts=Shard(-1) if loss_parallel else Replicate(),
             use_local_output=not loss_parallel,
         )
-    parallelize_module(model, tp_mesh, styles)
+    parallelize_module(model, tp_mesh, by_name)
     head = getattr(model, plan.head, None)
     if tied and embedding is not None and head is not None:
         head.weight = embedding.weight  # one Parameter again (each module's weight was distributed on its own)

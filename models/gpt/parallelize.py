@@ -14,6 +14,8 @@ before any process starts, in ``trainer/validate.py`` (``check_tensor_parallel``
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
@@ -21,10 +23,7 @@ from models.gpt.spec import SPEC
 from models.tensor_parallel import parallelize_decoder
 
 
-def parallelize_gpt(
-    model: nn.Module, *, tp_mesh: DeviceMesh, sequence_parallel: bool = False, loss_parallel: bool = False
-) -> nn.Module:
-    """Apply the tensor-parallel plan in place; returns ``model``."""
-    return parallelize_decoder(
-        model, tp_mesh=tp_mesh, plan=SPEC.tp_plan, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel
-    )
+def parallelize_gpt(model: nn.Module, *, tp_mesh: DeviceMesh, **options: Any) -> nn.Module:
+    """Apply the tensor-parallel plan in place; returns ``model``. ``options``: ``parallelize_decoder``'s
+    (sequence_parallel, loss_parallel, styles)."""
+    return parallelize_decoder(model, tp_mesh=tp_mesh, plan=SPEC.tp_plan, **options)

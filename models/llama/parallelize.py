@@ -16,6 +16,8 @@ tp, widths too) is checked before any process starts (``models/llama/spec.py``, 
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
@@ -23,10 +25,7 @@ from models.llama.spec import SPEC
 from models.tensor_parallel import parallelize_decoder
 
 
-def parallelize_llama(
-    model: nn.Module, *, tp_mesh: DeviceMesh, sequence_parallel: bool = False, loss_parallel: bool = False
-) -> nn.Module:
-    """Apply the tensor-parallel plan in place; returns ``model``."""
-    return parallelize_decoder(
-        model, tp_mesh=tp_mesh, plan=SPEC.tp_plan, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel
-    )
+def parallelize_llama(model: nn.Module, *, tp_mesh: DeviceMesh, **options: Any) -> nn.Module:
+    """Apply the tensor-parallel plan in place; returns ``model``. ``options``: ``parallelize_decoder``'s
+    (sequence_parallel, loss_parallel, styles)."""
+    return parallelize_decoder(model, tp_mesh=tp_mesh, plan=SPEC.tp_plan, **options)

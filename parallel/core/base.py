@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +37,7 @@ from parallel.core.memory import BuildPeak, rank_budget_bytes, tensor_bytes
 from parallel.core.meshes import loss_mesh
 from parallel.core.ties import retie, tied_parameters
 from parallel.core.token_loss import TokenMean
+from parallel.techniques.fp8 import Float8Settings
 from parallel.techniques.tp import tp_meter
 
 
@@ -165,14 +166,30 @@ class WorkerContext:
 
     @property
     def precision(self) -> str:
-        """``trainer.precision``: fp32, bf16-mixed or bf16 (``parallel/core/precision.py``)."""
+        """``trainer.precision``: fp32, bf16-mixed, bf16 or fp8 (``parallel/core/precision.py``)."""
         return str(self.cfg.trainer.get("precision", "fp32"))
+
+    def fp8_settings(self) -> Float8Settings:
+        """``trainer.fp8.*``, with the family's output head and MoE router kept out of float8 (torchtitan skips
+        the output layer and the router)."""
+        fp8 = self.cfg.trainer.get("fp8") or {}
+        spec = self.model_spec
+        family_skip = [spec.tp_plan.head if spec.tp_plan is not None else "output"]
+        if spec.moe is not None:
+            family_skip += [p.removesuffix(".weight") for p in spec.moe.router]
+        gather = fp8.get("fsdp_float8_all_gather")
+        return Float8Settings(
+            recipe=str(fp8.get("recipe", "tensorwise")),
+            fsdp_float8_all_gather=None if gather is None else bool(gather),
+            skip=(*family_skip, *(str(p) for p in fp8.get("skip") or [])),
+        )
 
     def compose_settings(self) -> ComposeSettings:
         """What ``compose``'s wrappers read of this run: precision, checkpointing, compile, tp and dp options."""
         cfg = self.cfg
         return ComposeSettings(
             precision=self.precision,
+            fp8=self.fp8_settings() if self.precision == "fp8" else Float8Settings(),
             activation_checkpointing=str(cfg.trainer.get("activation_checkpointing", "none")),
             ac_every=int(cfg.trainer.get("ac_every", 1)),
             compile=bool(cfg.trainer.get("compile", False)),
@@ -220,6 +237,13 @@ class Engine(ABC):
     #: sampled meters (DDP's reducer timer, the TP collective timer) run on exactly the logged steps, a resumed
     #: run's included
     measure_step: bool = True
+    #: run after each optimizer step, in order (``ComposedPart.after_update``: fp8's float8 weight scales)
+    after_update: Sequence[Callable[[], None]] = ()
+
+    def after_optimizer_step(self) -> None:
+        """What the composed modules need once the optimizer has changed their weights."""
+        for hook in self.after_update:
+            hook()
 
     #: parameters that hold a copy of another's gradient (a tied embedding's head on a pipeline rank of its own,
     #: ``parallel/pipeline/tied.py``): updated and clipped, counted once in the gradient norm

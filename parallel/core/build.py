@@ -29,7 +29,7 @@ def build_engine(*, ctx: WorkerContext, composition: Composition) -> Engine:
         place=ctx.place,
     )
     part = composed.parts[0]
-    return ModuleEngine(
+    engine = ModuleEngine(
         part.module,
         accumulation=ctx.accumulation_steps(),
         loss_fn=ctx.model_spec.loss_fn(),
@@ -40,3 +40,5 @@ def build_engine(*, ctx: WorkerContext, composition: Composition) -> Engine:
         tp_meter=ctx.tp_meter(settings) if composition.tp else None,
         rank_map=announce_rank_map(ctx, stage_modules=[part.module]) if composition.rank_map else None,
     )
+    engine.after_update = composed.after_update
+    return engine

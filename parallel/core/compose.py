@@ -1,9 +1,10 @@
 """The one order in which a model is wrapped, for training and for the planner's dry run alike: ``compose``.
 
-Read top to bottom: tensor parallel → (context parallel) → (expert parallel) → activation checkpointing →
-compile → (bf16 autocast unless FSDP2 casts) → FSDP2 or DDP, placed on the rank's device → pipeline stages and
-their schedule. torchtitan's order. A pipelined composition cuts this rank's stages from the model first and
-wraps each in that order before it becomes a ``PipelineStage``. Each step is one module of
+Read top to bottom: (float8 Linears) → tensor parallel → (context parallel) → (expert parallel) → activation
+checkpointing → compile → (bf16 autocast unless FSDP2 casts) → FSDP2 or DDP, placed on the rank's device →
+pipeline stages and their schedule. torchtitan's order (its float8 converter runs as the model is built). A
+pipelined composition cuts this rank's stages from the model first and wraps each in that order before it
+becomes a ``PipelineStage``. Each step is one module of
 ``parallel/techniques/`` (or ``parallel/pipeline/``); this module only orders them.
 
 A named strategy (``parallel=single|ddp|fsdp|tp|pp|mp|hybrid``) is a preset: a ``Composition`` chosen from its name
@@ -25,7 +26,7 @@ from torch.distributed.pipelining import PipelineStage
 from models.spec import PipelineUnits
 from parallel.core.intervals import StepCommMeter
 from parallel.core.meshes import fsdp_mesh, loss_mesh
-from parallel.core.precision import enable_autocast, fsdp_mp_policy
+from parallel.core.precision import MIXED_PRECISIONS, enable_autocast, fsdp_mp_policy
 from parallel.core.ties import tied_parameters
 from parallel.pipeline.schedules import schedule_class, schedule_spec
 from parallel.pipeline.stages import StageSpec, build_stage_module
@@ -33,7 +34,8 @@ from parallel.pipeline.tied import share_across_stages
 from parallel.techniques.checkpointing import apply_activation_checkpointing
 from parallel.techniques.compile import apply_compile
 from parallel.techniques.ddp import wrap_ddp
-from parallel.techniques.fsdp import FSDPCommTimer, apply_fsdp, fsdp_no_sync
+from parallel.techniques.fp8 import Float8Settings, convert_to_fp8, float8_tp_styles, precompute_scales
+from parallel.techniques.fsdp import FSDPCommTimer, apply_fsdp, float8_bytes_all_gather, fsdp_no_sync
 from parallel.techniques.tp import apply_tp
 
 #: how the dp dimension wraps a module: not at all, DistributedDataParallel, or FSDP2 ``fully_shard``
@@ -87,7 +89,10 @@ class ComposeSettings:
     from its candidate)."""
 
     precision: str = "fp32"
-    """``trainer.precision``: bf16-mixed gives autocast, or FSDP2's MixedPrecisionPolicy where FSDP2 wraps."""
+    """``trainer.precision``: bf16-mixed (and fp8) give autocast, or FSDP2's MixedPrecisionPolicy where FSDP2
+    wraps; fp8 converts the eligible Linears first."""
+    fp8: Float8Settings = field(default_factory=Float8Settings)
+    """``trainer.fp8.*``, read when ``precision`` is fp8."""
     activation_checkpointing: str = "none"
     ac_every: int = 1
     compile: bool = False
@@ -126,6 +131,8 @@ class ComposedPart:
     dp_timer: StepCommMeter | None = None
     """The dp dimension's measured collectives: DDP's bucket all-reduces (its reducer's timer, on logged steps)
     or FSDP2's all-gathers and reduce-scatters (every step; ``count_key`` names the metric)."""
+    after_update: Callable[[], None] | None = None
+    """Run after each optimizer step (fp8 with FSDP2's float8 all-gather: the weights' scales for the next one)."""
 
 
 @dataclass
@@ -140,6 +147,11 @@ class Composed:
     @property
     def module(self) -> nn.Module:
         return self.parts[0].module
+
+    @property
+    def after_update(self) -> list[Callable[[], None]]:
+        """The parts' hooks for after each optimizer step (``Engine.after_update``)."""
+        return [p.after_update for p in self.parts if p.after_update is not None]
 
 
 def compose(
@@ -193,7 +205,19 @@ def _wrap(
     place: Callable[[nn.Module], nn.Module],
     on_step: Callable[[str], None],
 ) -> ComposedPart:
-    """One module through TP → (CP) → (EP) → AC → compile → autocast → FSDP2/DDP, placed on the device."""
+    """One module through float8 → TP → (CP) → (EP) → AC → compile → autocast → FSDP2/DDP, placed on the device."""
+    fsdp = composition.dp == "fsdp"
+    fp8 = settings.precision == "fp8"
+    float8_gather = fp8 and settings.fp8.all_gather_in_float8(fsdp=fsdp)
+    if fp8:
+        on_step("float8")
+        convert_to_fp8(
+            module,
+            settings=settings.fp8,
+            emulate=device.type != "cuda",
+            fsdp_float8_all_gather=float8_gather,
+            tp=sizes.get("tp", 1) if composition.tp else 1,
+        )
     if composition.tp:
         on_step("tensor parallel")
         if parallelize is None:
@@ -204,6 +228,9 @@ def _wrap(
             tp_mesh=mesh["tp"],
             sequence_parallel=settings.sequence_parallel,
             loss_parallel=settings.loss_parallel,
+            styles=float8_tp_styles(sequence_parallel=settings.sequence_parallel, device_type=device.type)
+            if fp8 and settings.fp8.recipe == "tensorwise"
+            else None,
         )
     # context parallel goes here (after TP, on the sequence over mesh["cp"]), then expert parallel (the experts over
     # the ep mesh), each a module of parallel/techniques/ and a field of Composition
@@ -213,8 +240,7 @@ def _wrap(
     )
     if settings.compile:
         apply_compile(module)
-    fsdp = composition.dp == "fsdp"
-    if settings.precision == "bf16-mixed" and not fsdp:  # FSDP2 casts with its MixedPrecisionPolicy instead
+    if settings.precision in MIXED_PRECISIONS and not fsdp:  # FSDP2 casts with its MixedPrecisionPolicy instead
         enable_autocast(module, device_type=device.type)
     if composition.dp == "none":
         return ComposedPart(place(module))
@@ -223,7 +249,10 @@ def _wrap(
         apply_fsdp(module, dp_mesh=fsdp_mesh(mesh, sizes), mp_policy=fsdp_mp_policy(settings.precision))
         module = place(module)  # storage for this rank's shards only, then their init
         timer = FSDPCommTimer().attach(module) if settings.measure_dp_comm else None
-        return ComposedPart(module, no_sync=fsdp_no_sync(module), dp_timer=timer)
+        if float8_gather and timer is None:
+            float8_bytes_all_gather(module)
+        after = precompute_scales(module) if float8_gather else None
+        return ComposedPart(module, no_sync=fsdp_no_sync(module), dp_timer=timer, after_update=after)
     on_step("DDP")
     ddp, meter = wrap_ddp(
         place(module),

@@ -9,6 +9,8 @@
   stage's forward), so DDP all-reduces the fp32 gradients of fp32 parameters.
 - ``bf16``: parameters (and so gradients and optimizer state) stored in bfloat16; floating inputs are cast
   on the way in. Half the memory, no master copy: small updates round away.
+- ``fp8``: ``bf16-mixed``, with the matmuls of the eligible Linears in float8 through torchao's ``Float8Linear``
+  (``trainer.fp8.*``; ``parallel/techniques/fp8.py``); emulated where the device has no float8 matmul (CPU).
 
 The loss is computed in float32 in every mode (``models.losses.token_cross_entropy`` upcasts the logits);
 softmax inside attention accumulates in float32 in torch's SDPA kernels (CPU and CUDA) whatever the input
@@ -26,7 +28,16 @@ if TYPE_CHECKING:  # torch is imported where a function runs: the schema and val
     from torch import nn
 
 #: the ``trainer.precision`` values: the one list (conf/schema.py types the key with it, validation names it)
-PRECISIONS = ("fp32", "bf16-mixed", "bf16")
+PRECISIONS = ("fp32", "bf16-mixed", "bf16", "fp8")
+
+#: the precisions that compute in bf16 around fp32 master weights (autocast, or FSDP2's MixedPrecisionPolicy)
+MIXED_PRECISIONS = ("bf16-mixed", "fp8")
+
+#: ``trainer.fp8.recipe`` values: torchao's ``Float8LinearRecipeName`` members offered (parallel/techniques/fp8.py)
+FP8_RECIPES = ("tensorwise", "rowwise")
+
+#: the CUDA compute capability from which GPUs multiply in float8 (Ada 8.9, Hopper 9.0, Blackwell)
+FP8_MIN_CAPABILITY = 8.9
 
 
 @dataclass(frozen=True)
@@ -56,7 +67,8 @@ def param_dtype(precision: str) -> torch.dtype:
 
 
 def compute_dtype(precision: str) -> torch.dtype:
-    """The dtype matmuls run in (what the device's peak FLOP/s is measured for)."""
+    """The dtype matmuls run in (what the device's peak FLOP/s is measured for); fp8 counts against the bf16 peak,
+    as torchtitan reports its float8 MFU (not every matmul is float8: attention, the head)."""
     import torch
 
     return torch.float32 if precision == "fp32" else torch.bfloat16
@@ -64,7 +76,7 @@ def compute_dtype(precision: str) -> torch.dtype:
 
 def fsdp_mp_policy(precision: str) -> Any:
     """FSDP2's mixed-precision policy for ``precision`` (None: FSDP2 keeps the parameters' dtype)."""
-    if precision != "bf16-mixed":
+    if precision not in MIXED_PRECISIONS:
         return None
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy

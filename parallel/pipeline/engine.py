@@ -536,7 +536,7 @@ def build_pipeline_engine(
         if composition.rank_map
         else None
     )
-    return PipelineEngine(
+    engine = PipelineEngine(
         ctx=ctx,
         stages=composed.stages,
         specs=specs,
@@ -550,3 +550,5 @@ def build_pipeline_engine(
         loss=loss,
         tied=tied,
     )
+    engine.after_update = composed.after_update
+    return engine

@@ -296,7 +296,10 @@ def apply_candidate(cfg: DictConfig, c: Candidate, *, strategies: dict[str, str]
     name = strategy_of(c)
     spec = STRATEGIES[name]
     if "trainer" in cfg:
-        if precision is not None:
+        # fp8 is bf16-mixed with float8 matmuls: a plan in mixed precision keeps it
+        if precision is not None and not (
+            TRAINER_PRECISION[precision] == "bf16-mixed" and cfg.trainer.precision == "fp8"
+        ):
             cfg.trainer.precision = TRAINER_PRECISION[precision]
         cfg.trainer.activation_checkpointing = TRAINER_AC[c.recompute]
         cfg.trainer.ac_every = 1

@@ -13,7 +13,7 @@ from torch import nn
 from parallel.core.base import Engine, ModuleEngine, Strategy, WorkerContext
 from parallel.core.build import build_engine
 from parallel.core.compose import Composition
-from parallel.core.precision import enable_autocast
+from parallel.core.precision import MIXED_PRECISIONS, enable_autocast
 
 
 class DataParallelStrategy(Strategy):
@@ -30,7 +30,7 @@ class DataParallelStrategy(Strategy):
         # DataParallel copies the module to every GPU each step; per-block forwards replaced by
         # checkpointing or compile would still point at the original: refused in trainer/validate.py
         model = nn.DataParallel(ctx.build_model().to(ctx.device))
-        if ctx.precision == "bf16-mixed":
+        if ctx.precision in MIXED_PRECISIONS:
             model = enable_autocast(model, device_type="cuda")
         ctx.log.info("parallel=dp: DataParallel over %d CUDA devices", gpus)
         return ModuleEngine(model, accumulation=ctx.accumulation_steps(), loss_fn=ctx.model_spec.loss_fn())

@@ -28,6 +28,7 @@ def _matmul_ops() -> frozenset:
     aten = torch.ops.aten
     ops = [aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default]
     for name in (
+        "_scaled_mm",  # float8 matmuls (trainer.precision=fp8 on a GPU; emulation runs aten.mm), as torchtitan's list
         "_scaled_dot_product_flash_attention",
         "_scaled_dot_product_flash_attention_for_cpu",
         "_scaled_dot_product_efficient_attention",

@@ -13,7 +13,11 @@ with the same calls timed (``set_custom_all_gather`` / ``set_custom_reduce_scatt
 ``wait`` FSDP2 does on the work; the union of those intervals over a step is ``comm_time_s``. That is
 host time: on gloo the whole collective; on CUDA, where FSDP2 runs them on side streams, the launch
 and any wait the host does, not the kernels' device time. ``dp.measure_comm=false`` leaves FSDP2's own
-collectives in place.
+collectives in place, except under fp8's float8 all-gather.
+
+Every all-gather here passes a float8 buffer (``trainer.precision=fp8``: FSDP2 gathers float8 weights in a
+float8 buffer when a unit holds nothing else) as its bytes: gloo refuses float8 dtypes ("Invalid scalar type",
+measured on torch 2.13), and the bytes are the same on NCCL.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
@@ -71,7 +76,20 @@ def _timed(timer: FSDPCommTimer, call):
     return _TimedWork(work, start, timer)
 
 
-class _TimedAllGather(DefaultAllGather):
+#: dtypes gloo cannot carry: all-gathered as their bytes
+_FLOAT8 = frozenset(getattr(torch, n) for n in dir(torch) if n.startswith("float8_"))
+
+
+class _BytesAllGather(DefaultAllGather):
+    """FSDP2's all-gather, with a float8 buffer passed as uint8 (the same bytes)."""
+
+    def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
+        if output_tensor.dtype in _FLOAT8:
+            output_tensor, input_tensor = output_tensor.view(torch.uint8), input_tensor.view(torch.uint8)
+        return super().__call__(output_tensor, input_tensor, group, async_op)
+
+
+class _TimedAllGather(_BytesAllGather):
     def __init__(self, timer: FSDPCommTimer):
         self.timer = timer
 
@@ -79,6 +97,13 @@ class _TimedAllGather(DefaultAllGather):
         return _timed(
             self.timer, lambda: super(_TimedAllGather, self).__call__(output_tensor, input_tensor, group, async_op)
         )
+
+
+def float8_bytes_all_gather(model: nn.Module) -> None:
+    """Every FSDP2 unit of ``model`` all-gathers float8 buffers as bytes (what ``FSDPCommTimer`` does too)."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_custom_all_gather(_BytesAllGather())
 
 
 class _TimedReduceScatter(DefaultReduceScatter):

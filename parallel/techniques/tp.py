@@ -11,8 +11,10 @@ the head is vocabulary-sharded.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -27,10 +29,20 @@ def apply_tp(
     tp_mesh: DeviceMesh,
     sequence_parallel: bool,
     loss_parallel: bool,
+    styles: Any = None,
 ) -> nn.Module:
     """The model's own TP plan (its ``ModelSpec.parallelize``) on the tp sub-mesh; validation refuses families
-    without one before spawn."""
-    return parallelize(model, tp_mesh=tp_mesh, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel)
+    without one before spawn. ``styles``: other projection styles (``models.tensor_parallel.TPStyles``: float8's),
+    passed only when given, so a family's plan without the keyword still runs."""
+    extra = {"styles": styles} if styles is not None and _takes(parallelize, "styles") else {}
+    return parallelize(
+        model, tp_mesh=tp_mesh, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel, **extra
+    )
+
+
+def _takes(fn: Callable[..., object], name: str) -> bool:
+    params = inspect.signature(fn).parameters.values()
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 def tp_meter(*, tp_mesh: DeviceMesh | None, measure: bool, compiled: bool, log: logging.Logger) -> SampledCommMeter:

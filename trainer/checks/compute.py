@@ -4,6 +4,7 @@ No torch import: the GPUs are asked through nvidia-smi."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -11,6 +12,7 @@ import subprocess
 from omegaconf import DictConfig
 
 from models.registry import UnknownModel, spec_for
+from parallel.core.precision import FP8_MIN_CAPABILITY, FP8_RECIPES
 from trainer.checks.findings import Findings
 
 
@@ -49,7 +51,9 @@ def _has_blocks(cfg: DictConfig) -> bool:
 def check_precision(cfg: DictConfig, layout: object, f: Findings) -> None:
     tr = cfg.trainer
     precision = str(tr.precision)  # its values and activation_checkpointing's: the schema's enums (conf/schema.py)
-    if precision != "fp32" and runs_on_cuda(cfg):
+    if precision == "fp8":
+        check_fp8(cfg, layout, f)
+    elif precision != "fp32" and runs_on_cuda(cfg):
         old = [c for c in cuda_compute_capabilities() or [] if c < 8.0]
         if old:
             f.error(
@@ -91,3 +95,49 @@ def check_precision(cfg: DictConfig, layout: object, f: Findings) -> None:
                 f"trainer.profile_steps={steps}: give [first, last] steps with 1 <= first <= last <= "
                 f"trainer.max_steps={max_steps}, e.g. trainer.profile_steps=[{min(3, max_steps)},{min(4, max_steps)}]"
             )
+
+
+def _wraps_fsdp(cfg: DictConfig, layout: object) -> bool:
+    """Whether FSDP2 shards the weights (parallel=fsdp, or a sharded dp dimension of size > 1)."""
+    return cfg.parallel.name == "fsdp" or (layout.dp > 1 and layout.dp_shard)
+
+
+def check_fp8(cfg: DictConfig, layout: object, f: Findings) -> None:
+    """trainer.precision=fp8 (parallel/techniques/fp8.py): torchao present, a GPU with float8 matmuls (or CPU, where
+    torchao emulates them), and a recipe/all-gather/strategy combination torchao supports."""
+    fp8 = cfg.trainer.get("fp8") or {}
+    recipe = str(fp8.get("recipe", "tensorwise"))
+    gather = fp8.get("fsdp_float8_all_gather")
+    if importlib.util.find_spec("torchao") is None:
+        f.error(
+            "trainer.precision=fp8 trains through torchao's Float8Linear and torchao is not installed; install it "
+            "(pip install 'torchao>=0.18', a meshtrain dependency) or use trainer.precision=bf16-mixed"
+        )
+    if recipe not in FP8_RECIPES:
+        f.error(f"trainer.fp8.recipe={recipe}: unknown recipe; use one of {', '.join(FP8_RECIPES)}")
+    if gather and recipe != "tensorwise":
+        f.error(
+            f"trainer.fp8.fsdp_float8_all_gather=true with trainer.fp8.recipe={recipe}: torchao all-gathers float8 "
+            "weights with one scale per tensor only; use trainer.fp8.recipe=tensorwise, or "
+            "trainer.fp8.fsdp_float8_all_gather=false (rowwise all-gathers in bf16)"
+        )
+    elif gather and not _wraps_fsdp(cfg, layout):
+        f.error(
+            f"trainer.fp8.fsdp_float8_all_gather=true with parallel={cfg.parallel.name} (dp.size={layout.dp}, "
+            f"sharded: {layout.dp_shard}): nothing all-gathers weights without FSDP2; use parallel=fsdp (or a "
+            "sharded dp dimension of size > 1), or leave trainer.fp8.fsdp_float8_all_gather unset"
+        )
+    if runs_on_cuda(cfg):
+        old = [c for c in cuda_compute_capabilities() or [] if c < FP8_MIN_CAPABILITY]
+        if old:
+            f.error(
+                f"trainer.precision=fp8 on a GPU of compute capability {min(old)}: float8 matmuls need compute "
+                f"capability {FP8_MIN_CAPABILITY} or newer (L4, L40S, RTX 40xx, H100, H200, B200); use "
+                "trainer.precision=bf16-mixed on this GPU"
+            )
+    if cfg.parallel.name == "dp" and len(cuda_compute_capabilities() or []) > 1:
+        f.error(
+            "parallel=dp with trainer.precision=fp8: DataParallel copies the model to each GPU every step and "
+            "torchao's float8 training supports DDP, FSDP2, tensor and pipeline parallel, not DataParallel; use "
+            "parallel=ddp (one process per GPU)"
+        )

@@ -269,6 +269,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
         else:
             self.optimizer.step()
+            self.engine.after_optimizer_step()
         self.scheduler.step()
 
     def _log(self, step: int, outcome: StepOutcome) -> dict[str, Any] | None:
