@@ -120,6 +120,12 @@ def convert_to_fp8(
         return ok
 
     config = float8_config(settings, emulate=emulate, fsdp_float8_all_gather=fsdp_float8_all_gather)
+    if (
+        settings.recipe == "rowwise"
+    ):  # compiled rowwise casts round as eager's only with this (pytorch#150859), as torchtitan
+        import torch._inductor.config
+
+        torch._inductor.config.emulate_precision_casts = True
     convert_to_float8_training(module, config=config, module_filter_fn=keep)
     linears = [n for n, m in module.named_modules() if isinstance(m, nn.Linear)]
     log.info(
