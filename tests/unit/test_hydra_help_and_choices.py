@@ -64,9 +64,10 @@ def test_schemas_are_not_choices():
         ("logger.wandb.mode=ofline", "Invalid value 'ofline', expected one of [offline, online, disabled]"),
         ("trainer.on_nonfinite=ignore", "Invalid value 'ignore', expected one of [stop, skip]"),
         ("topology.device=tpu", "Invalid value 'tpu', expected one of [auto, cpu, cuda]"),
-        ("trainer.precision=fp16", "Invalid value 'fp16', expected one of [fp32, bf16-mixed, bf16]"),
-        ("trainer.precision=bf16_mixed", "Invalid value 'bf16_mixed', expected one of [fp32, bf16-mixed, bf16]"),
+        ("trainer.precision=fp16", "Invalid value 'fp16', expected one of [fp32, bf16-mixed, bf16, fp8]"),
+        ("trainer.precision=bf16_mixed", "Invalid value 'bf16_mixed', expected one of [fp32, bf16-mixed, bf16, fp8]"),
         ("trainer.activation_checkpointing=some", "Invalid value 'some', expected one of [none, selective, full]"),
+        ("trainer.fp8.recipe=blockwise", "Invalid value 'blockwise', expected one of [tensorwise, rowwise]"),
     ],
 )
 def test_typo_in_a_choice_fails_at_compose_time(compose_cfg, override, message):
