@@ -92,10 +92,10 @@ def float8_config(settings: Float8Settings, *, emulate: bool, fsdp_float8_all_ga
 
 
 def fp8_eligible(module: nn.Module, fqn: str, *, skip: Sequence[str], tp: int = 1) -> bool:
-    """An ``nn.Linear`` not named in ``skip`` whose weight dimensions, divided over ``tp`` ranks, are multiples of
+    """A plain ``nn.Linear`` not named in ``skip`` whose weight dimensions, divided over ``tp`` ranks, are multiples of
     16 (the dimension tensor parallel shards is divided; both are checked divided, which is what either style
     leaves on a rank)."""
-    if not isinstance(module, nn.Linear):
+    if type(module) is not nn.Linear:  # a subclass (LoRA's LoRALinear) has a forward Float8Linear would drop
         return False
     if any(fnmatch(fqn, p) or fnmatch(fqn, f"*.{p}") for p in skip):
         return False

@@ -58,6 +58,7 @@ def test_dims_not_multiple_of_16_after_tp_sharding_stay_high_precision():
     assert sorted(_convert(_llama(), tp=2)) == sorted(_names(*ATTENTION))
     assert not fp8_eligible(nn.Linear(64, 88), "x", skip=())
     assert not fp8_eligible(nn.LayerNorm(64), "x", skip=())
+    assert not fp8_eligible(type("OwnLinear", (nn.Linear,), {})(64, 64), "x", skip=())  # its own forward stays
     assert fp8_eligible(nn.Linear(64, 96), "layers.0.x", skip=("output",))
 
 
@@ -160,8 +161,8 @@ def test_fp8_combinations_torchao_lacks_refused(compose_cfg):
     assert "use trainer.fp8.recipe=tensorwise" in msg
     msg = _problems(compose_cfg("parallel=ddp", "trainer.precision=fp8", "trainer.fp8.fsdp_float8_all_gather=true"))
     assert "trainer.fp8.fsdp_float8_all_gather=true with parallel=ddp" in msg and "use parallel=fsdp" in msg
-    with pytest.raises(Exception, match="blockwise"):  # the schema's enum: at compose time, with the choices
-        compose_cfg("trainer.precision=fp8", "trainer.fp8.recipe=blockwise")
+    msg = _problems(compose_cfg("trainer.precision=fp8", "model.lora.rank=8"))
+    assert "trainer.precision=fp8 with model.lora.rank=8" in msg and "use trainer.precision=bf16-mixed" in msg
 
 
 def test_fp8_on_a_gpu_without_float8_refused(compose_cfg, monkeypatch):

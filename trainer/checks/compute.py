@@ -125,6 +125,13 @@ def check_fp8(cfg: DictConfig, layout: object, f: Findings) -> None:
             f"sharded: {layout.dp_shard}): nothing all-gathers weights without FSDP2; use parallel=fsdp (or a "
             "sharded dp dimension of size > 1), or leave trainer.fp8.fsdp_float8_all_gather unset"
         )
+    lora = cfg.model.get("lora") or {}
+    if str(lora.get("rank", 0)).isdigit() and int(lora.get("rank", 0)) > 0:
+        f.error(
+            f"trainer.precision=fp8 with model.lora.rank={lora.get('rank')}: LoRA's layers keep their own forward, so "
+            "only the adapters could become float8 (the frozen base would not); use trainer.precision=bf16-mixed "
+            "with LoRA"
+        )
     if runs_on_cuda(cfg):
         old = [c for c in cuda_compute_capabilities() or [] if c < FP8_MIN_CAPABILITY]
         if old:
