@@ -199,3 +199,16 @@ def test_fsdp_all_gathers_float8_buffers_as_bytes(gloo_one_rank):
         out = torch.empty(8, dtype=torch.float8_e4m3fn)
         gather(out, shard, group)
         assert torch.equal(out.view(torch.uint8), shard.view(torch.uint8))
+
+
+def test_parallel_auto_keeps_fp8(compose_cfg):
+    """The planner plans fp8 as mixed precision (its state bytes are bf16-mixed's) and writes the layout it chose
+    back without turning fp8 into bf16-mixed; fp32 runs still take the plan's precision."""
+    from parallel.plan.cli import CONF
+    from parallel.plan.cost_model import Candidate
+    from parallel.plan.search import apply_candidate, available_strategies
+
+    for asked, planned, trains in (("fp8", "mixed", "fp8"), ("fp32", "mixed", "bf16-mixed")):
+        cfg = compose_cfg("parallel=auto", "data.global_batch_size=16", f"trainer.precision={asked}")
+        apply_candidate(cfg, Candidate(dp=2, micro_batches=4), strategies=available_strategies(CONF), precision=planned)
+        assert cfg.trainer.precision == trains and cfg.parallel.name == "ddp"
