@@ -212,3 +212,47 @@ def test_parallel_auto_keeps_fp8(compose_cfg):
         cfg = compose_cfg("parallel=auto", "data.global_batch_size=16", f"trainer.precision={asked}")
         apply_candidate(cfg, Candidate(dp=2, micro_batches=4), strategies=available_strategies(CONF), precision=planned)
         assert cfg.trainer.precision == trains and cfg.parallel.name == "ddp"
+
+
+def test_float8_tp_styles_gather_the_sequence_in_float8_under_a_fake_group():
+    """The CUDA path gloo cannot run (sequence parallel with torchao's styles: the sequence all-gathers carry float8),
+    under torch's fake process group: forward and backward run through the family's plan, and the all-gathers that
+    feed the block projections take torchao's Float8TrainingTensor where torch's styles gather fp32."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from models.llama.parallelize import parallelize_llama
+    from models.losses import token_cross_entropy
+    from parallel.techniques.fp8 import float8_tp_styles
+
+    class Gathers(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.inputs: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if "all_gather_into_tensor" in str(func):
+                self.inputs.append(str(args[0].dtype) if type(args[0]) is torch.Tensor else type(args[0]).__name__)
+            return func(*args, **(kwargs or {}))
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+        gathered = {}
+        for name, styles in (("torch", None), ("float8", float8_tp_styles(sequence_parallel=True, device_type="cuda"))):
+            model = _llama(d_ff=192)
+            _convert(model, tp=2)
+            parallelize_llama(model, tp_mesh=mesh, sequence_parallel=True, styles=styles)
+            x = torch.randint(0, 256, (2, 33))
+            with Gathers() as mode:
+                token_cross_entropy(model(x[:, :-1]), x[:, 1:]).backward()
+            gathered[name] = mode.inputs
+    finally:
+        dist.destroy_process_group()
+    assert set(gathered["torch"]) == {"torch.float32"}
+    # 2 blocks x 2 sub-blocks: each input gathered once in forward, each output's gradient in backward, in float8;
+    # the head's input (and its gradient) stays fp32
+    assert gathered["float8"].count("Float8TrainingTensor") == 8 and "torch.float32" in gathered["float8"]
+    assert len(gathered["float8"]) == len(gathered["torch"])
