@@ -126,3 +126,38 @@ def checkpoint_tensors(hf) -> dict:
 
 def max_logit_difference(a, b) -> float:
     return (a.double() - b.double()).abs().max().item()
+
+
+def run_lm_eval(folder: Path, tasks: Path):
+    """lm-evaluation-harness's command on a model folder with nothing else about the model (``--model hf
+    --model_args pretrained=FOLDER``): a local three-row multiple-choice task written into ``tasks`` (json data files,
+    ``--include_path``; no download). Returns the finished process (its stdout printed)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    tasks.mkdir(parents=True, exist_ok=True)
+    rows = [
+        {"question": "1 + 1 =", "choices": [" 2", " 3"], "answer": 0},
+        {"question": "def f(): return", "choices": [" None", " )("], "answer": 0},
+        {"question": "import", "choices": [" os", " ]]"], "answer": 0},
+    ]
+    (tasks / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tasks / "tiny_mc.yaml").write_text(
+        "task: meshtrain_tiny_mc\n"
+        "dataset_path: json\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {tasks / 'rows.jsonl'}\n"
+        "test_split: test\n"
+        "output_type: multiple_choice\n"
+        "doc_to_text: '{{question}}'\n"
+        "doc_to_choice: '{{choices}}'\n"
+        "doc_to_target: answer\n"
+        "metric_list:\n  - metric: acc\n"
+    )
+    command = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args", f"pretrained={folder}"]
+    command += ["--tasks", "meshtrain_tiny_mc", "--include_path", str(tasks), "--device", "cpu", "--batch_size", "1"]
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    print(done.stdout[-2000:])
+    return done

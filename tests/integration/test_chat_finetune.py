@@ -174,3 +174,19 @@ def test_lora_trains_the_adapters_only_and_exports_a_peft_folder(runs, start, tm
         diff = max_logit_difference(module(tokens), peft(tokens).logits)
     print(f"lora_fsdp: PEFT export over the base folder, max |logit difference| {diff:.2e}")
     assert diff <= 1e-5
+
+
+def test_the_merged_lora_export_runs_in_lm_eval(runs, tmp_path):
+    """The fsdp LoRA run folded into a whole model (``--merge``), with the folder's tokenizer and chat template:
+    lm-evaluation-harness runs on it with no argument but the folder."""
+    from tests.hf_helpers import run_lm_eval
+    from trainer.export import main
+
+    out = tmp_path / "merged"
+    assert main([str(runs["lora_fsdp"]), "--hf", str(out), "--merge"]) == 0
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(out).chat_template  # the folder's template came along
+    done = run_lm_eval(out, tmp_path / "tasks")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "meshtrain_tiny_mc" in done.stdout and "acc" in done.stdout

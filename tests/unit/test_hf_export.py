@@ -184,37 +184,12 @@ def test_lm_eval_runs_on_an_export_with_no_extra_arguments(compose_cfg, tmp_path
     """lm-evaluation-harness's command on an exported folder, `--model hf --model_args pretrained=OUT`, nothing
     else about the model: a local multiple-choice task (json data files, --include_path; no download) reports
     its accuracy."""
-    import subprocess
-    import sys
-
+    from tests.hf_helpers import run_lm_eval
     from trainer.export import main
 
     write_run(compose_cfg, tmp_path / "run", "model=gpt_small")
     out = tmp_path / "hf"
     assert main([str(tmp_path / "run"), "--hf", str(out)]) == 0
-    tasks = tmp_path / "tasks"
-    tasks.mkdir()
-    rows = [
-        {"question": "1 + 1 =", "choices": [" 2", " 3"], "answer": 0},
-        {"question": "def f(): return", "choices": [" None", " )("], "answer": 0},
-        {"question": "import", "choices": [" os", " ]]"], "answer": 0},
-    ]
-    (tasks / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tasks / "tiny_mc.yaml").write_text(
-        "task: meshtrain_tiny_mc\n"
-        "dataset_path: json\n"
-        f"dataset_kwargs:\n  data_files:\n    test: {tasks / 'rows.jsonl'}\n"
-        "test_split: test\n"
-        "output_type: multiple_choice\n"
-        "doc_to_text: '{{question}}'\n"
-        "doc_to_choice: '{{choices}}'\n"
-        "doc_to_target: answer\n"
-        "metric_list:\n  - metric: acc\n"
-    )
-    command = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args", f"pretrained={out}"]
-    command += ["--tasks", "meshtrain_tiny_mc", "--include_path", str(tasks), "--device", "cpu", "--batch_size", "1"]
-    env = {**__import__("os").environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
-    print(done.stdout[-2000:])
+    done = run_lm_eval(out, tmp_path / "tasks")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "meshtrain_tiny_mc" in done.stdout and "acc" in done.stdout
