@@ -135,7 +135,8 @@ class GroupedExperts(nn.Module):
         return rows.is_cuda and hasattr(torch, "_grouped_mm")
 
     def forward(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        w1, w2, w3 = self.w1, self.w2, self.w3
+        # under expert parallel the weights are DTensors sharded by expert: this rank's experts are the local part
+        w1, w2, w3 = (getattr(w, "to_local", lambda w=w: w)() for w in (self.w1, self.w2, self.w3))
         if self.use_grouped_mm(rows):
             offs = counts.cumsum(0).to(torch.int32)
             h = F.silu(torch._grouped_mm(rows, w1.transpose(-2, -1), offs=offs))
@@ -233,6 +234,9 @@ class MoE(nn.Module):
         self.shared = SwiGLU(d_model, d_ff * n_shared_experts) if n_shared_experts else None
         self.dispatcher = LocalDispatch(n_experts, capacity_factor)
         self.last_stats: dict[str, torch.Tensor] = {}
+        self.step_stats: torch.Tensor | None = None
+        """Training forwards since ``moe_metrics`` last read them: (aux loss sum, forwards, dropped, counts per
+        expert...), float64."""
         self.tokens_per_expert = None  # counts since the last bias update (a plain tensor: DDP broadcasts buffers)
         self.init_weights()
 
@@ -262,6 +266,10 @@ class MoE(nn.Module):
         aux = load_balancing_loss(probs, idx)
         counts = expert_counts(idx, self.n_experts).detach()
         self.last_stats = {"aux_loss": aux.detach(), "tokens_per_expert": counts, "dropped": routed.dropped}
+        if self.training:
+            row = torch.cat([torch.stack([aux.detach().double(), aux.new_ones((), dtype=torch.float64),
+                                          routed.dropped.double()]), counts.double()])  # fmt: skip
+            self.step_stats = row if self.step_stats is None else self.step_stats + row
         if self.training and self.router.expert_bias is not None:
             self.tokens_per_expert = counts if self.tokens_per_expert is None else self.tokens_per_expert + counts
         if self.training and self.aux_loss_coef and torch.is_grad_enabled():
@@ -295,17 +303,34 @@ def update_expert_bias(module: nn.Module, *, reduce: Callable[[torch.Tensor], No
         m.tokens_per_expert = None
 
 
-def moe_metrics(module: nn.Module) -> dict[str, float]:
-    """The last forward's balance, over this module's MoE blocks: the mean auxiliary loss (unscaled), the worst
-    load imbalance (max / mean tokens per expert) and the (token, choice) pairs dropped over capacity."""
-    stats = [m.last_stats for m in moe_layers(module) if m.last_stats]
-    if not stats:
+def moe_metrics(module: nn.Module, *, reduce: Callable[[torch.Tensor], None] | None = None) -> dict[str, float]:
+    """The balance of the training forwards since the last call (one optimizer step's), over this module's MoE
+    blocks: the auxiliary loss (unscaled) averaged over forwards and layers, each layer's load imbalance (max /
+    mean tokens per expert; ``moe_imbalance_<layer>``) and the worst, and the (token, choice) pairs dropped over
+    capacity. ``reduce`` sums the per-layer table over the data-parallel ranks in place (every rank must call it),
+    so the numbers are the global batch's whatever the layout; None: this rank's forwards."""
+    named = [(name, m) for name, m in module.named_modules() if isinstance(m, MoE) and m.step_stats is not None]
+    if not named:
         return {}
-    imbalance = [
-        float(s["tokens_per_expert"].max()) / max(float(s["tokens_per_expert"].float().mean()), 1e-9) for s in stats
-    ]
-    return {
-        "moe_aux_loss": sum(float(s["aux_loss"]) for s in stats) / len(stats),
-        "moe_max_imbalance": max(imbalance),
-        "moe_dropped_tokens": float(sum(int(s["dropped"]) for s in stats)),
+    table = torch.stack([m.step_stats for _, m in named])  # (layers, 3 + E)
+    for _, m in named:
+        m.step_stats = None
+    if reduce is not None:
+        reduce(table)
+    table = table.cpu()
+    counts = table[:, 3:]
+    imbalance = counts.max(dim=1).values / counts.mean(dim=1).clamp(min=1e-9)
+    out = {
+        "moe_aux_loss": float((table[:, 0] / table[:, 1]).mean()),
+        "moe_max_imbalance": float(imbalance.max()),
+        "moe_dropped_tokens": float(table[:, 2].sum()),
     }
+    for (name, _), value in zip(named, imbalance.tolist(), strict=True):
+        out[f"moe_imbalance_{layer_key(name)}"] = value
+    return out
+
+
+def layer_key(name: str) -> str:
+    """``layers.3.feed_forward`` -> ``layer3`` (a pipeline stage keeps the whole model's layer keys)."""
+    parts = name.split(".")
+    return f"layer{parts[parts.index('layers') + 1]}" if "layers" in parts[:-1] else name.replace(".", "_")

@@ -79,6 +79,13 @@ class PPConfig:
 
 
 @dataclass
+class EPConfig:
+    size: int = 1
+    """Expert-parallel degree: each MoE layer's experts split over this many ranks, borrowed from dp (x cp): it
+    divides dp.size x cp.size and model.n_experts, and adds no rank (parallel/techniques/ep.py)."""
+
+
+@dataclass
 class MPConfig:
     split_points: Any = field(default_factory=list)
     """Layer-split model parallel (no micro-batching): block indices where a new stage starts."""

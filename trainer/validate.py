@@ -67,7 +67,7 @@ def dim_sizes(cfg: DictConfig) -> dict[str, int]:
 
 def build_layout(cfg: DictConfig, external: ExternalLaunch | None = None) -> ParallelLayout:
     sizes = dim_sizes(cfg)
-    dp, tp, pp = sizes["dp"], sizes["tp"], sizes["pp"]
+    dp, tp, pp, ep = sizes["dp"], sizes["tp"], sizes["pp"], sizes.get("ep", 1)
     product = dims.world_size(sizes)
     if external is not None:
         nnodes, nproc = external.nnodes, external.local_world_size
@@ -87,7 +87,9 @@ def build_layout(cfg: DictConfig, external: ExternalLaunch | None = None) -> Par
         schedule=str(cfg.pp.schedule) if pipelined else None,
         stages_per_rank=int(cfg.pp.stages_per_rank) if pipelined else 1,
         split_points=split_points_of(cfg) if pipelined else None,
-        dp_shard=bool(cfg.dp.shard) or (spec is not None and spec.shards_dp) or dp_needs_fsdp(dp=dp, tp=tp, pp=pp),
+        dp_shard=bool(cfg.dp.shard)
+        or (spec is not None and spec.shards_dp)
+        or dp_needs_fsdp(dp=dp, tp=tp, pp=pp, ep=ep),
     )
 
 
@@ -305,8 +307,8 @@ def check_model_data(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> No
 
 
 def check_dp_composition(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
-    """With tp > 1 or pp > 1 the dp dimension is FSDP2 (build_layout sets dp_shard): say so and why."""
-    if dp_needs_fsdp(dp=layout.dp, tp=layout.tp, pp=layout.pp) and not cfg.dp.shard:
+    """With tp, pp or ep > 1 the dp dimension is FSDP2 (build_layout sets dp_shard): say so and why."""
+    if dp_needs_fsdp(dp=layout.dp, tp=layout.tp, pp=layout.pp, ep=layout.ep) and not cfg.dp.shard:
         f.warn(
             f"dp.shard=false with dp.size={layout.dp}: the dp dimension uses FSDP2 fully_shard instead of DDP "
             f"(same numerics) because {why_dp_needs_fsdp(layout)}. Set dp.shard=true to silence this."

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch import nn
@@ -331,8 +332,10 @@ class ModuleEngine(Engine):
         loss_parallel: bool = False,
         tp_meter: SampledCommMeter | None = None,
         rank_map: dict[str, Any] | None = None,
+        ep_timer: StepCommMeter | None = None,
     ):
         self.module = module
+        self.ep_timer = ep_timer
         self.model_parts = [module]
         self.accumulation = accumulation
         self.loss = TokenMean(loss_fn, loss_mesh=loss_mesh)
@@ -379,14 +382,24 @@ class ModuleEngine(Engine):
         return total
 
     def step_metrics(self) -> dict[str, float]:
-        out = {**self.tp_meter.metrics(), **moe_metrics(self.module)}
+        out = {**self.tp_meter.metrics(), **moe_metrics(self.module, reduce=self._sum_over_data_ranks)}
+        elapsed = max(time.perf_counter() - self._step_start, 1e-9)  # the loop's step: forward/backward, clip, update
         taken = self.dp_timer.take() if self.dp_timer is not None else None
-        if taken is not None:  # over the loop's step: forward/backward, clipping, update
+        if taken is not None:
             busy, count = taken
-            elapsed = max(time.perf_counter() - self._step_start, 1e-9)
             out.update(comm_time_s=busy, comm_fraction=min(1.0, busy / elapsed))
             out[self.dp_timer.count_key] = count
+        taken = self.ep_timer.take() if self.ep_timer is not None else None
+        if taken is not None:
+            busy, count = taken
+            out.update(ep_a2a_time_s=busy, ep_a2a_fraction=min(1.0, busy / elapsed))
+            out[self.ep_timer.count_key] = count
         return out
+
+    def _sum_over_data_ranks(self, t: torch.Tensor) -> None:
+        """In place over the loss mesh (dp x cp), the ranks that see different tokens."""
+        if self.loss.group is not None:
+            dist.all_reduce(t, group=self.loss.group)
 
     def summary(self) -> dict[str, Any]:
         return dict(self.rank_map)

@@ -36,6 +36,7 @@ def build_engine(*, ctx: WorkerContext, composition: Composition) -> Engine:
         loss_mesh=ctx.loss_mesh(),
         no_sync=part.no_sync,
         dp_timer=part.dp_timer,
+        ep_timer=part.ep_timer,
         loss_parallel=composition.tp and ctx.layout.tp > 1 and settings.loss_parallel,
         tp_meter=ctx.tp_meter(settings) if composition.tp else None,
         rank_map=announce_rank_map(ctx, stage_modules=[part.module]) if composition.rank_map else None,

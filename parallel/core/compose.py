@@ -1,6 +1,6 @@
 """The one order in which a model is wrapped, for training and for the planner's dry run alike: ``compose``.
 
-Read top to bottom: (float8 Linears) → tensor parallel → (context parallel) → (expert parallel) → activation
+Read top to bottom: (float8 Linears) → tensor parallel → (context parallel) → expert parallel → activation
 checkpointing → compile → (bf16 autocast unless FSDP2 casts) → FSDP2 or DDP, placed on the rank's device →
 pipeline stages and their schedule. torchtitan's order (its float8 converter runs as the model is built). A
 pipelined composition cuts this rank's stages from the model first and wraps each in that order before it
@@ -25,7 +25,7 @@ from torch.distributed.pipelining import PipelineStage
 
 from models.spec import PipelineUnits
 from parallel.core.intervals import StepCommMeter
-from parallel.core.meshes import fsdp_mesh, loss_mesh
+from parallel.core.meshes import expert_meshes, fsdp_mesh, loss_mesh
 from parallel.core.precision import MIXED_PRECISIONS, enable_autocast, fsdp_mp_policy
 from parallel.core.ties import tied_parameters
 from parallel.pipeline.schedules import schedule_class, schedule_spec
@@ -34,6 +34,7 @@ from parallel.pipeline.tied import share_across_stages
 from parallel.techniques.checkpointing import apply_activation_checkpointing
 from parallel.techniques.compile import apply_compile
 from parallel.techniques.ddp import wrap_ddp
+from parallel.techniques.ep import A2AMeter, apply_ep
 from parallel.techniques.fp8 import Float8Settings, convert_to_fp8, float8_tp_styles, precompute_scales
 from parallel.techniques.fsdp import FSDPCommTimer, apply_fsdp, float8_bytes_all_gather, fsdp_no_sync
 from parallel.techniques.tp import apply_tp
@@ -50,6 +51,9 @@ class Composition:
     """Apply the model family's tensor-parallel plan over the tp sub-mesh."""
     dp: str = "none"
     """How the dp dimension wraps the module: one of ``DP_WRAPS``."""
+    ep: bool = False
+    """Shard the MoE blocks' experts over the ep mesh (borrowed from dp x cp) and route tokens by all-to-all; the
+    experts get their own FSDP2 mesh (needs ``dp="fsdp"``)."""
     pipeline: bool = False
     """Split the model into stages driven by ``pp.schedule``; each stage is composed on its own."""
     rank_map: bool = False
@@ -58,12 +62,16 @@ class Composition:
     def __post_init__(self) -> None:
         if self.dp not in DP_WRAPS:
             raise ValueError(f"Composition(dp={self.dp!r}): use one of {DP_WRAPS}")
+        if self.ep and self.dp != "fsdp":
+            raise ValueError(f"Composition(ep=True, dp={self.dp!r}): expert parallel shards with FSDP2 (dp='fsdp')")
 
     @classmethod
     def from_degrees(cls, layout: Any, *, rank_map: bool = True) -> Composition:
         """Every dimension the layout uses (``parallel=hybrid``): a new mesh dimension's wrapper is chosen
         here, from its degree, beside the others."""
-        return cls(tp=layout.tp > 1, dp=cls.dp_wrap(layout), pipeline=layout.pp > 1, rank_map=rank_map)
+        return cls(
+            tp=layout.tp > 1, dp=cls.dp_wrap(layout), ep=layout.ep > 1, pipeline=layout.pp > 1, rank_map=rank_map
+        )
 
     @staticmethod
     def dp_wrap(layout: Any) -> str:
@@ -133,6 +141,8 @@ class ComposedPart:
     or FSDP2's all-gathers and reduce-scatters (every step; ``count_key`` names the metric)."""
     after_update: Callable[[], None] | None = None
     """Run after each optimizer step (fp8 with FSDP2's float8 all-gather: the weights' scales for the next one)."""
+    ep_timer: A2AMeter | None = None
+    """Expert parallel's all-to-alls (dispatch and combine, forward and backward)."""
 
 
 @dataclass
@@ -205,7 +215,7 @@ def _wrap(
     place: Callable[[nn.Module], nn.Module],
     on_step: Callable[[str], None],
 ) -> ComposedPart:
-    """One module through float8 → TP → (CP) → (EP) → AC → compile → autocast → FSDP2/DDP, placed on the device."""
+    """One module through float8 → TP → (CP) → EP → AC → compile → autocast → FSDP2/DDP, placed on the device."""
     fsdp = composition.dp == "fsdp"
     fp8 = settings.precision == "fp8"
     float8_gather = fp8 and settings.fp8.all_gather_in_float8(fsdp=fsdp)
@@ -232,8 +242,13 @@ def _wrap(
             if fp8 and settings.fp8.recipe == "tensorwise"
             else None,
         )
-    # context parallel goes here (after TP, on the sequence over mesh["cp"]), then expert parallel (the experts over
-    # the ep mesh), each a module of parallel/techniques/ and a field of Composition
+    # context parallel goes here (after TP, on the sequence over mesh["cp"]), a module of parallel/techniques/
+    experts, ep_timer = [], None
+    if composition.ep:
+        on_step("expert parallel")
+        ep_mesh, experts_fsdp_mesh = expert_meshes(mesh, sizes)
+        ep_timer = A2AMeter()
+        experts = apply_ep(module, ep_mesh=ep_mesh, meter=ep_timer)
     on_step("activation checkpointing and compile")
     apply_activation_checkpointing(
         module, mode=settings.activation_checkpointing, every=settings.ac_every, for_compile=settings.compile
@@ -246,13 +261,16 @@ def _wrap(
         return ComposedPart(place(module))
     if fsdp:
         on_step("FSDP2 sharding")
-        apply_fsdp(module, dp_mesh=fsdp_mesh(mesh, sizes), mp_policy=fsdp_mp_policy(settings.precision))
+        mp_policy = fsdp_mp_policy(settings.precision)
+        for unit in experts:  # first, so the blocks' units leave them to their own mesh
+            apply_fsdp(unit, dp_mesh=experts_fsdp_mesh, mp_policy=mp_policy)
+        apply_fsdp(module, dp_mesh=fsdp_mesh(mesh, sizes), mp_policy=mp_policy)
         module = place(module)  # storage for this rank's shards only, then their init
         timer = FSDPCommTimer().attach(module) if settings.measure_dp_comm else None
         if float8_gather and timer is None:
             float8_bytes_all_gather(module)
         after = precompute_scales(module) if float8_gather else None
-        return ComposedPart(module, no_sync=fsdp_no_sync(module), dp_timer=timer, after_update=after)
+        return ComposedPart(module, no_sync=fsdp_no_sync(module), dp_timer=timer, after_update=after, ep_timer=ep_timer)
     on_step("DDP")
     ddp, meter = wrap_ddp(
         place(module),

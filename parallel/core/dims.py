@@ -58,6 +58,15 @@ DIMENSIONS: tuple[MeshDim, ...] = (
     ),
     MeshDim("tp", 2, "tp.size", "parallel.config.TPConfig", "tensor parallel: each layer's matrices split"),
     MeshDim("pp", 0, "pp.size", "parallel.config.PPConfig", "pipeline parallel: consecutive blocks per stage"),
+    MeshDim(
+        "ep",
+        None,
+        "ep.size",
+        "parallel.config.EPConfig",
+        "expert parallel: each MoE layer's experts split, tokens sent to them by all-to-all",
+        borrows=("dp", "cp"),
+        may_borrow=("tp",),
+    ),
 )
 
 

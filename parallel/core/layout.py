@@ -79,18 +79,28 @@ DDP_IN_PIPELINE = (
 )
 
 
-def dp_needs_fsdp(*, dp: int, tp: int, pp: int) -> bool:
-    """The one rule: a dp dimension beside tp or pp is FSDP2 (``fully_shard``), never DDP (``why_dp_needs_fsdp``)."""
-    return dp > 1 and (tp > 1 or pp > 1)
+#: why expert parallel needs FSDP2 on the dp dimension
+EP_NEEDS_FSDP = (
+    "the experts are sharded over ep and reduced over their own FSDP2 mesh; DDP would all-reduce every rank's "
+    "different experts over dp"
+)
+
+
+def dp_needs_fsdp(*, dp: int, tp: int, pp: int, ep: int = 1) -> bool:
+    """The one rule: a dp dimension beside tp, pp or ep is FSDP2 (``fully_shard``), never DDP
+    (``why_dp_needs_fsdp``)."""
+    return dp > 1 and (tp > 1 or pp > 1 or ep > 1)
 
 
 def why_dp_needs_fsdp(layout: ParallelLayout) -> str:
     """Why ``dp_needs_fsdp`` holds for this layout, one reason per dimension ("" when it does not)."""
-    if not dp_needs_fsdp(dp=layout.dp, tp=layout.tp, pp=layout.pp):
+    if not dp_needs_fsdp(dp=layout.dp, tp=layout.tp, pp=layout.pp, ep=layout.ep):
         return ""
     reasons = []
     if layout.tp > 1:
         reasons.append(f"tp.size={layout.tp}: {DDP_OVER_DTENSOR}")
     if layout.pp > 1:
         reasons.append(f"pp.size={layout.pp}: {DDP_IN_PIPELINE}")
+    if layout.ep > 1:
+        reasons.append(f"ep.size={layout.ep}: {EP_NEEDS_FSDP}")
     return "; ".join(reasons)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from models.registry import UnknownModel, spec_for
+from parallel.core import dims
 
 if TYPE_CHECKING:
     from parallel.core.layout import ParallelLayout
@@ -51,3 +52,28 @@ def tensor_parallel_problems(cfg: Any, layout: ParallelLayout, strategy: Any = N
             f"the sequence is split over tp ranks; use data.seq_len={nearest_multiples(seq, tp)}"
         )
     return out
+
+
+def expert_parallel_problems(cfg: Any, layout: ParallelLayout, strategy: Any = None) -> list[str]:
+    """Expert parallel splits each MoE layer's experts into ep equal sets of whole experts: the model must be a
+    mixture of experts and ep must divide its expert count (that ep divides dp x cp is ``dims.borrow_problems``')."""
+    ep, model = layout.ep, cfg.model
+    if ep == 1:
+        return []
+    try:
+        spec = spec_for(model)
+    except UnknownModel:
+        return []  # validation's model check says so
+    if spec.moe is None or spec.moe.n_experts is None:
+        return [
+            f"ep.size={ep} with model={model.get('name')}: expert parallel splits a mixture of experts' experts and "
+            "this model has none; set ep.size=1, or use a MoE model (model=qwen3_moe_debug)"
+        ]
+    experts = int(spec.moe.n_experts(model))
+    if experts % ep:
+        fits = [d for d in range(1, experts + 1) if experts % d == 0 and dims.lent("ep", layout.sizes) % d == 0]
+        return [
+            f"ep.size={ep} does not divide model.n_experts={experts}: each ep rank holds n_experts / ep whole "
+            f"experts; set ep.size to one of {', '.join(map(str, fits))}, or model.n_experts to a multiple of {ep}"
+        ]
+    return []

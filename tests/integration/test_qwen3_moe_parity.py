@@ -1,10 +1,13 @@
-"""Qwen3-MoE (``models/qwen3_moe``, ``models/moe.py``) under the layouts that need no expert parallel reproduces
-parallel=single: ddp, fsdp (experts sharded by FSDP2 along the expert dimension), and 1f1b with 2 micro-batches
-(the auxiliary loss's gradient scaled per micro-batch as the LM loss is). Losses and gradient norms within 1e-4
-relative over 4 steps. The load-balancing loss (on, 0.001) is a function of the tokens of one forward (one
-micro-batch on one rank, as in Megatron-core and transformers), so every case runs forwards of 4 samples: single
-accumulates 2 micro-batches of 4, ddp and fsdp run 4 per rank, 1f1b 2 micro-batches of 4; each job logs the balance (``moe_aux_loss``, ``moe_max_imbalance``) where it has the
-MoE blocks in one module. tp is refused before any worker starts (the experts have no tensor-parallel plan)."""
+"""Qwen3-MoE (``models/qwen3_moe``, ``models/moe.py``) reproduces parallel=single under ddp, fsdp (experts sharded by
+FSDP2 along the expert dimension), 1f1b with 2 micro-batches (the auxiliary loss's gradient scaled per micro-batch
+as the LM loss is) and expert parallel (``parallel/techniques/ep.py``: dp=2 x ep=2 on 2 ranks, dp=4 x ep=2 with the
+experts' own FSDP2 mesh on 4). Losses and gradient norms within 1e-4 relative over 4 steps; under ep also the
+auxiliary loss and the final parameters. The load-balancing loss (on, 0.001) is a function of the tokens of one
+forward (one micro-batch on one rank, as in Megatron-core and transformers), so every case runs forwards of the
+same samples: single accumulates 2 micro-batches of 4, ddp, fsdp and ep=2 run 4 per rank, 1f1b 2 micro-batches of
+4; ep on 4 ranks runs 2 per rank against single accumulating micro-batches of 2. The balance (``moe_aux_loss``,
+``moe_max_imbalance``) is the step's, summed over the data-parallel ranks. tp is refused before any worker starts
+(the experts have no tensor-parallel plan)."""
 
 from __future__ import annotations
 
@@ -12,23 +15,36 @@ import json
 
 import pytest
 
-from tests.helpers import FAST, assert_losses_close, case_multirun, run_train
+from tests.helpers import FAST, TrainRun, assert_losses_close, assert_parity, case_multirun, run_train
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
+LAST = {"trainer": {"checkpoint_every": 4}}  # the final parameters, read back from the step-4 checkpoint
+NONE = {"trainer": {"checkpoint_every": 0}}
+HYBRID = {"defaults": [{"override /parallel": "hybrid"}], "tp": {"size": 1}, "pp": {"size": 1}, **LAST}
 CASES: dict[str, dict] = {
-    "single": {"defaults": [{"override /parallel": "single"}], "data": {"micro_batch_size": 4}},
-    "ddp": {"defaults": [{"override /parallel": "ddp"}]},
-    "fsdp": {"defaults": [{"override /parallel": "fsdp"}]},
-    "1f1b": {"defaults": [{"override /parallel": "pp"}], "pp": {"schedule": "1f1b", "micro_batches": 2}},
+    "single": {"defaults": [{"override /parallel": "single"}], "data": {"micro_batch_size": 4}, **LAST},
+    "ddp": {"defaults": [{"override /parallel": "ddp"}], **NONE},
+    "fsdp": {"defaults": [{"override /parallel": "fsdp"}], **NONE},
+    "1f1b": {"defaults": [{"override /parallel": "pp"}], "pp": {"schedule": "1f1b", "micro_batches": 2}, **NONE},
+    # expert parallel: 2 ranks hold 4 experts each (their FSDP2 mesh is one rank); on 4 ranks ep=2 x expert
+    # FSDP2 over 2, with forwards of 2 samples, against single accumulating micro-batches of 2
+    "ep": {**HYBRID, "dp": {"size": 2}, "ep": {"size": 2}},
+    "ep_fsdp4": {**HYBRID, "dp": {"size": 4}, "ep": {"size": 2}},
+    "single_mb2": {"defaults": [{"override /parallel": "single"}], "data": {"micro_batch_size": 2}, **LAST},
 }
+REFERENCE = {"ep_fsdp4": "single_mb2"}
 MODEL = ("model=qwen3_moe_debug", "model.d_model=64", "model.head_dim=32", "model.d_ff=192", "model.moe_d_ff=64")
-STEPS = ("trainer.max_steps=4", "trainer.checkpoint_every=0", "pp.trace_step=0")
+STEPS = ("trainer.max_steps=4", "pp.trace_step=0")
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    jobs = case_multirun(CASES, *MODEL, *FAST, *STEPS, base=tmp_path_factory.mktemp("qwen3_moe"), group="parity_case")
+def jobs(tmp_path_factory):
+    return case_multirun(CASES, *MODEL, *FAST, *STEPS, base=tmp_path_factory.mktemp("qwen3_moe"), group="parity_case")
+
+
+@pytest.fixture(scope="module")
+def runs(jobs):
     out = {}
     for case, job in jobs.items():
         metrics = [json.loads(line) for line in (job / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -43,14 +59,32 @@ def test_single_trains_and_reports_the_balance(runs):
     assert all(m["moe_dropped_tokens"] == 0 for m in metrics)
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c != "single"])
+@pytest.mark.parametrize("case", [c for c in CASES if not c.startswith("single")])
 def test_matches_single(case, runs):
-    ref = runs["single"][1]
+    ref = runs[REFERENCE.get(case, "single")][1]
     metrics = runs[case][1]
     losses = [m["loss"] for m in metrics]
     print(case, "max relative loss difference", max(abs(a - r["loss"]) / r["loss"] for a, r in zip(losses, ref)))
     assert_losses_close(losses, [m["loss"] for m in ref], rel=1e-4)
     assert_losses_close([m["grad_norm"] for m in metrics], [m["grad_norm"] for m in ref], rel=1e-4)
+
+
+@pytest.mark.parametrize("case", ["ep", "ep_fsdp4"])
+def test_expert_parallel_matches_single_to_the_parameters(case, runs, jobs):
+    """Losses, the auxiliary loss (a function of each forward's own tokens, routed before any exchange), gradient
+    norms and the final parameters (the experts' DTensor shards read back whole from the checkpoint); the
+    all-to-all's time and share of the step are reported."""
+    ref, metrics = runs[REFERENCE.get(case, "single")][1], runs[case][1]
+    aux = [m["moe_aux_loss"] for m in metrics]
+    print(
+        case,
+        "max relative aux loss difference",
+        max(abs(a - r["moe_aux_loss"]) / r["moe_aux_loss"] for a, r in zip(aux, ref)),
+    )
+    assert_losses_close(aux, [r["moe_aux_loss"] for r in ref], rel=1e-4)
+    worst = assert_parity(TrainRun(None, jobs[case]), TrainRun(None, jobs[REFERENCE.get(case, "single")]))
+    print(case, "max parameter difference", worst)
+    assert all(m["ep_a2a_time_s"] > 0 and 0 < m["ep_a2a_fraction"] <= 1 and m["ep_a2a_calls"] > 0 for m in metrics)
 
 
 def test_tensor_parallel_is_refused_before_spawn(tmp_path):

@@ -19,21 +19,25 @@ from parallel.plan.cost_model import Candidate
 
 
 def test_todays_dimensions_and_rank_order():
-    assert dims.names() == ("dp", "tp", "pp")
-    assert dims.mesh_names() == ("pp", "dp", "tp")
-    assert [dims.dim(n).key for n in dims.names()] == ["dp.size", "tp.size", "pp.size"]
+    assert dims.names() == ("dp", "tp", "pp", "ep")
+    assert dims.mesh_names() == ("pp", "dp", "tp")  # ep borrows dp's ranks: no place of its own
+    assert [dims.dim(n).key for n in dims.names()] == ["dp.size", "tp.size", "pp.size", "ep.size"]
     layout = ParallelLayout(strategy="hybrid", dp=2, tp=3, pp=2, nproc_per_node=6)
     assert layout.world_size == 12 and layout.mesh_shape == (2, 2, 3)
     assert (layout.dp, layout.tp, layout.pp) == (2, 3, 2)
     assert [layout.stride(n) for n in ("tp", "dp", "pp")] == [1, 3, 6]  # ranks between group neighbours
     for r in range(12):  # row-major over (pp, dp, tp): tp varies fastest
-        assert layout.coords(r) == {"pp": r // 6, "dp": (r // 3) % 2, "tp": r % 3}
+        assert layout.coords(r) == {"pp": r // 6, "dp": (r // 3) % 2, "tp": r % 3, "ep": 0}
         assert layout.rank_of(**layout.coords(r)) == r
     assert list(layout.to_dict())[:4] == ["strategy", "dp", "tp", "pp"]
     assert pickle.loads(pickle.dumps(layout)) == layout  # spawned workers receive it pickled
     assert replace(layout, dp=1).world_size == 6 and replace(layout, nnodes=2).sizes == layout.sizes
-    assert factorizations(4) == [(4, 1, 1), (2, 2, 1), (2, 1, 2), (1, 4, 1), (1, 2, 2), (1, 1, 4)]
-    assert describe_factorization(2, 1, 2) == "parallel=hybrid dp.size=2 pp.size=2"
+    assert factorizations(4) == [
+        (4, 1, 1, 4), (4, 1, 1, 2), (4, 1, 1, 1), (2, 2, 1, 2), (2, 2, 1, 1), (2, 1, 2, 2), (2, 1, 2, 1),
+        (1, 4, 1, 1), (1, 2, 2, 1), (1, 1, 4, 1),
+    ]  # fmt: skip
+    assert describe_factorization(2, 1, 2, 1) == "parallel=hybrid dp.size=2 pp.size=2"
+    assert describe_factorization(2, 1, 1, 2) == "parallel=hybrid dp.size=2 ep.size=2"
 
 
 def test_each_row_names_its_config_class_and_the_root_schema_holds_it():
@@ -61,7 +65,7 @@ def test_a_new_rows_config_group_joins_the_root_schema_without_editing_it(monkey
     row = MeshDim("cp", 3, "cp.size", f"{__name__}.CPConfig", "context parallel: the sequence split")
     monkeypatch.setattr(dims, "DIMENSIONS", (*dims.DIMENSIONS, row))
     groups = {name: (cls, f) for name, cls, f in _dimension_groups()}
-    assert list(groups) == ["dp", "tp", "pp", "cp"] and groups["cp"][0] is CPConfig
+    assert list(groups) == ["dp", "tp", "pp", "ep", "cp"] and groups["cp"][0] is CPConfig
     root = make_dataclass("Root", [(name, cls, f) for name, (cls, f) in groups.items()])
     cfg = OmegaConf.merge(OmegaConf.structured(root), OmegaConf.from_dotlist(["cp.size=2"]))
     assert cfg.cp.size == 2 and cfg.dp.size == 1
@@ -74,7 +78,7 @@ def test_sizes_refuse_an_unknown_dimension_and_a_bad_table(monkeypatch):
         dims.full_sizes({"xp": 2})
     with pytest.raises(TypeError, match="one coordinate per mesh dimension"):
         ParallelLayout(strategy="ddp", dp=2).rank_of(dp=1)
-    twice = tuple(MeshDim(d.name, 0, d.key, d.config, d.summary) for d in dims.DIMENSIONS)
+    twice = tuple(MeshDim(d.name, 0, d.key, d.config, d.summary) for d in dims.DIMENSIONS if not d.borrows)
     monkeypatch.setattr(dims, "DIMENSIONS", twice)
     with pytest.raises(ValueError, match="mesh places .* must be 0..2, each once"):
         dims.mesh_names()

@@ -1,0 +1,81 @@
+"""Expert parallel's pieces that need no process group: the reorder of received rows by local expert, the ep row
+of the dimension table, and the refusals before any worker starts (a dense model, an ep that does not divide the
+experts or the ranks it borrows, and ep without FSDP2). Parity runs in tests/integration/test_qwen3_moe_parity.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from parallel.core import dims
+from parallel.core.compose import Composition
+from parallel.core.layout import ParallelLayout
+from parallel.techniques.ep import _by_local_expert
+
+
+def test_received_rows_are_reordered_expert_major():
+    # 2 source ranks x 3 local experts: rows per (source, expert); received source-major
+    recv = torch.tensor([[2, 0, 1], [1, 3, 0]])
+    received = [("s0", "e0"), ("s0", "e0"), ("s0", "e2"), ("s1", "e0"), ("s1", "e1"), ("s1", "e1"), ("s1", "e1")]
+    order = _by_local_expert(recv, rows=7).tolist()
+    assert [received[i] for i in order] == [
+        ("s0", "e0"), ("s0", "e0"), ("s1", "e0"), ("s1", "e1"), ("s1", "e1"), ("s1", "e1"), ("s0", "e2")
+    ]  # fmt: skip
+    assert order == [0, 1, 3, 4, 5, 6, 2]
+
+
+def test_the_ep_row_borrows_dp_and_adds_no_rank():
+    assert dims.borrowing() == ("ep",) and dims.lenders("ep") == ("dp",) and "ep" not in dims.mesh_names()
+    layout = ParallelLayout(strategy="hybrid", dp=4, ep=2)
+    assert layout.world_size == 4 and [layout.coords(r)["ep"] for r in range(4)] == [0, 1, 0, 1]
+    assert Composition.from_degrees(ParallelLayout(strategy="hybrid", dp=2, ep=2, dp_shard=True)).ep
+    with pytest.raises(ValueError, match="expert parallel shards with FSDP2"):
+        Composition(ep=True, dp="ddp")
+
+
+MOE = ("model=qwen3_moe_debug", "parallel=hybrid", "tp.size=1", "pp.size=1")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ("model=llama_debug", "parallel=hybrid", "tp.size=1", "pp.size=1", "dp.size=2", "ep.size=2"),
+            "ep.size=2 with model=llama_debug: expert parallel splits a mixture of experts' experts and this model "
+            "has none; set ep.size=1, or use a MoE model (model=qwen3_moe_debug)",
+        ),
+        (
+            (*MOE, "dp.size=4", "ep.size=4", "model.n_experts=6"),
+            "ep.size=4 does not divide model.n_experts=6: each ep rank holds n_experts / ep whole experts; set "
+            "ep.size to one of 1, 2, or model.n_experts to a multiple of 4",
+        ),
+        (
+            (*MOE, "dp.size=2", "ep.size=4"),
+            "ep.size=4 does not divide dp.size=2 = 2, the ranks ep borrows (it adds none of its own); set ep.size "
+            "to one of 1, 2",
+        ),
+        (
+            (*MOE, "dp.size=2", "ep.size=2", "model.top_k=9"),
+            "model.top_k=9: each token picks 1 to model.n_experts=8 experts; use 1 <= top_k <= 8",
+        ),
+        (
+            ("model=qwen3_moe_debug", "parallel=fsdp", "dp.size=2", "ep.size=2"),
+            "ep.size=2 with parallel=fsdp: fsdp does not use the ep dimension",
+        ),
+    ],
+)
+def test_refused_before_any_worker_starts(compose_cfg, overrides, message):
+    from trainer.validate import ConfigError, validate
+
+    with pytest.raises(ConfigError) as err:
+        validate(compose_cfg(*overrides))
+    assert message in str(err.value)
+
+
+def test_dp_is_fsdp2_under_expert_parallel(compose_cfg):
+    from trainer.validate import build_layout, validate
+
+    cfg = compose_cfg(*MOE, "dp.size=2", "ep.size=2", "dp.shard=false")
+    layout = build_layout(cfg)
+    assert layout.dp_shard and layout.ep == 2 and layout.world_size == 2
+    validate(cfg)
