@@ -308,7 +308,7 @@ def check_model_data(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> No
 
 def check_dp_composition(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
     """With tp, pp or ep > 1 the dp dimension is FSDP2 (build_layout sets dp_shard): say so and why."""
-    if dp_needs_fsdp(dp=layout.dp, tp=layout.tp, pp=layout.pp, ep=layout.ep) and not cfg.dp.shard:
+    if dp_needs_fsdp(dp=layout.dp, tp=layout.tp, pp=layout.pp, ep=layout.sizes.get("ep", 1)) and not cfg.dp.shard:
         f.warn(
             f"dp.shard=false with dp.size={layout.dp}: the dp dimension uses FSDP2 fully_shard instead of DDP "
             f"(same numerics) because {why_dp_needs_fsdp(layout)}. Set dp.shard=true to silence this."

@@ -70,7 +70,11 @@ class Composition:
         """Every dimension the layout uses (``parallel=hybrid``): a new mesh dimension's wrapper is chosen
         here, from its degree, beside the others."""
         return cls(
-            tp=layout.tp > 1, dp=cls.dp_wrap(layout), ep=layout.ep > 1, pipeline=layout.pp > 1, rank_map=rank_map
+            tp=layout.tp > 1,
+            dp=cls.dp_wrap(layout),
+            ep=layout.sizes.get("ep", 1) > 1,
+            pipeline=layout.pp > 1,
+            rank_map=rank_map,
         )
 
     @staticmethod

@@ -94,13 +94,13 @@ def dp_needs_fsdp(*, dp: int, tp: int, pp: int, ep: int = 1) -> bool:
 
 def why_dp_needs_fsdp(layout: ParallelLayout) -> str:
     """Why ``dp_needs_fsdp`` holds for this layout, one reason per dimension ("" when it does not)."""
-    if not dp_needs_fsdp(dp=layout.dp, tp=layout.tp, pp=layout.pp, ep=layout.ep):
+    if not dp_needs_fsdp(dp=layout.dp, tp=layout.tp, pp=layout.pp, ep=layout.sizes.get("ep", 1)):
         return ""
     reasons = []
     if layout.tp > 1:
         reasons.append(f"tp.size={layout.tp}: {DDP_OVER_DTENSOR}")
     if layout.pp > 1:
         reasons.append(f"pp.size={layout.pp}: {DDP_IN_PIPELINE}")
-    if layout.ep > 1:
-        reasons.append(f"ep.size={layout.ep}: {EP_NEEDS_FSDP}")
+    if layout.sizes.get("ep", 1) > 1:
+        reasons.append(f"ep.size={layout.sizes['ep']}: {EP_NEEDS_FSDP}")
     return "; ".join(reasons)

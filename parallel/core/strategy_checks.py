@@ -57,7 +57,7 @@ def tensor_parallel_problems(cfg: Any, layout: ParallelLayout, strategy: Any = N
 def expert_parallel_problems(cfg: Any, layout: ParallelLayout, strategy: Any = None) -> list[str]:
     """Expert parallel splits each MoE layer's experts into ep equal sets of whole experts: the model must be a
     mixture of experts and ep must divide its expert count (that ep divides dp x cp is ``dims.borrow_problems``')."""
-    ep, model = layout.ep, cfg.model
+    ep, model = layout.sizes.get("ep", 1), cfg.model
     if ep == 1:
         return []
     try:
