@@ -80,6 +80,18 @@ def run_train(
     return run
 
 
+def make_train(*overrides: str, run_dir: Path) -> TrainRun:
+    """``make train ARGS="..."`` from the repository root, as the README starts the default job: a cold interpreter
+    through the Makefile (``-o``: the environment this test runs in counts as bootstrapped)."""
+    venv = Path(sys.prefix)
+    args = " ".join([*overrides, f"hydra.run.dir={run_dir}"])
+    cmd = ["make", "--no-print-directory", "train", f"VENV={venv}", "-o", str(venv / ".installed"), f"ARGS={args}"]
+    env = {**os.environ, "WANDB_SILENT": "true"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return TrainRun(proc=proc, run_dir=run_dir)
+
+
 def case_multirun(
     cases: dict[str, dict], *overrides: str, base: Path, group: str, timeout: float = 1500
 ) -> dict[str, Path]:

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from models.shape import count_text
 from parallel.core import dims
 from parallel.plan.cost_model import Estimate
 from parallel.plan.search import TRAINER_AC, Plan, describe, pitfalls, plan, specs_from_cfg, strategy_of
@@ -103,7 +104,7 @@ def print_table(p: Plan, *, top: int, elapsed_s: float, file=None) -> None:
     console = Console(file=file or sys.stdout, width=160)
     m, h, w = p.model, p.hardware, p.workload
     console.print(
-        f"[bold]{m.name}[/]: {m.params / 1e9:.4g}B params, {m.training_flops_per_token(w.seq_len):.3g} FLOPs/token, "
+        f"[bold]{m.name}[/]: {count_text(m.params)} params, {m.training_flops_per_token(w.seq_len):.3g} FLOPs/token, "
         f"batch {w.global_batch_size} x {w.seq_len} tokens, {w.precision} (trainer.precision="
         f"{TRAINER_PRECISION[w.precision]}) | [bold]{h.name}[/]: {h.world_size} devices "
         f"({h.nnodes} x {h.devices_per_node}), {h.memory_bytes / GB:g} GB, {h.flops / 1e12:.3g} TFLOP/s, "

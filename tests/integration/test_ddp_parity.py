@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.helpers import FAST, assert_parity, run_train
@@ -69,6 +71,12 @@ def test_batchnorm_small_batch_warning(tmp_path):
     assert "3 BatchNorm layers" in run.output and "sees only 4 samples" in run.output
     losses = run.losses()
     assert losses[-1] < 0.7 * losses[0]
+    # an image model's throughput is samples/s: the console, the done line, metrics.jsonl and summary.json say so
+    assert " samples/s" in run.output and "tok/s" not in run.output
+    assert re.search(r"done: loss [\d.]+ at step 1 -> [\d.]+ at step 20, [\d,]+ samples/s \(median\)", run.output)
+    record = run.metrics()[-1]
+    assert record["samples_per_s"] == pytest.approx(8 / record["step_time_s"], rel=1e-6)
+    assert run.summary()["samples_per_s"] == run.summary()["tokens_per_s"]
     big = run_train(
         "model=cnn_bn",
         "data=images",

@@ -1,43 +1,27 @@
-"""The default job end to end, started by `make train` as the README says: every output file, read back, and the
-W&B offline run's contents."""
+"""The default job end to end, started by `make train` as the README says (the session's ``default_job``, which
+tests/integration/test_readme_commands.py exports too): every output file, read back, and the W&B offline run's
+contents."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.helpers import ROOT, TrainRun
 from trainer.observe.wandb_read import read_run
 
 pytestmark = pytest.mark.slow
 
 
-def make_train(*overrides: str, run_dir: Path) -> TrainRun:
-    """``make train ARGS="..."`` from the repository root, as the README starts the default job: a cold interpreter
-    through the Makefile (``-o``: the environment this test runs in counts as bootstrapped)."""
-    venv = Path(sys.prefix)
-    args = " ".join([*overrides, f"hydra.run.dir={run_dir}"])
-    cmd = ["make", "--no-print-directory", "train", f"VENV={venv}", "-o", str(venv / ".installed"), f"ARGS={args}"]
-    env = {**os.environ, "WANDB_SILENT": "true"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return TrainRun(proc=proc, run_dir=run_dir)
-
-
-def test_default_job_outputs(tmp_path):
-    run = make_train("trainer.max_steps=40", run_dir=tmp_path / "run")
+def test_default_job_outputs(default_job):
+    run = default_job  # `make train` as printed: 200 steps (tests/conftest.py; the README test exports it)
     d = run.run_dir
     # console: progress lines and where the outputs are
     assert "done: loss" in run.proc.stdout and f"outputs in {d}" in run.proc.stdout
 
     metrics = run.metrics()
-    assert [m["step"] for m in metrics] == [1, 10, 20, 30, 40]
+    assert [m["step"] for m in metrics] == [1, *range(10, 201, 10)]
     for m in metrics:
         assert {"step", "loss", "lr", "step_time_s", "tokens_per_s", "comm_fraction"} <= m.keys()
         assert m["tokens_per_s"] == pytest.approx(16 * 128 / m["step_time_s"], rel=1e-6)
@@ -57,16 +41,16 @@ def test_default_job_outputs(tmp_path):
     assert (d / "logs" / "rank0.log").read_text().count("step ") >= 5
     assert "rank 1/2" in (d / "logs" / "rank1.log").read_text()
     hydra_cfg = yaml.safe_load((d / ".hydra" / "config.yaml").read_text())
-    assert hydra_cfg["parallel"]["name"] == "ddp" and hydra_cfg["trainer"]["max_steps"] == 40
+    assert hydra_cfg["parallel"]["name"] == "ddp" and hydra_cfg["trainer"]["max_steps"] == 200
 
     # W&B offline run: history rows are the logged steps, config is the resolved Hydra config
     wb = read_run(d)
     rows = [r for r in wb.history if "train/loss" in r]
-    assert [r["train/step"] for r in rows] == [r["_step"] for r in rows] == [1, 10, 20, 30, 40]
+    assert [r["train/step"] for r in rows] == [r["_step"] for r in rows] == [1, *range(10, 201, 10)]
     assert [r["train/loss"] for r in rows] == pytest.approx([m["loss"] for m in metrics])
     assert wb.config["parallel"]["name"] == "ddp"
     assert wb.config["model"]["max_seq_len"] == 128  # interpolation resolved
-    assert wb.config["trainer"]["max_steps"] == 40
+    assert wb.config["trainer"]["max_steps"] == 200
     assert wb.job_type == "ddp" and "dp2" in wb.tags
     assert wb.summary["final_loss"] == pytest.approx(summary["final_loss"])
     assert json.loads((d / "summary.json").read_text())["wandb_dir"]

@@ -59,6 +59,9 @@ def test_grid_sweep_report_has_one_row_per_job_with_the_summaries_values(grid_sw
     run, sweep_dir = grid_sweep
     assert "4 jobs: 4 completed, 0 skipped, 0 failed" in run.output
     assert json.loads((sweep_dir / "sweep_status.json").read_text())["counts"]["completed"] == 4
+    if not (sweep_dir / "report.md").exists():  # before any report: the sweep's end linked every job's W&B run
+        linked = [p for p in (sweep_dir / "wandb").iterdir() if p.is_symlink()]
+        assert sorted(str(p.readlink()).split("/")[1] for p in linked) == ["0", "1", "2", "3"]
     summaries = {j.num: j.summary for j in read_sweep(sweep_dir)}
     configs = {j.num: j.config for j in read_sweep(sweep_dir)}
     assert sorted(summaries) == [0, 1, 2, 3] and all(s is not None for s in summaries.values())

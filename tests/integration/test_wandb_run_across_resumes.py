@@ -34,6 +34,11 @@ def resumed_run(tmp_path_factory):
     )
     assert "continuing at step 11 of 20" in final.output and "elastic restart 1" in final.output
     assert final.summary()["restarts"] == 1
+    # the end line compares the run's first loss (step 1, written by the first command) with its last
+    first, last = final.metrics()[0], final.metrics()[-1]
+    assert (first["step"], last["step"]) == (1, 20)
+    assert f"done: loss {first['loss']:.4f} at step 1 -> {last['loss']:.4f} at step 20," in final.output
+    assert (final.summary()["first_loss"], final.summary()["first_loss_step"]) == (first["loss"], 1)
     return final, read_run(run_dir)
 
 

@@ -59,3 +59,22 @@ def test_a_folder_without_tokenizer_json_is_refused(tmp_path):
     (tmp_path / "model" / "config.json").write_text("{}")
     with pytest.raises(PrepareError, match="the folder has no tokenizer.json"):
         prepare(inputs=[str(tmp_path)], output=str(tmp_path / "out"), tokenizer=str(tmp_path / "model"))
+
+
+def test_a_folder_naming_its_end_of_text_only_in_config_json_needs_no_eos_token(hf_tokenizer_folder, tmp_path):
+    """Many model folders give eos_token_id in config.json alone: prepare takes its token from there."""
+    import json
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    shutil.copyfile(hf_tokenizer_folder / "tokenizer.json", folder / "tokenizer.json")
+    eos_id = AutoTokenizer.from_pretrained(hf_tokenizer_folder).eos_token_id
+    write_corpus(tmp_path / "corpus", n_text=2, words=60)
+    with pytest.raises(PrepareError, match="name it with --eos-token"):  # nothing names it: refused
+        prepare(inputs=[str(tmp_path / "corpus")], output=str(tmp_path / "a"), tokenizer=str(folder), log=print)
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "eos_token_id": [eos_id, 7]}))
+    meta = prepare(inputs=[str(tmp_path / "corpus")], output=str(tmp_path / "b"), tokenizer=str(folder), log=print)
+    assert (meta["tokenizer"]["eos_token"], meta["tokenizer"]["eos_id"]) == (EOS, eos_id)

@@ -69,6 +69,25 @@ def test_small_model_on_local_cpu_follows_the_seed(compose_cfg):
     assert {strategy_of(e.candidate) for e in p.ranked} == {"ddp"}  # world size 2: ddp is the only option here
 
 
+def test_the_reason_names_what_its_numbers_are_and_the_header_counts_like_people(compose_cfg, capsys):
+    """The reason's "fits one device" number is the whole model with 1-sample micro-batches (a layout the table
+    need not list), said so; the chosen row's own memory follows it. gpt_small has 870,656 parameters."""
+    from parallel.plan.cli import print_table
+    from parallel.plan.search import one_device_need
+    from parallel.plan.specs import GB
+
+    cfg = compose_cfg("model=gpt_small", "topology=local_cpu")
+    m, hw, w = specs_from_cfg(cfg)
+    p = plan(model=m, hardware=hw, workload=w)
+    need = one_device_need(model=m, hardware=hw, workload=w).memory.total / GB
+    assert f"fits one device (the whole model with 1-sample micro-batches: {need:.3g} of " in p.reason
+    assert f": {p.best.memory.total / GB:.3g} GB per rank, {p.best.step_time_s:.3g} s/step" in p.reason
+    print_table(p, top=3, elapsed_s=0.1)
+    out = capsys.readouterr().out
+    assert out.startswith(f"gpt_small: {m.params / 1e3:.1f}K params,") and f"{m.params / 1e3:.1f}K" == "870.7K"
+    assert f"reason: {p.reason[:40]}" in out
+
+
 def test_plan_json_contract(capsys):
     assert main(["model=gpt_175b", "topology=cluster_1024xh100", "--json", "--top", "5"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -207,3 +226,12 @@ def test_plan_output_names_the_three_traps_with_their_numbers(compose_cfg):
     print_table(fake, top=1, elapsed_s=0.0, file=buf)
     assert "pitfall:" in buf.getvalue() and "keeps all 64 micro-batches" in buf.getvalue().replace("\n", " ")
     assert replace(gpipe, schedule="1f1b") != gpipe
+
+
+@pytest.mark.parametrize(
+    "count,text", [(870_656, "870.7K"), (1.236e9, "1.2B"), (124_439_808, "124.4M"), (175e9, "175B"), (999_950, "1M")]
+)
+def test_counts_read_as_people_write_them(count, text):
+    from models.shape import count_text
+
+    assert count_text(count) == text

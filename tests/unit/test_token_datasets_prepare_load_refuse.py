@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -170,8 +171,13 @@ def test_refused_before_any_worker_starts(compose_cfg, dataset, tmp_path):
     base = ("parallel=single", "logger=none", "data=tokens", f"data.path={dataset}", "data.seq_len=16")
     with pytest.raises(DataError, match="model.vocab_size=256"):
         train(compose_cfg(*base), run_dir=tmp_path / "a", run_meta={})
-    with pytest.raises(ConfigError, match="data=tokens needs data.path"):
+    with pytest.raises(ConfigError, match="data=tokens needs data.path=.*python -m trainer.data.prepare"):
         train(compose_cfg("data=tokens", "logger=none"), run_dir=tmp_path / "b", run_meta={})
+    missing = tmp_path / "data" / "my_corpus"  # the README's second command before its first
+    with pytest.raises(
+        ConfigError, match=re.escape(f"python -m trainer.data.prepare --input FILES --output {missing}")
+    ):
+        train(compose_cfg("data=tokens", f"data.path={missing}", "logger=none"), run_dir=tmp_path / "b", run_meta={})
     with pytest.raises(ConfigError, match="trainer.objective=val_loss needs an evaluation"):
         train(compose_cfg("trainer.objective=val_loss", "logger=none"), run_dir=tmp_path / "c", run_meta={})
     text = compose_cfg("parallel=single", "logger=none", "data.val_fraction=0", "trainer.eval_every=5")
@@ -255,12 +261,13 @@ def test_val_loss_search_config_minimises(compose_cfg):
     assert cfg.hydra.sweeper.direction == "minimize"
 
 
-def test_a_resumed_run_counts_the_evaluations_before_its_checkpoint(tmp_path):
-    from trainer.loop.fit import earlier_evaluations
+def test_a_resumed_run_counts_the_evaluations_and_the_first_loss_before_its_checkpoint(tmp_path):
+    from trainer.loop.fit import history_before
 
     path = tmp_path / "metrics.jsonl"
     rows = [{"step": 1, "loss": 5.0}, {"step": 2, "loss": 4.0, "val_loss": 4.5}, {"step": 4, "val_loss": 4.1}]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert earlier_evaluations(path, through_step=3) == [(2, 4.5)]
-    assert earlier_evaluations(path, through_step=4) == [(2, 4.5), (4, 4.1)]
-    assert earlier_evaluations(tmp_path / "missing.jsonl", through_step=4) == []
+    assert history_before(path, through_step=3) == ([(2, 4.5)], (1, 5.0))
+    assert history_before(path, through_step=4) == ([(2, 4.5), (4, 4.1)], (1, 5.0))
+    assert history_before(path, through_step=0) == ([], None)
+    assert history_before(tmp_path / "missing.jsonl", through_step=4) == ([], None)

@@ -4,6 +4,7 @@ W&B workspace spec (wandb-workspaces) and the report's interactive W&B charts.""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from trainer.observe.wandb_run import RunIdentity, wandb_key, wandb_metrics
 
@@ -198,3 +199,22 @@ def test_a_client_starts_its_own_service_and_leaves_none_behind(tmp_path, monkey
     client.finish()
     assert "WANDB_SERVICE" not in os.environ
     assert len(list(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))) == 1
+
+
+def test_a_rerun_of_the_report_replaces_its_wandb_run(tmp_path):
+    """Each ``trainer.report`` of one sweep: the same W&B run id (kept in the sweep's wandb_run.json; online the
+    run is resumed) and one report run folder under <sweep>/wandb, not one more per rerun."""
+    from trainer.observe.wandb_read import segment_dirs
+    from trainer.report.cli import write_report
+
+    _fake_sweep(tmp_path)
+    ids = []
+    for _ in range(2):
+        out = write_report(tmp_path, wandb_mode="offline")
+        own = segment_dirs(tmp_path)
+        assert [p.resolve() for p in own] == [Path(out["wandb_dir"]).resolve()]
+        ids.append(json.loads((tmp_path / "wandb_run.json").read_text())["id"])
+        assert own[0].name.endswith(f"-{ids[-1]}")
+    assert ids[0] == ids[1]
+    jobs_linked = sorted(p.name for p in (tmp_path / "wandb").glob("*run-*-job*") if p.is_symlink())
+    assert jobs_linked == [f"offline-run-20260101_00000{n}-job{n}" for n in range(4)]

@@ -23,7 +23,8 @@ def check_data(cfg: DictConfig, layout: object, f: Findings) -> None:
         )
     elif path and not os.path.exists(os.path.expanduser(str(path))):
         what = {
-            "tokens": "a prepared dataset folder",
+            "tokens": "a prepared dataset folder (write one with "
+            f"`python -m trainer.data.prepare --input FILES --output {path}`)",
             "chat": "a .jsonl of conversations or a folder of them",
         }.get(str(cfg.data.get("name")), "a UTF-8 text file or a .npy/.bin token file")
         f.error(f"data.path={path}: no such file or folder; point it at {what}")

@@ -54,6 +54,8 @@ class WindowBatches:
     describe: str
     packing: str = "none"
     """``documents``: positions restart and attention stops at each EOS (``trainer/data/packing.py``)."""
+    #: what throughput counts (the console's tok/s)
+    unit = "tokens"
 
     @property
     def tokens_per_sample(self) -> int:
@@ -328,6 +330,8 @@ class SyntheticImages:
         self.prototypes = proto_rng.standard_normal((num_classes, channels, image_size, image_size)).astype(np.float32)
 
     tokens_per_sample = 1
+    #: an image is one sample: throughput is samples/s (``samples_per_s``), not tokens/s
+    unit = "samples"
 
     def prepare(self) -> None:
         pass

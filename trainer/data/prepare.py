@@ -178,12 +178,23 @@ def tokenizer_file(tokenizer: str) -> Path:
 
 
 def hf_eos_token(tok_file: Path) -> str | None:
-    """The end-of-text token a Hugging Face folder's ``tokenizer_config.json`` names beside ``tok_file``."""
+    """The end-of-text token of the Hugging Face folder holding ``tok_file``: the one its
+    ``tokenizer_config.json`` names, else the token of the ``eos_token_id`` its ``config.json`` or
+    ``generation_config.json`` gives (a folder that says it only there needs no ``--eos-token``)."""
     config = tok_file.parent / "tokenizer_config.json"
-    if not config.is_file():
-        return None
-    eos = json.loads(config.read_text()).get("eos_token")
-    return eos.get("content") if isinstance(eos, dict) else eos
+    eos = json.loads(config.read_text()).get("eos_token") if config.is_file() else None
+    eos = eos.get("content") if isinstance(eos, dict) else eos
+    if eos:
+        return eos
+    for name in ("config.json", "generation_config.json"):
+        path = tok_file.parent / name
+        given = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
+        given = given[0] if isinstance(given, list) and given else given
+        if isinstance(given, int):
+            from tokenizers import Tokenizer
+
+            return Tokenizer.from_file(str(tok_file)).id_to_token(given)
+    return None
 
 
 def _eos_id(tok, eos: str | None) -> tuple[str, int]:

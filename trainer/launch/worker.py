@@ -32,6 +32,7 @@ from trainer.launch.environment import rendezvous_port
 from trainer.launch.loopback import WORKER_STORE
 from trainer.launch.preemption import EXIT_PREEMPTED, PreemptionFlag
 from trainer.loop.fit import Trainer
+from trainer.observe.console import throughput
 from trainer.observe.rank_logs import TRACE_LOGGER_NAME, setup_rank_logging, teardown_rank_logging
 from trainer.observe.sinks import build_sinks, finish_sinks, output_listing
 
@@ -247,11 +248,12 @@ def run(
         exit_code = 0
         if env.rank == 0 and summary["status"] == "completed" and summary["final_loss"] is not None:
             log.info(
-                "done: loss %.4f -> %.4f at step %d, %.0f tokens/s (median)",
+                "done: loss %.4f at step %d -> %.4f at step %d, %s (median)",
                 summary["first_loss"],
+                summary["first_loss_step"],
                 summary["final_loss"],
                 summary["last_step"],
-                summary["tokens_per_s"],
+                throughput(summary),
             )
         return summary if env.rank == 0 else None
     except BaseException as exc:

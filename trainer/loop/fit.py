@@ -124,6 +124,8 @@ class Trainer:
         self.eval_every = int(self.cfg.trainer.get("eval_every", 0))
         self.checkpoint_every = int(self.cfg.trainer.checkpoint_every)
         self.tokens_per_step = int(self.cfg.data.global_batch_size) * int(self.data.tokens_per_sample)
+        # what throughput counts: "samples" for image data; a dataset that says nothing (chat, a user's) counts tokens
+        self.unit = str(getattr(self.data, "unit", "tokens"))
         self.callbacks = build_callbacks(self.cfg.trainer.get("callbacks"))
         self.sinks: list[Sink] = []
         """Rank 0's sinks (``fit``'s); none on the other ranks."""
@@ -132,6 +134,8 @@ class Trainer:
         self.stats = StepStats()
         self.instruments = StepInstruments(ctx=ctx, tokens_per_step=self.tokens_per_step)
         self.first_loss: float | None = None
+        """The run's first logged loss (a resumed run: the first one metrics.jsonl holds), at ``first_loss_step``."""
+        self.first_loss_step: int | None = None
         self.last_loss: float | None = None
         self.skipped_steps: list[int] = []
         self.resumed_from: str | None = None
@@ -164,7 +168,10 @@ class Trainer:
         self.started_at = time.perf_counter()
         status, step = "completed", start_step
         if start_step > 0 and self.ctx.is_rank0:  # a resumed run's best validation loss counts earlier evaluations
-            self.val_history = earlier_evaluations(self.ctx.run_dir / "metrics.jsonl", through_step=start_step)
+            # and its first loss is the run's, not this attempt's ("loss 3.4747 -> 3.4747" after one more step)
+            self.val_history, first = history_before(self.ctx.run_dir / "metrics.jsonl", through_step=start_step)
+            if first is not None:
+                self.first_loss_step, self.first_loss = first
         self._prefetch = Prefetcher(
             self.data.global_batch,
             first_step=start_step + 1,
@@ -278,7 +285,8 @@ class Trainer:
         record = None
         if self._should_log(step) and not outcome.skipped:
             value = self._reduce_loss(outcome.loss)
-            self.first_loss = value if self.first_loss is None else self.first_loss
+            if self.first_loss is None:
+                self.first_loss, self.first_loss_step = value, step
             self.last_loss = value
             record = {
                 "step": step,
@@ -292,6 +300,8 @@ class Trainer:
                 **self.instruments.logged(step, outcome.seconds),  # mfu, memory, saved activations (collective)
                 **outcome.extras,
             }
+            if self.unit == "samples":  # an image model: the same number, named for what it counts
+                record["samples_per_s"] = int(self.cfg.data.global_batch_size) / outcome.seconds
             for sink in self.sinks:
                 sink.log_step(record)
         for sink in self.sinks:
@@ -498,8 +508,11 @@ class Trainer:
             "strategy": ctx.layout.strategy,
             "steps": self.max_steps,
             "first_loss": self.first_loss,
+            "first_loss_step": self.first_loss_step,
             "final_loss": self.last_loss,
             "tokens_per_s": self.stats.median_tokens_per_s(),
+            # image data counts samples (one "token" each): the same median, named for what it counts
+            **({"samples_per_s": self.stats.median_tokens_per_s()} if self.unit == "samples" else {}),
             "median_step_time_s": self.stats.median_step_time(),
             # each rank's process CPU seconds per steady step: the host's work, apart from waiting
             "median_step_cpu_s_per_rank": [g[2] for g in gathered],
@@ -528,10 +541,12 @@ class Trainer:
         }
 
 
-def earlier_evaluations(path: Path, *, through_step: int) -> list[tuple[int, float]]:
-    """(step, val_loss) of the evaluations metrics.jsonl already holds up to ``through_step``."""
+def history_before(path: Path, *, through_step: int) -> tuple[list[tuple[int, float]], tuple[int, float] | None]:
+    """What metrics.jsonl already holds up to ``through_step`` (a resumed run's earlier attempts): the
+    (step, val_loss) of its evaluations and the (step, loss) of its first logged step (None: nothing logged)."""
     try:
-        records = read_metrics(path)
+        records = [r for r in read_metrics(path) if r.get("step", through_step + 1) <= through_step]
     except (OSError, ValueError):
-        return []
-    return [(int(r["step"]), float(r["val_loss"])) for r in records if "val_loss" in r and r["step"] <= through_step]
+        return [], None
+    first = next(((int(r["step"]), float(r["loss"])) for r in records if "loss" in r), None)
+    return [(int(r["step"]), float(r["val_loss"])) for r in records if "val_loss" in r], first

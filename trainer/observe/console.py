@@ -1,5 +1,5 @@
-"""Rank 0's console: a rich progress bar with loss and tokens/s on a terminal, a log line per logged step (above the
-bar on a terminal; always in logs/rank0.log)."""
+"""Rank 0's console: a rich progress bar with loss and tokens/s (samples/s for image data) on a terminal, a log line
+per logged step (above the bar on a terminal; always in logs/rank0.log)."""
 
 from __future__ import annotations
 
@@ -22,14 +22,14 @@ class ConsoleSink(Sink):
                 BarColumn(),
                 MofNCompleteColumn(),
                 TextColumn("loss {task.fields[loss]}"),
-                TextColumn("{task.fields[tps]} tok/s"),
+                TextColumn("{task.fields[rate]}"),
                 TimeElapsedColumn(),
                 TimeRemainingColumn(),
                 console=console,
                 redirect_stdout=True,
                 redirect_stderr=True,
             )
-            self.task = self.progress.add_task("train", total=total_steps, completed=start_step, loss="-", tps="-")
+            self.task = self.progress.add_task("train", total=total_steps, completed=start_step, loss="-", rate="-")
             self.progress.start()
 
     def advance(self, step: int) -> None:
@@ -46,11 +46,12 @@ class ConsoleSink(Sink):
             extras += f" bubble {record['bubble_fraction']:.0%}"
         if "val_loss" in record:
             extras += f" | val loss {record['val_loss']:.4f} (ppl {record['val_ppl']:.2f})"
+        rate = throughput(record)
         if self.progress is not None:
-            self.progress.update(self.task, loss=f"{record['loss']:.4f}", tps=f"{record['tokens_per_s']:,.0f}")
+            self.progress.update(self.task, loss=f"{record['loss']:.4f}", rate=rate)
         line = (
             f"step {record['step']:>5} | loss {record['loss']:.4f} | lr {record['lr']:.2e} | "
-            f"{record['step_time_s'] * 1000:.0f} ms/step | {record['tokens_per_s']:,.0f} tok/s{extras}"
+            f"{record['step_time_s'] * 1000:.0f} ms/step | {rate}{extras}"
         )
         self.log.info(line)  # above the live bar on a terminal; always in logs/rank0.log
 
@@ -61,3 +62,11 @@ class ConsoleSink(Sink):
         if self.progress is not None:
             self.progress.stop()
             self.progress = None
+
+
+def throughput(record: dict) -> str:
+    """A record's (or a summary's) throughput as the console says it: samples/s where the data counts samples (image
+    data: ``samples_per_s``), else tok/s."""
+    if record.get("samples_per_s") is not None:
+        return f"{record['samples_per_s']:,.0f} samples/s"
+    return f"{record['tokens_per_s']:,.0f} tok/s"

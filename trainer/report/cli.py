@@ -20,7 +20,15 @@ from typing import Any
 from trainer.observe.durable import write_text
 from trainer.report.plots import draw_all
 from trainer.report.rows import MIB, RANK_KEYS, ReportRow, build_rows
-from trainer.sweeps.jobs import SweepJob, count_statuses, counts_line, read_sweep, sweep_name, write_counts
+from trainer.sweeps.jobs import (
+    SweepJob,
+    count_statuses,
+    counts_line,
+    link_runs,
+    read_sweep,
+    sweep_name,
+    write_counts,
+)
 
 log = logging.getLogger("meshtrain.report")
 
@@ -157,11 +165,20 @@ def log_to_wandb(
     report_path: Path,
     mode: str,
 ) -> str | None:
-    """One summary run (job_type ``sweep-report``) in the sweep's group; returns its folder or None."""
+    """One summary run (job_type ``sweep-report``) in the sweep's group; returns its folder or None. A rerun of
+    the report replaces it: the run id is kept in ``<sweep dir>/wandb_run.json`` (online: the same run, resumed)
+    and the sweep folder's own earlier W&B run folders (only report runs are not links) are removed first."""
     mode, cfg, group = _wandb_settings(jobs, mode, sweep_dir)
     if mode == "disabled":
         return None
+    import shutil
+
     from trainer.observe.wandb_client import WandbClient
+    from trainer.observe.wandb_read import segment_dirs
+    from trainer.observe.wandb_run import RunIdentity
+
+    for earlier in segment_dirs(sweep_dir):
+        shutil.rmtree(earlier)
 
     counts = count_statuses(jobs)
     client = WandbClient(
@@ -176,6 +193,7 @@ def log_to_wandb(
         tags=["sweep-report"],
         name=f"{group}-report",
         init_timeout=float(cfg.get("init_timeout", 15)),
+        identity=RunIdentity(sweep_dir),
     )
     if not client.ready():
         return None
@@ -249,23 +267,6 @@ def interactive_charts(rows: list[ReportRow]) -> dict[str, Any]:
         table, "peak_memory_mib", "tokens_per_s", title="tokens/s vs peak memory (MiB)"
     )
     return charts
-
-
-def link_runs(sweep_dir: Path, jobs: list[SweepJob]) -> list[Path]:
-    """Every job's W&B run folder linked into ``<sweep dir>/wandb/`` (relative links), so that
-    ``wandb leet <sweep dir>/wandb`` browses the whole sweep, its report run included."""
-    from trainer.observe.wandb_read import segment_dirs
-
-    links = []
-    for job in jobs:
-        for seg in segment_dirs(job.path):
-            link = sweep_dir / "wandb" / seg.name
-            if link.is_symlink() or link.exists():
-                continue
-            link.parent.mkdir(exist_ok=True)
-            link.symlink_to(Path("..") / seg.relative_to(sweep_dir))
-            links.append(link)
-    return links
 
 
 def write_report(

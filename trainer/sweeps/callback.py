@@ -15,7 +15,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, read_write
 
-from trainer.sweeps.jobs import COUNTS_FILE, counts_line, read_sweep, write_counts
+from trainer.sweeps.jobs import COUNTS_FILE, counts_line, link_runs, read_sweep, write_counts
 
 log = logging.getLogger("meshtrain.sweep")
 
@@ -51,6 +51,7 @@ class SweepStatus(Callback):
             log.warning("sweep status: %s", exc)
             return
         record = write_counts(sweep_dir, jobs)
+        link_runs(sweep_dir, jobs)  # `wandb leet <sweep dir>/wandb` lists every job's run from now on
         lines = [f"meshtrain sweep {sweep_dir}: {counts_line(record['counts'])}"]
         lines += [f"  job {j.num} {j.status}: {j.reason}" for j in jobs if not j.succeeded]
         lines += [

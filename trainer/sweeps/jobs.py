@@ -135,3 +135,21 @@ def write_counts(sweep_dir: Path, jobs: list[SweepJob]) -> dict[str, Any]:
     }
     write_json(Path(sweep_dir) / COUNTS_FILE, record)
     return record
+
+
+def link_runs(sweep_dir: Path, jobs: list[SweepJob]) -> list[Path]:
+    """Every job's W&B run folder linked into ``<sweep dir>/wandb/`` (relative links), so that
+    ``wandb leet <sweep dir>/wandb`` browses the whole sweep (and the report run, once ``trainer.report`` wrote
+    it). Called when the sweep ends (trainer/sweeps/callback.py) and again by the report; returns the new links."""
+    from trainer.observe.wandb_read import segment_dirs
+
+    links = []
+    for job in jobs:
+        for seg in segment_dirs(job.path):
+            link = sweep_dir / "wandb" / seg.name
+            if link.is_symlink() or link.exists():
+                continue
+            link.parent.mkdir(exist_ok=True)
+            link.symlink_to(Path("..") / seg.relative_to(sweep_dir))
+            links.append(link)
+    return links

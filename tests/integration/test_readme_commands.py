@@ -1,0 +1,175 @@
+"""The README's commands run as printed (tests/readme_commands.py: what is extracted, and the plan of each).
+
+Each test is one scenario: the ``Run`` commands of that scenario, in the order the pages print them, in a fresh
+folder that holds what the README assumes is there. The rules that turn a printed command into a short run:
+- ``python train.py ARGS`` runs as ``python train.py ARGS trainer.max_steps=2 logger=none`` (and
+  ``trainer.eval_every=2`` when ARGS ask for evaluations) through ``run_train`` (a fork of the warm runner, the
+  same train.py), into ``outputs/runN`` of the folder; ``make train`` / ``python train.py`` alone is the session's
+  ``default_job`` (``make train`` as printed, 200 steps, shared with test_default_job_outputs);
+- ``python -m MODULE ARGS`` calls ``MODULE.main(ARGS)`` in this process, in the folder (the same argument parsing);
+- ``outputs/<date>/<time>`` is the folder of the scenario's last train.py run; ``~/`` is the scenario's folder
+  (``~/models/Qwen3-0.6B`` holds the default job's export: a Hugging Face folder with its tokenizer, no download);
+  ``my_corpus/`` holds text, jsonl and parquet files (tests/helpers.py ``write_corpus``);
+- a python block runs in the folder; its last line (a ``# `` comment) is what it must print.
+Every test checks that it ran exactly its scenario's commands, so a command added to a scenario runs.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib
+import io
+import json
+import os
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import TrainRun, run_train, write_corpus
+from tests.readme_commands import PLANS, SHORT, SHORT_EVAL, Run, expected_output, printed, python_blocks
+
+pytestmark = pytest.mark.slow
+
+
+@contextlib.contextmanager
+def inside(folder: Path):
+    """The working folder changed for a while (contextlib.chdir is Python 3.11+; meshtrain runs on 3.10)."""
+    before = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+class Scenario:
+    """One scenario's folder and the commands it ran."""
+
+    def __init__(self, name: str, folder: Path, *, default_job: TrainRun | None = None, names=None):
+        self.name, self.folder = name, folder
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.last_run = default_job.run_dir if default_job is not None else None
+        self.default_job = default_job
+        self.names = dict(names or {})  # placeholder -> what it stands for here
+        self.ran: list[str] = []
+        self.runs: list[TrainRun] = []
+
+    def commands(self) -> list[list[str]]:
+        """This scenario's commands, in page order, each once."""
+        seen, out = set(), []
+        for _, words in printed():
+            key = " ".join(words)
+            plan = PLANS.get(key)
+            if isinstance(plan, Run) and self.name in plan.scenarios and key not in seen:
+                seen.add(key)
+                out.append(words)
+        return out
+
+    def substitute(self, word: str) -> str:
+        if self.last_run is not None:
+            word = word.replace("outputs/<date>/<time>", str(self.last_run))
+        word = word.replace("~/", f"{self.folder}/")
+        return self.names.get(word, word)
+
+    def run(self, words: list[str]) -> str:
+        """Run one printed command; returns its output."""
+        self.ran.append(" ".join(words))
+        if words in (["make", "train"], ["python", "train.py"]):
+            assert self.default_job is not None, "the default job belongs to the default_job scenario"
+            return self.default_job.output
+        args = [self.substitute(w) for w in words]
+        if args[:2] == ["python", "train.py"]:
+            short = [*SHORT, *([SHORT_EVAL] if any(a.startswith("trainer.eval_every=") for a in args) else [])]
+            run_dir = self.folder / "outputs" / f"run{len(self.runs)}"
+            run = run_train(*args[2:], *short, run_dir=run_dir, cwd=self.folder)
+            self.runs.append(run)
+            self.last_run = run_dir
+            return run.output
+        assert args[:2] == ["python", "-m"], f"no rule runs {words}"
+        out = io.StringIO()
+        with inside(self.folder), contextlib.redirect_stdout(out):
+            code = importlib.import_module(args[2]).main(args[3:])
+        assert code == 0, f"{' '.join(words)} exited {code}:\n{out.getvalue()[-3000:]}"
+        return out.getvalue()
+
+    def run_all(self) -> dict[str, str]:
+        """Every command of the scenario; command -> output."""
+        return {" ".join(words): self.run(words) for words in self.commands()}
+
+
+def default_export(default_job: TrainRun, folder: Path) -> Path:
+    """The default job's export, where a scenario needs a Hugging Face folder."""
+    from trainer.export import export
+
+    return export(default_job.run_dir, folder, log=lambda *a: None)
+
+
+def test_default_job(default_job):
+    """``make train`` (and ``python train.py``): what the README says of it, read from the run."""
+    scenario = Scenario("default_job", default_job.run_dir.parent / "readme", default_job=default_job)
+    outputs = scenario.run_all()
+    assert set(scenario.ran) == {"make train", "python train.py"}
+    summary = default_job.summary()
+    assert summary["steps"] == 200 and summary["layout"]["strategy"] == "ddp" and summary["layout"]["world_size"] == 2
+    # "the loss falls from 5.5 to about 2.6"; "loss 2.65 at step 200"
+    assert summary["first_loss"] == pytest.approx(5.5, abs=0.1)
+    assert summary["final_loss"] == pytest.approx(2.65, abs=0.1)
+    assert all(f"outputs in {default_job.run_dir}" in out for out in outputs.values())
+
+
+def test_default_export_continues_a_prompt_and_starts_a_run(default_job, tmp_path):
+    """The default job exported; meshtrain's greedy decoding and transformers' pipeline print the README's line;
+    the export starts a new run by itself."""
+    scenario = Scenario("default_export", tmp_path, default_job=default_job)
+    outputs = {}
+    for words in scenario.commands():
+        key = " ".join(words)
+        outputs[key] = scenario.run(words)
+        if key == "python train.py model.init_from=exported/":  # the export's family and sizes, alone
+            assert "model.init_from=" in outputs[key] and scenario.runs[-1].summary()["steps"] == 2
+            scenario.last_run = default_job.run_dir
+    [snippet] = python_blocks()
+    printed_line = expected_output(snippet)
+    out = io.StringIO()
+    with inside(tmp_path), contextlib.redirect_stdout(out):
+        exec(compile(snippet.text, f"README.md:{snippet.line}", "exec"), {"__name__": "__main__"})
+    assert out.getvalue() == printed_line + "\n", "README's continuation is not what transformers prints now"
+    generated = next(v for k, v in outputs.items() if k.startswith("python -m trainer.generate"))
+    assert generated == ast.literal_eval(printed_line) + "\n", "trainer.generate prints another continuation"
+    assert len(scenario.ran) == 3
+
+
+def test_your_own_data(tmp_path):
+    """Prepare a folder of files, prepare again (a no-op), train on it with evaluations."""
+    write_corpus(tmp_path / "my_corpus", words=600)  # the one held-out document holds a window of 129 tokens
+    scenario = Scenario("own_data", tmp_path, names={"DIR": "my_corpus/", "OUT": "data/my_corpus"})
+    outputs = scenario.run_all()
+    assert len(outputs) == 3  # the README's two commands and the table's prepare, which finds it done
+    assert "is up to date" in outputs["python -m trainer.data.prepare --input DIR --output OUT --vocab-size 4096"]
+    meta = json.loads((tmp_path / "data" / "my_corpus" / "metadata.json").read_text())
+    assert meta["splits"]["validation"]["tokens"] > 0 and meta["tokenizer"]["vocab_size"] <= 4096
+    summary = scenario.runs[-1].summary()
+    assert summary["steps"] == 2 and summary["val_loss"] > 0 and summary["val_ppl"] > 1
+
+
+def test_hugging_face_in_and_out(default_job, tmp_path):
+    """From a Hugging Face folder (the default job's export at ~/models/Qwen3-0.6B): prepare with its tokenizer
+    (no --eos-token), fine-tune under fsdp from it alone, export, export again in bf16 over it."""
+    write_corpus(tmp_path / "my_corpus")
+    default_export(default_job, tmp_path / "models" / "Qwen3-0.6B")
+    scenario = Scenario("hugging_face", tmp_path)
+    outputs = scenario.run_all()
+    assert len(outputs) == 4
+    meta = json.loads((tmp_path / "data" / "my_corpus_qwen3" / "metadata.json").read_text())
+    assert meta["tokenizer"]["eos_id"] == 0  # the export's end-of-text (NUL in the byte vocabulary)
+    summary = scenario.runs[-1].summary()
+    assert summary["layout"]["strategy"] == "fsdp" and summary["steps"] == 2
+    header = (tmp_path / "exported" / "model.safetensors").read_bytes()
+    size = struct.unpack("<Q", header[:8])[0]
+    dtypes = {v["dtype"] for k, v in json.loads(header[8 : 8 + size]).items() if k != "__metadata__"}
+    assert dtypes == {"BF16"}  # the second export replaced the first
+    assert not list((tmp_path / "exported").glob("*.safetensors.index.json"))
+    shutil.rmtree(tmp_path / "models")
