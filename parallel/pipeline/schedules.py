@@ -89,6 +89,9 @@ class ScheduleSpec:
     """Micro-batches whose activations a stage holds at its peak, (pp, m, v, stage) -> count (capped at m)."""
     p2p_round_trips: int = 1
     """Activation/gradient round trips per virtual-stage boundary and micro-batch the cost model counts."""
+    splits_backward: bool = False
+    """Backward runs as input (I) then weight (W) actions: torch differentiates the weights the stage module holds
+    when I starts, so FSDP2 must keep them gathered from forward to backward (``parallel/core/compose.py``)."""
 
     @property
     def modeled(self) -> bool:
@@ -178,6 +181,7 @@ SCHEDULES: dict[str, ScheduleSpec] = {
             "InterleavedZeroBubble",
             "loop",
             "splits backward into input (I) and weight (W)",
+            splits_backward=True,
             in_rounds=True,
             planned_stages_per_rank=(1,),
             planned_min_rounds=1,
@@ -189,6 +193,7 @@ SCHEDULES: dict[str, ScheduleSpec] = {
             "ZBVZeroBubble",
             "v",
             "zero-bubble on a V placement",
+            splits_backward=True,
             planned_stages_per_rank=(2,),
             planned_min_rounds=2,
             bubble_idle=_zbv_idle,
@@ -200,6 +205,7 @@ SCHEDULES: dict[str, ScheduleSpec] = {
             "DualPipeV",
             "v",
             "DeepSeek's DualPipe on a V placement",
+            splits_backward=True,
             at_least_stages=True,
         ),
     )

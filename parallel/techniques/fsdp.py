@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
@@ -50,10 +51,16 @@ class FSDPCommTimer(IntervalLog):
         return self
 
 
-class _TimedWork:
-    """An async collective's work: its ``wait`` ends the interval."""
+class _TimedWork(dist.Work):
+    """An async collective's work: its ``wait`` ends the interval.
 
-    def __init__(self, work, start: float, timer: FSDPCommTimer):
+    A ``dist.Work`` itself: FSDP2 waits on an async all-gather only when its work is one
+    (``isinstance(work, dist.distributed_c10d.Work)``) and otherwise copies the output out unwaited. Async
+    all-gathers are what torch's multi-stage pipeline schedules issue (their UNSHARD action,
+    ``unshard(async_op=True)``): a plain wrapper here gave two stages per rank under FSDP2 garbage parameters."""
+
+    def __init__(self, work: dist.Work, start: float, timer: FSDPCommTimer):
+        super().__init__()
         self._work, self._start, self._timer = work, start, timer
 
     def wait(self, *args, **kwargs):
@@ -62,6 +69,15 @@ class _TimedWork:
             self._timer.add(self._start, time.perf_counter())
             self._timer = None
         return out
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def get_future(self):
+        return self._work.get_future()
+
+    def result(self):
+        return self._work.result()
 
     def __getattr__(self, name: str):
         return getattr(self._work, name)
