@@ -8,9 +8,8 @@ One multirun starts every layout, each exercising one way the tie is kept:
 - pp 2, 1F1B: a copy on each rank, gradients summed over the pp group;
 - pp 2, ZBV (V-shaped): the first and the last stage on one rank, one Parameter;
 - pp 4, 1F1B: the copies on pp ranks 0 and 3 only (an embedding group per pp line; ranks 1-2 hold none);
-- dp 2 x tp 2 x pp 2, sequence parallel: FSDP2 over TP shards of each copy.
-A V schedule under FSDP2 (two local copies, summed locally) is not run: on this torch it does not match single even
-untied (step 1's loss differs); the local sum is checked in tests/unit/test_tied_embeddings.py.
+- dp 2 x tp 2 x pp 2, sequence parallel: FSDP2 over TP shards of each copy;
+- dp 2 x pp 2, ZBV: FSDP2 over the first and the last stage on one rank, two local copies summed locally.
 In-process pieces are in tests/unit/test_tied_embeddings.py.
 """
 
@@ -46,6 +45,7 @@ CASES: dict[str, dict] = {
     "pp2_zbv": {"defaults": [{"override /parallel": "pp"}], "pp": pp("zbv", v=2)},
     "pp4_1f1b": {"defaults": [{"override /parallel": "pp"}], "pp": pp("1f1b", size=4)},
     "dp2_tp2_pp2_sp": {**HYBRID, "dp": {"size": 2}, "tp": {"size": 2, "sequence_parallel": True}, "pp": pp("1f1b")},
+    "dp2_pp2_zbv": {**HYBRID, "dp": {"size": 2}, "tp": {"size": 1}, "pp": pp("zbv", v=2)},
 }
 #: (dp, tp, pp) each case runs under
 LAYOUTS = {
@@ -54,9 +54,10 @@ LAYOUTS = {
     "pp2_zbv": (1, 1, 2),
     "pp4_1f1b": (1, 1, 4),
     "dp2_tp2_pp2_sp": (2, 2, 2),
+    "dp2_pp2_zbv": (2, 1, 2),
 }
-#: the layouts where two ranks hold a copy of the tied weight
-COPIES = ("pp2_1f1b", "pp4_1f1b", "dp2_tp2_pp2_sp")
+#: the layouts with two copies of the tied weight (on two ranks, or on the two stages of one rank under FSDP2)
+COPIES = ("pp2_1f1b", "pp4_1f1b", "dp2_tp2_pp2_sp", "dp2_pp2_zbv")
 
 
 @pytest.fixture(scope="module")
