@@ -223,6 +223,12 @@ PLANS: dict[str, Run | Compose | Covered | Skip] = {
         INTEGRATION + "test_hf_init_from_and_export.py::test_fine_tune_under_every_layout_matches_single"
     ),
     "python -m trainer.export RUN_OR_CHECKPOINT --hf OUT": Covered(README_TEST + "::test_hugging_face_in_and_out"),
+    "python train.py model.init_from=HF_DIR data=chat data.path=chats.jsonl data.packing=documents": Covered(
+        INTEGRATION + "test_chat_finetune.py::test_step_one_is_transformers_loss_on_the_packed_rows"
+    ),
+    "python train.py model.init_from=HF_DIR data=chat data.path=chats.jsonl model.lora.rank=16": Covered(
+        INTEGRATION + "test_chat_finetune.py::test_lora_trains_the_adapters_only_and_exports_a_peft_folder"
+    ),
     "meshtrain export ...": Covered("tests/unit/test_hf_export.py::test_meshtrain_export_is_the_exporter"),
     # the README's second own-data command with OUT named: it runs there
     "python train.py data=tokens data.path=OUT model.vocab_size=4096 trainer.eval_every=50": Covered(
