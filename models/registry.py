@@ -1,6 +1,6 @@
 """The model families meshtrain knows: family name -> ``ModelSpec``. No torch import.
 
-Validation, the strategies and the planner find a config's spec with ``spec_for(cfg.model)``:
+Validation, the strategies and the planner find a model config's spec with ``spec_for(model)``:
 
 1. ``model.spec: "package.module:SPEC"`` names a ``ModelSpec`` object (a user's model; importing the
    module is enough, nothing in meshtrain is edited);
@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from models.shape import ModelShape, PlanError
-from models.spec import ModelSpec, PipelineUnits, import_object
+from models.spec import ModelSpec, PipelineUnits, hydra_schema, import_object
 
 REGISTRY: dict[str, ModelSpec] = {}
 
@@ -42,8 +42,9 @@ for _path in BUILT_IN:
 
 def model_schemas() -> dict[str, type]:
     """Schema name in ConfigStore's ``model`` group -> dataclass, for every family registered now
-    (conf/model/*.yaml extend one of these; conf/schema.py stores them)."""
-    return {name: schema for spec in REGISTRY.values() for name, schema in (spec.schemas or {}).items()}
+    (conf/model/*.yaml extend one of these; conf/schema.py stores them): the mutable twin of each family's frozen
+    config (``hydra_schema``), which Hydra's merges can fill."""
+    return {name: hydra_schema(schema) for spec in REGISTRY.values() for name, schema in (spec.schemas or {}).items()}
 
 
 def generic_spec(target: str) -> ModelSpec:
@@ -55,7 +56,7 @@ class UnknownModel(ValueError):
 
 
 def spec_for(model: Any) -> ModelSpec:
-    """The ``ModelSpec`` describing the config ``model`` (a DictConfig or a plain dict)."""
+    """The ``ModelSpec`` describing the model config ``model`` (typed, a mapping, or a composed node)."""
     path = model.get("spec")
     if path:
         try:
@@ -84,7 +85,7 @@ def spec_for(model: Any) -> ModelSpec:
 
 
 def model_shape(model: Any) -> ModelShape:
-    """The shape of ``cfg.model`` from its family's ``ModelSpec``; ``PlanError`` when it has no formulas."""
+    """The shape of the model config ``model`` from its family's ``ModelSpec``; ``PlanError`` when it has no formulas."""
     spec = spec_for(model)
     if spec.shape is None:
         raise PlanError(

@@ -29,9 +29,13 @@ The built-in families register in ``models/registry.py``; a user's model registe
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib
-from collections.abc import Callable, Sequence
+import typing
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Optional
 
 from models.shape import ModelShape
@@ -52,8 +56,28 @@ META_KEYS = (
 INIT_DEVICES = ("auto", "cpu", "meta")
 
 
-@dataclass
-class LoRAConfig:
+class ConfigReads:
+    """Read access by key (``get``, ``[key]``, ``in``) on a typed config, so a family's rules (``ModelSpec.check``,
+    ``shape`` ...) read a typed config and a plain mapping alike."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        try:
+            return getattr(self, key)
+        except AttributeError:
+            raise KeyError(key) from None
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and key in self.keys()
+
+    def keys(self) -> list[str]:
+        return [f.name for f in dataclasses.fields(self)]  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class LoRAConfig(ConfigReads):
     """``model.lora``: low-rank adapters beside frozen weights (``models/lora.py``; docs/fine-tuning.md)."""
 
     rank: int = 0
@@ -66,9 +90,12 @@ class LoRAConfig:
     (``layers.*.attention.wq``)."""
 
 
-@dataclass
-class ModelConfig:
-    """Keys every model config has (each family's schema extends this one)."""
+@dataclass(frozen=True)
+class ModelArgs(ConfigReads):
+    """Keys every model config has. A built-in family's config extends this frozen dataclass and is its module's
+    one constructor argument (``GPT(config)``, as torchtitan's ``Transformer(model_args)``): the sizes' defaults live
+    here, once. Hydra composes a mutable twin of it (``hydra_schema``); the trainer turns the composed node into this
+    typed, frozen object (``ModelSpec.typed``) after validation."""
 
     _target_: str = "???"
     name: str = "model"
@@ -85,6 +112,64 @@ class ModelConfig:
     rank for the shards it holds (``ModelSpec.hf_adapter`` maps the names); null: random weights."""
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     """LoRA adapters (``rank > 0``): only they train; the other weights are frozen."""
+
+
+_SCHEMAS: dict[type, type] = {}
+
+
+def hydra_schema(cls: type) -> type:
+    """The mutable twin of a config dataclass (same fields, types and defaults; nested dataclasses twinned too): what
+    Hydra's ConfigStore holds, since a frozen structured config refuses the merges that compose it. A mutable class
+    is its own schema."""
+    if not dataclasses.is_dataclass(cls) or not cls.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+        return cls
+    if cls not in _SCHEMAS:
+        hints = typing.get_type_hints(cls)
+        spec = []
+        for f in dataclasses.fields(cls):
+            kind = hints[f.name]
+            extra: dict[str, Any] = {}
+            if dataclasses.is_dataclass(kind):
+                kind = hydra_schema(kind)
+                extra["default_factory"] = kind
+            elif f.default is not dataclasses.MISSING:
+                extra["default"] = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                extra["default_factory"] = f.default_factory
+            spec.append((f.name, kind, dataclasses.field(**extra)))
+        _SCHEMAS[cls] = dataclasses.make_dataclass(
+            cls.__name__, spec, bases=(ConfigReads,), namespace={"__module__": cls.__module__, "__doc__": cls.__doc__}
+        )
+    return _SCHEMAS[cls]
+
+
+#: what a user's own model schema extends (docs/models.md): ``ModelArgs``'s keys, mutable as any Hydra schema
+ModelConfig = hydra_schema(ModelArgs)
+
+
+def make_config(cls: type, values: Mapping[str, Any]) -> Any:
+    """An instance of the config dataclass ``cls`` from a plain mapping (nested mappings become its nested
+    dataclasses); a key ``cls`` does not have is a ``TypeError`` naming it and the keys it has."""
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no key(s) {unknown}; its keys: {sorted(known)}")
+    kwargs = {}
+    for key, value in values.items():
+        kind = hints[key]
+        if dataclasses.is_dataclass(kind) and isinstance(value, Mapping):
+            value = make_config(kind, value)
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def config_or_fields(cls: type, config: Any, fields: Mapping[str, Any]) -> Any:
+    """A module's config: ``config`` as given, or one made of keyword ``fields`` (``hydra.utils.instantiate`` of a
+    ``model`` node calls the module with its keys); never both."""
+    if config is not None and fields:
+        raise TypeError(f"give a {cls.__name__} or its fields as keywords, not both (got {sorted(fields)})")
+    return config if config is not None else make_config(cls, fields)
 
 
 @dataclass(frozen=True)
@@ -209,7 +294,11 @@ class ModelSpec:
     """ConfigStore names of the family's schemas (``gpt_schema`` ...); ``None``: just ``config``."""
     parallelize: str | None = None
     """``package.module:function`` applying the tensor-parallel plan: ``fn(model, *, tp_mesh,
-    sequence_parallel, loss_parallel) -> model``."""
+    sequence_parallel, loss_parallel) -> model``; the decoder families share ``DECODER_PARALLELIZE`` over their
+    ``tp_plan``."""
+    takes_config: bool = False
+    """The module is built as ``builder(config)``, its typed config its one argument (the built-in decoders, as
+    torchtitan's ``Transformer(model_args)``); False: ``builder(**keys)`` (a user's model, the CNN)."""
     pipeline: PipelineUnits | None = PipelineUnits()
     blocks: Callable[[Any], int] | None = None
     max_seq_len: Callable[[Any], int] | None = None
@@ -264,14 +353,40 @@ class ModelSpec:
         """A dense decoder's spec (``of``): its blocks counted by ``n_layers``, its longest sequence
         ``max_seq_len``, its pipeline units the token embedding, the blocks, the final norm and the head,
         unless ``fields`` says otherwise."""
-        defaults = {"blocks": n_layers, "max_seq_len": configured_max_seq_len, "pipeline": DECODER_UNITS}
+        defaults = {
+            "blocks": n_layers,
+            "max_seq_len": configured_max_seq_len,
+            "pipeline": DECODER_UNITS,
+            "parallelize": DECODER_PARALLELIZE,
+            "takes_config": True,
+        }
         return cls.of(config, **{**defaults, **fields})
 
     def parallelize_fn(self) -> Callable[..., Any]:
-        """The tensor-parallel plan function (imported on first use: it imports torch)."""
+        """The tensor-parallel plan function (imported on first use: it imports torch); the decoders' shared one
+        comes bound to this family's ``tp_plan``."""
         if self.parallelize is None:
             raise ValueError(f"model family '{self.family}' has no tensor-parallel plan (ModelSpec.parallelize)")
-        return import_object(self.parallelize)
+        fn = import_object(self.parallelize)
+        return functools.partial(fn, plan=self.tp_plan) if self.parallelize == DECODER_PARALLELIZE else fn
+
+    def typed(self, values: Mapping[str, Any]) -> Any:
+        """The typed model config of the plain mapping ``values`` (a composed ``model`` node, resolved): an instance
+        of the family's ``config`` dataclass (frozen for the built-in families), or a read-only mapping for a
+        model without a schema."""
+        if self.config is None:
+            return MappingProxyType(dict(values))
+        return make_config(self.config, values)
+
+    def build(self, config: Any) -> Any:
+        """The module (on the current default device): ``builder(config)`` for a family that takes its config,
+        else ``target(**keys)`` where ``target`` is the config's ``_target_`` (a user's module, the CNN)."""
+        if not dataclasses.is_dataclass(config):
+            config = self.typed(config)
+        target = str(config.get("_target_") or self.builder)
+        if self.takes_config and target == self.builder:
+            return import_object(target)(config)
+        return import_object(target)(**{k: v for k, v in builder_kwargs(config).items() if k != "_target_"})
 
     def hf_adapter_obj(self) -> Any:
         """The Hugging Face adapter (imported on first use)."""
@@ -296,8 +411,8 @@ class ModelSpec:
         if self.parallelize is None:
             return [
                 f"tp.size={tp} with model.name={model.get('name', self.family)}: the model family '{self.family}' has "
-                "no tensor-parallel plan (ModelSpec.parallelize; the GPT's and Llama's are models/gpt/parallelize.py "
-                "and models/llama/parallelize.py); use tp.size=1 with parallel=ddp or fsdp, or give its ModelSpec a "
+                "no tensor-parallel plan (ModelSpec.parallelize; the decoders share models/tensor_parallel.py's "
+                "parallelize_decoder over their ModelSpec.tp_plan); use tp.size=1 with parallel=ddp or fsdp, or give its ModelSpec a "
                 "parallelize function (docs/models.md)"
             ]
         return list(self.tp_check(model, tp)) if self.tp_check is not None else []
@@ -316,6 +431,9 @@ def configured_max_seq_len(model: Any) -> int:
 #: pipeline units of a decoder with a token embedding, its blocks in ``layers``, a final norm and a head
 DECODER_UNITS = PipelineUnits(pre=("tok_embeddings",), post=("norm", "output"))
 
+#: the one tensor-parallel function of the decoder families: Megatron's plan over each family's ``tp_plan``
+DECODER_PARALLELIZE = "models.tensor_parallel:parallelize_decoder"
+
 
 def import_object(path: str) -> Any:
     """``package.module:attr`` (or ``package.module.attr``) -> the object."""
@@ -330,7 +448,8 @@ def import_object(path: str) -> Any:
 
 def builder_kwargs(model: Any) -> dict[str, Any]:
     """A model config without the keys that are for meshtrain (``family``, ``spec``, ``init_device`` ...)."""
-    return {k: v for k, v in dict(model).items() if k not in META_KEYS}
+    items = dataclasses.asdict(model) if dataclasses.is_dataclass(model) else dict(model)
+    return {k: v for k, v in items.items() if k not in META_KEYS}
 
 
 # ---- shared checks of decoder transformers ------------------------------------------------------

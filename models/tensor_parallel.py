@@ -24,6 +24,22 @@ stage have equal shards (``parallel/pipeline/tied.py`` keeps them equal).
 Works on the full model and on a pipeline stage (parts set to ``None`` are skipped). ``styles`` swaps the
 block's parallel styles for others of the same shape (torchao's float8 styles, ``parallel/techniques/fp8.py``)
 on the sub-blocks they apply to; the head keeps torch's.
+
+``parallelize_decoder`` is the one tensor-parallel function of the decoder families (``ModelSpec.decoder``'s
+``parallelize``, bound to the family's plan by ``ModelSpec.parallelize_fn``); the plans differ only in names:
+- GPT: ``wq``/``wk``/``wv`` column-wise (each tp rank owns a slice of the heads), ``wo`` row-wise; ``w1``
+  column-wise, ``w2`` row-wise. Embeddings stay replicated (the byte vocabulary is tiny), except a token embedding
+  tied to the head (GPT-2), vocabulary-sharded as the head and kept one Parameter with it.
+- Llama: ``wk``/``wv`` column-wise too, each rank owning ``n_kv_heads / tp`` key/value heads, so the query heads of
+  one group and their shared key/value head sit on the same rank; SwiGLU's ``w1`` and ``w3`` column-wise, ``w2``
+  row-wise; the rotary table is passed to every block as a plain (replicated) tensor (``extra_inputs``).
+- Qwen3: Llama's plus the per-head q/k norms (``head_norms``). A tp rank holds whole query and key heads, so each
+  head's norm runs locally; the norms' input is treated as sharded over the heads dimension
+  (``SequenceParallel(sequence_dim=2)``, local output), so their replicated weights' gradients are summed over the
+  tp group, as torchtitan does.
+
+What a plan needs from the model's sizes (heads, widths, vocabulary divisible by tp) is
+checked before any process starts, by the family's ``ModelSpec.tp_check`` (asked by ``trainer/validate.py``).
 """
 
 from __future__ import annotations

@@ -249,7 +249,7 @@ def model_spec(cfg: DictConfig, f: Findings | None = None):
 
 def check_model(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
     """What the model's spec says its config must satisfy, and whether this layout can hold its weights."""
-    from models.spec import INIT_DEVICES, builder_kwargs
+    from models.spec import INIT_DEVICES, builder_kwargs, hydra_schema
 
     model = cfg.model
     spec = model_spec(cfg, f)
@@ -257,7 +257,7 @@ def check_model(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
         return
     if spec.config is not None and model.get("spec"):  # a user's model: check its keys against its schema
         try:
-            OmegaConf.merge(OmegaConf.structured(spec.config), OmegaConf.create(builder_kwargs(model)))
+            OmegaConf.merge(OmegaConf.structured(hydra_schema(spec.config)), OmegaConf.create(builder_kwargs(model)))
         except OmegaConfBaseException as exc:  # ValidationError / ConfigKeyError name the key
             f.error(f"model={model.get('name')}: its config does not match {spec.config.__name__}: {exc}".strip())
             return

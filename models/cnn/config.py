@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List
 
-from models.spec import ModelConfig
+from models.spec import ModelArgs
 
 
-@dataclass
-class CNNConfig(ModelConfig):
+@dataclass(frozen=True)
+class CNNConfig(ModelArgs):
     _target_: str = "models.cnn.model.ConvNet"
     name: str = "cnn"
     family: str = "cnn"

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List
 
-from models.spec import ModelConfig
+from models.spec import ModelArgs
 
 
-@dataclass
-class GPTConfig(ModelConfig):
+@dataclass(frozen=True)
+class GPTConfig(ModelArgs):
     _target_: str = "models.gpt.model.GPT"
     name: str = "gpt"
     family: str = "gpt"
@@ -35,7 +35,7 @@ class GPTConfig(ModelConfig):
     norm_eps: float = 1e-5
 
 
-@dataclass
+@dataclass(frozen=True)
 class GPTDescriptionConfig(GPTConfig):
     """A GPT far too big to build here, described for the planner only (``python -m parallel.plan``)."""
 

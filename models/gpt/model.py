@@ -14,14 +14,18 @@ approximation of GELU (``activation: gelu_tanh``) and the output head tied to th
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from models.blocks import PreNormBlock
 from models.documents import attention, document_mask, unpack_inputs
-from models.gpt.spec import ACTIVATIONS
+from models.gpt.config import GPTConfig
+from models.gpt.spec import ACTIVATIONS, ffn_widths
 from models.init import check_rule, init_gpt
+from models.spec import config_or_fields
 
 
 class Attention(nn.Module):
@@ -66,47 +70,42 @@ class Block(PreNormBlock):
 
 
 class GPT(nn.Module):
-    def __init__(
-        self,
-        *,
-        vocab_size: int = 256,
-        n_layers: int = 4,
-        d_model: int = 128,
-        n_heads: int = 4,
-        d_ff: int = 0,
-        layer_d_ff: list[int] | None = None,
-        max_seq_len: int = 128,
-        dropout: float = 0.0,
-        bias: bool = False,
-        activation: str = "gelu",
-        tie_embeddings: bool = False,
-        norm_eps: float = 1e-5,
-        name: str = "gpt",
-        init: str = "reference",
-    ):
+    """Built from its config (``GPTConfig``: the sizes and their defaults, written once); ``GPT(**keys)`` makes
+    the config from keywords, as ``hydra.utils.instantiate`` of a ``model`` node calls it."""
+
+    def __init__(self, config: GPTConfig | None = None, **fields: Any):
         super().__init__()
-        if d_model % n_heads:
-            raise ValueError(f"model.d_model={d_model} must be divisible by model.n_heads={n_heads}")
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"model.activation={activation}: use one of {sorted(ACTIVATIONS)}")
-        widths = list(layer_d_ff or []) or [d_ff or 4 * d_model] * n_layers
-        if len(widths) != n_layers:
-            raise ValueError(f"model.layer_d_ff has {len(widths)} entries for model.n_layers={n_layers}")
-        self.n_layers = n_layers
-        self.tie_embeddings = tie_embeddings
-        self.init = check_rule(init)
-        self.tok_embeddings: nn.Embedding | None = nn.Embedding(vocab_size, d_model)
-        self.pos_embeddings: nn.Embedding | None = nn.Embedding(max_seq_len, d_model)
+        self.config = c = config_or_fields(GPTConfig, config, fields)
+        if c.d_model % c.n_heads:
+            raise ValueError(f"model.d_model={c.d_model} must be divisible by model.n_heads={c.n_heads}")
+        if c.activation not in ACTIVATIONS:
+            raise ValueError(f"model.activation={c.activation}: use one of {sorted(ACTIVATIONS)}")
+        widths = ffn_widths(c)
+        if len(widths) != c.n_layers:
+            raise ValueError(f"model.layer_d_ff has {len(widths)} entries for model.n_layers={c.n_layers}")
+        self.n_layers = c.n_layers
+        self.tie_embeddings = c.tie_embeddings
+        self.init = check_rule(c.init)
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(c.vocab_size, c.d_model)
+        self.pos_embeddings: nn.Embedding | None = nn.Embedding(c.max_seq_len, c.d_model)
         self.layers = nn.ModuleDict(
             {
-                str(i): Block(d_model, n_heads, widths[i], dropout, bias=bias, activation=activation, norm_eps=norm_eps)
-                for i in range(n_layers)
+                str(i): Block(
+                    c.d_model,
+                    c.n_heads,
+                    widths[i],
+                    c.dropout,
+                    bias=c.bias,
+                    activation=c.activation,
+                    norm_eps=c.norm_eps,
+                )
+                for i in range(c.n_layers)
             }
         )
-        self.norm: nn.LayerNorm | None = nn.LayerNorm(d_model, eps=norm_eps)
-        self.output: nn.Linear | None = nn.Linear(d_model, vocab_size, bias=False)
-        init_gpt(self, self.init, n_layers=n_layers)
-        if tie_embeddings:
+        self.norm: nn.LayerNorm | None = nn.LayerNorm(c.d_model, eps=c.norm_eps)
+        self.output: nn.Linear | None = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        init_gpt(self, self.init, n_layers=c.n_layers)
+        if c.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -86,7 +86,6 @@ def gpt_resized(model: Any, sizes: dict[str, int]) -> dict[str, Any]:
 SPEC = ModelSpec.decoder(
     GPTConfig,
     schemas={"gpt_schema": GPTConfig, "gpt_description_schema": GPTDescriptionConfig},
-    parallelize="models.gpt.parallelize:parallelize_gpt",
     tp_plan=decoder_tp_plan(ffn_in=("w1",)),
     pipeline=PipelineUnits(pre=("tok_embeddings", "pos_embeddings"), post=("norm", "output")),
     shape=gpt_shape,

@@ -5,15 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from models.spec import ModelConfig
+from models.spec import ConfigReads, ModelArgs
 
 
-@dataclass
-class RopeScaling:
+@dataclass(frozen=True)
+class RopeScaling(ConfigReads):
     """Llama 3.1's rotary frequency scaling (transformers' ``rope_type: llama3``): low frequencies are divided by
     ``factor``, high ones kept, the band between blended (``models/llama/model.py: llama3_scaled``). A struct, not
-    an optional one, so that ``model.rope_scaling.factor=8`` works on the command line (OmegaConf 2.3 cannot merge
-    a dict into a null structured node)."""
+    an optional one, so that ``model.rope_scaling.factor=8`` works on the command line (the config library, 2.3, cannot
+    merge a dict into a null structured node)."""
 
     factor: float = 0.0
     """0: no scaling (Llama 3); Llama 3.1: 8, Llama 3.2: 32."""
@@ -23,8 +23,8 @@ class RopeScaling:
     """The context length the model was pre-trained with before the scaling (``original_max_position_embeddings``)."""
 
 
-@dataclass
-class LlamaConfig(ModelConfig):
+@dataclass(frozen=True)
+class LlamaConfig(ModelArgs):
     _target_: str = "models.llama.model.Llama"
     name: str = "llama"
     family: str = "llama"

@@ -28,6 +28,8 @@ from torch import nn
 from models.blocks import PreNormBlock
 from models.documents import attention, document_mask, unpack_inputs
 from models.init import check_rule, init_llama
+from models.llama.config import LlamaConfig
+from models.spec import config_or_fields
 
 
 def llama3_scaled(freqs: torch.Tensor, scaling: Mapping[str, Any]) -> torch.Tensor:
@@ -150,55 +152,49 @@ class Block(PreNormBlock):
 
 
 class Llama(nn.Module):
-    def __init__(
-        self,
-        *,
-        vocab_size: int = 256,
-        n_layers: int = 4,
-        d_model: int = 128,
-        n_heads: int = 4,
-        n_kv_heads: int = 0,
-        d_ff: int = 0,
-        max_seq_len: int = 128,
-        rope_theta: float = 10000.0,
-        rope_scaling: Mapping[str, Any] | None = None,
-        norm_eps: float = 1e-5,
-        tie_embeddings: bool = False,
-        head_dim: int = 0,
-        qk_norm: bool = False,
-        init: str = "reference",
-    ):
-        super().__init__()
-        from models.llama.spec import ffn_width
+    """Built from its config (``LlamaConfig``: the sizes and their defaults, written once); ``Llama(**keys)`` makes
+    the config from keywords, as ``hydra.utils.instantiate`` of a ``model`` node calls it. A subclass sets
+    ``config_class`` (Qwen3's) and ``qk_norm``."""
 
-        n_kv_heads = n_kv_heads or n_heads
-        head_dim = head_dim or (d_model // n_heads if d_model % n_heads == 0 else 0)
-        if not head_dim or n_heads % n_kv_heads or head_dim % 2:
+    config_class: type = LlamaConfig
+    qk_norm: bool = False
+    """RMSNorm of each query and key head before the rotation (Qwen3)."""
+
+    def __init__(self, config: LlamaConfig | None = None, **fields: Any):
+        super().__init__()
+        from models.llama.spec import ffn_width, kv_heads
+
+        self.config = c = config_or_fields(self.config_class, config, fields)
+        n_kv_heads = kv_heads(c)
+        head_dim = int(c.get("head_dim", 0)) or (c.d_model // c.n_heads if c.d_model % c.n_heads == 0 else 0)
+        if not head_dim or c.n_heads % n_kv_heads or head_dim % 2:
             raise ValueError(
-                f"model.d_model={d_model}, model.n_heads={n_heads}, model.n_kv_heads={n_kv_heads}: heads must "
+                f"model.d_model={c.d_model}, model.n_heads={c.n_heads}, model.n_kv_heads={n_kv_heads}: heads must "
                 "divide d_model (or head_dim be set) into an even head width, and n_kv_heads must divide n_heads"
             )
-        d_ff = ffn_width({"d_ff": d_ff, "d_model": d_model})
-        self.n_layers = n_layers
+        d_ff = ffn_width(c)
+        self.n_layers = c.n_layers
         self.head_dim = head_dim
-        self.max_seq_len = max_seq_len
-        self.rope_theta = rope_theta
-        self.rope_scaling = dict(rope_scaling) if rope_scaling and float(rope_scaling["factor"]) else None
-        self.tie_embeddings = tie_embeddings
-        self.d_model = d_model
-        self.init = check_rule(init)
-        self.tok_embeddings: nn.Embedding | None = nn.Embedding(vocab_size, d_model)
+        self.max_seq_len = c.max_seq_len
+        self.rope_theta = c.rope_theta
+        self.rope_scaling = c.rope_scaling if float(c.rope_scaling.factor) else None
+        self.tie_embeddings = c.tie_embeddings
+        self.d_model = c.d_model
+        self.init = check_rule(c.init)
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(c.vocab_size, c.d_model)
         self.layers = nn.ModuleDict(
             {
-                str(i): Block(d_model, n_heads, n_kv_heads, d_ff, norm_eps, head_dim=head_dim, qk_norm=qk_norm)
-                for i in range(n_layers)
+                str(i): Block(
+                    c.d_model, c.n_heads, n_kv_heads, d_ff, c.norm_eps, head_dim=head_dim, qk_norm=self.qk_norm
+                )
+                for i in range(c.n_layers)
             }
         )
-        self.norm: nn.RMSNorm | None = nn.RMSNorm(d_model, eps=norm_eps)
-        self.output: nn.Linear | None = nn.Linear(d_model, vocab_size, bias=False)
+        self.norm: nn.RMSNorm | None = nn.RMSNorm(c.d_model, eps=c.norm_eps)
+        self.output: nn.Linear | None = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.register_buffer("rope", self._rotary_table(), persistent=False)
         self._init_parameters()
-        if tie_embeddings:
+        if c.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -96,7 +96,6 @@ def llama_resized(model: Any, sizes: dict[str, int]) -> dict[str, Any]:
 
 SPEC = ModelSpec.decoder(
     LlamaConfig,
-    parallelize="models.llama.parallelize:parallelize_llama",
     tp_plan=decoder_tp_plan(ffn_in=("w1", "w3"), extra_inputs=1),
     shape=llama_shape,
     check=llama_problems,

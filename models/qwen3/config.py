@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from models.llama.config import LlamaConfig
 
 
-@dataclass
+@dataclass(frozen=True)
 class Qwen3Config(LlamaConfig):
     """Llama's keys, Qwen3's defaults, and ``head_dim``."""
 

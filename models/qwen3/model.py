@@ -9,11 +9,12 @@ positions with theta 1e6) is Llama's, imported rather than copied.
 
 from __future__ import annotations
 
-from typing import Any
-
 from models.llama.model import Llama
+from models.qwen3.config import Qwen3Config
 
 
 class Qwen3(Llama):
-    def __init__(self, **kwargs: Any):
-        super().__init__(**kwargs, qk_norm=True)
+    """``Qwen3(Qwen3Config(...))``: Llama's constructor over Qwen3's config, with the per-head q/k norms."""
+
+    config_class = Qwen3Config
+    qk_norm = True

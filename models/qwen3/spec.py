@@ -58,7 +58,6 @@ def qwen3_problems(model: Any) -> list[str]:
 
 SPEC = ModelSpec.decoder(
     Qwen3Config,
-    parallelize="models.qwen3.parallelize:parallelize_qwen3",
     tp_plan=decoder_tp_plan(ffn_in=("w1", "w3"), extra_inputs=1, head_norms=("q_norm", "k_norm")),
     shape=qwen3_shape,
     check=qwen3_problems,

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from models.qwen3.config import Qwen3Config
 
 
-@dataclass
+@dataclass(frozen=True)
 class Qwen3MoeConfig(Qwen3Config):
     """Qwen3's keys (``d_ff``: the dense layers' width, transformers' ``intermediate_size``) and the experts'."""
 

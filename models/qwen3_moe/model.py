@@ -9,6 +9,7 @@ from typing import Any
 
 from models.llama.model import Llama
 from models.moe import MoE
+from models.qwen3_moe.config import Qwen3MoeConfig
 
 
 def sparse_layers(
@@ -21,43 +22,33 @@ def sparse_layers(
 
 
 class Qwen3Moe(Llama):
-    def __init__(
-        self,
-        *,
-        n_experts: int = 8,
-        top_k: int = 2,
-        moe_d_ff: int = 0,
-        n_shared_experts: int = 0,
-        decoder_sparse_step: int = 1,
-        mlp_only_layers: Sequence[int] = (),
-        norm_topk_prob: bool = True,
-        router_aux_loss_coef: float = 0.0,
-        bias_update_rate: float = 0.0,
-        capacity_factor: float = 0.0,
-        expert_impl: str = "auto",
-        **kwargs: Any,
-    ):
+    """``Qwen3Moe(Qwen3MoeConfig(...))``: Qwen3 whose sparse layers' feed-forward is a ``MoE``."""
+
+    config_class = Qwen3MoeConfig
+    qk_norm = True
+
+    def __init__(self, config: Qwen3MoeConfig | None = None, **fields: Any):
         from models.llama.spec import ffn_width  # as Llama's constructor: the spec modules import models.spec
 
-        super().__init__(**kwargs, qk_norm=True)
-        d_model = int(kwargs.get("d_model", 128))
-        width = moe_d_ff or ffn_width({"d_ff": kwargs.get("d_ff", 0), "d_model": d_model})
+        super().__init__(config, **fields)
+        c = self.config
+        width = c.moe_d_ff or ffn_width(c)
         for i in sparse_layers(
-            n_layers=self.n_layers,
-            n_experts=n_experts,
-            decoder_sparse_step=decoder_sparse_step,
-            mlp_only_layers=mlp_only_layers,
+            n_layers=c.n_layers,
+            n_experts=c.n_experts,
+            decoder_sparse_step=c.decoder_sparse_step,
+            mlp_only_layers=c.mlp_only_layers,
         ):
             self.layers[str(i)].feed_forward = MoE(
-                d_model,
+                c.d_model,
                 width,
-                n_experts=n_experts,
-                top_k=top_k,
-                norm_topk_prob=norm_topk_prob,
-                n_shared_experts=n_shared_experts,
-                aux_loss_coef=router_aux_loss_coef,
-                bias_update_rate=bias_update_rate,
-                capacity_factor=capacity_factor,
-                expert_impl=expert_impl,
+                n_experts=c.n_experts,
+                top_k=c.top_k,
+                norm_topk_prob=c.norm_topk_prob,
+                n_shared_experts=c.n_shared_experts,
+                aux_loss_coef=c.router_aux_loss_coef,
+                bias_update_rate=c.bias_update_rate,
+                capacity_factor=c.capacity_factor,
+                expert_impl=c.expert_impl,
             )
         self._init_parameters()  # the family's rule (models/init.py) over the experts too

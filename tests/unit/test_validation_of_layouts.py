@@ -47,7 +47,7 @@ def test_d_model_and_sequence_parallel_seq_len(compose_cfg):
 
 def test_tp_needs_a_model_with_a_plan(compose_cfg):
     msg = problems(compose_cfg, "parallel=tp", "model=cnn_bn", "data=images")
-    assert "tp.size=2 with model.name=cnn_bn" in msg and "models/gpt/parallelize.py" in msg
+    assert "tp.size=2 with model.name=cnn_bn" in msg and "models/tensor_parallel.py" in msg
 
 
 def test_layers_cover_pipeline_stages(compose_cfg):

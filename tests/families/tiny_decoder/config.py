@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from models.llama.config import LlamaConfig
 
 
-@dataclass
+@dataclass(frozen=True)
 class TinyDecoderConfig(LlamaConfig):
     _target_: str = "tests.families.tiny_decoder.model.TinyDecoder"
     name: str = "tiny_decoder"
