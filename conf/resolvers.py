@@ -57,10 +57,11 @@ def help_text(part: str) -> str:
 
 
 def register_resolvers() -> None:
-    from parallel.core.registry import register_resolver
+    from parallel.core.registry import strategy_target
 
     if not OmegaConf.has_resolver("mt_stamp"):
         OmegaConf.register_new_resolver("mt_stamp", launch_stamp)
-    register_resolver()  # mt_strategy: the default parallel._target_ of parallel.name
+    if not OmegaConf.has_resolver("mt_strategy"):  # the default parallel._target_ of parallel.name
+        OmegaConf.register_new_resolver("mt_strategy", strategy_target)
     if not OmegaConf.has_resolver("mt_help"):
         OmegaConf.register_new_resolver("mt_help", help_text)

@@ -39,9 +39,9 @@ class LoRA:
         return self.alpha / self.rank
 
     @classmethod
-    def of(cls, model_cfg: Mapping[str, Any]) -> LoRA | None:
-        """The run's adapters (``model.lora``), or None when ``rank`` is 0 (no LoRA)."""
-        lora = model_cfg.get("lora")
+    def of(cls, model: Mapping[str, Any]) -> LoRA | None:
+        """The run's adapters (``model.lora`` of the typed model config), or None when ``rank`` is 0 (no LoRA)."""
+        lora = model.get("lora")
         if not lora or int(lora.get("rank", 0)) <= 0:
             return None
         return cls(

@@ -32,10 +32,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import sys
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any, Optional
 
 from models.shape import ModelShape
@@ -114,6 +114,40 @@ class ModelArgs(ConfigReads):
     """LoRA adapters (``rank > 0``): only they train; the other weights are frozen."""
 
 
+class ConfigView(Mapping):
+    """A read-only model config without a schema (a user's model that names no config class): its keys as items
+    and as attributes, so a family's rules read it as they read a typed config."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Mapping[str, Any]):
+        object.__setattr__(self, "_values", dict(values))
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self._values[key]
+        except KeyError:
+            raise AttributeError(key) from None
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        raise AttributeError(f"model.{key}: a typed model config is read-only")
+
+    def __reduce__(self):
+        return (ConfigView, (self._values,))
+
+    def __repr__(self) -> str:
+        return f"ConfigView({self._values!r})"
+
+
 _SCHEMAS: dict[type, type] = {}
 
 
@@ -137,9 +171,12 @@ def hydra_schema(cls: type) -> type:
             elif f.default_factory is not dataclasses.MISSING:
                 extra["default_factory"] = f.default_factory
             spec.append((f.name, kind, dataclasses.field(**extra)))
-        _SCHEMAS[cls] = dataclasses.make_dataclass(
-            cls.__name__, spec, bases=(ConfigReads,), namespace={"__module__": cls.__module__, "__doc__": cls.__doc__}
+        name = f"{cls.__name__}Schema"
+        twin = dataclasses.make_dataclass(
+            name, spec, bases=(ConfigReads,), namespace={"__module__": cls.__module__, "__doc__": cls.__doc__}
         )
+        setattr(sys.modules[cls.__module__], name, twin)  # importable by name: a composed config pickles
+        _SCHEMAS[cls] = twin
     return _SCHEMAS[cls]
 
 
@@ -372,10 +409,10 @@ class ModelSpec:
 
     def typed(self, values: Mapping[str, Any]) -> Any:
         """The typed model config of the plain mapping ``values`` (a composed ``model`` node, resolved): an instance
-        of the family's ``config`` dataclass (frozen for the built-in families), or a read-only mapping for a
+        of the family's ``config`` dataclass (frozen for the built-in families), or a read-only ``ConfigView`` for a
         model without a schema."""
         if self.config is None:
-            return MappingProxyType(dict(values))
+            return ConfigView(values)
         return make_config(self.config, values)
 
     def build(self, config: Any) -> Any:
@@ -446,10 +483,14 @@ def import_object(path: str) -> Any:
     return obj
 
 
+def config_values(model: Any) -> dict[str, Any]:
+    """A model config's keys and plain values (a typed config's nested dataclasses as dicts), every key kept."""
+    return dataclasses.asdict(model) if dataclasses.is_dataclass(model) else dict(model)
+
+
 def builder_kwargs(model: Any) -> dict[str, Any]:
     """A model config without the keys that are for meshtrain (``family``, ``spec``, ``init_device`` ...)."""
-    items = dataclasses.asdict(model) if dataclasses.is_dataclass(model) else dict(model)
-    return {k: v for k, v in items.items() if k not in META_KEYS}
+    return {k: v for k, v in config_values(model).items() if k not in META_KEYS}
 
 
 # ---- shared checks of decoder transformers ------------------------------------------------------

@@ -18,6 +18,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from trainer.observe.durable import write_json
+from trainer.run_spec import run_spec
 from trainer.sweeps.jobs import sweep_name
 from trainer.validate import ConfigError, ValidatedRun, resolved_container, validate
 
@@ -127,9 +128,9 @@ def check_resume(cfg: DictConfig, run_dir: Path) -> None:
 def dry_run_layout(cfg: DictConfig, layout, *, run_dir: Path) -> dict:
     """``trainer.dry_run=true``: the layout built for its ranks under a fake process group, measured beside
     the planner's estimate (``parallel/plan/dry_run.py``); written to dry_run.json, nothing trained."""
-    from parallel.plan.cli import print_dry_run
+    from parallel.plan.cli import print_dry_run, specs_from_cfg
     from parallel.plan.dry_run import dry_run, sample_ranks
-    from parallel.plan.search import candidate_of, specs_from_cfg
+    from parallel.plan.search import candidate_of
     from parallel.plan.specs import PlanError
 
     try:
@@ -137,9 +138,10 @@ def dry_run_layout(cfg: DictConfig, layout, *, run_dir: Path) -> dict:
     except PlanError as exc:
         raise ConfigError([f"trainer.dry_run=true: {exc}"]) from None
     ranks = None if layout.world_size > 16 else list(range(layout.world_size))
+    run = run_spec(cfg, layout)
     report = dry_run(
-        model_cfg=cfg.model,
-        candidate=candidate_of(cfg, layout),
+        model_config=run.model,
+        candidate=candidate_of(run),
         model=model,
         hardware=hardware,
         workload=workload,
@@ -158,8 +160,8 @@ def dry_run_layout(cfg: DictConfig, layout, *, run_dir: Path) -> dict:
 def checked(cfg: DictConfig) -> ValidatedRun:
     """parallel=auto resolved, then validation; its and the planner's warnings logged. Raises ConfigError."""
     if cfg.parallel.name == "auto":
-        from parallel.plan.auto import resolve_auto
         from parallel.plan.specs import PlanError
+        from trainer.launch.auto import resolve_auto
 
         try:
             resolve_auto(cfg)  # parallel=auto: the planner's first choice replaces the layout, in place
@@ -168,11 +170,22 @@ def checked(cfg: DictConfig) -> ValidatedRun:
     validated = validate(cfg)
     for warning in validated.warnings:
         log.warning("warning: %s", warning)
-    from parallel.plan.search import run_warnings
-
-    for warning in run_warnings(cfg, validated.layout):
+    for warning in planner_warnings(cfg, validated.layout):
         log.warning("warning (planner): %s", warning)
     return validated
+
+
+def planner_warnings(cfg: DictConfig, layout) -> list[str]:
+    """The seed's pitfalls for the layout this run uses (none for models the planner cannot describe)."""
+    from parallel.plan.cli import specs_from_cfg
+    from parallel.plan.search import run_warnings
+    from parallel.plan.specs import PlanError
+
+    try:
+        model, hardware, workload = specs_from_cfg(cfg, calibrate=False)
+    except PlanError:
+        return []
+    return run_warnings(run_spec(cfg, layout), model=model, hardware=hardware, workload=workload)
 
 
 def preflight(cfg: DictConfig, *, run_dir: Path) -> tuple[ValidatedRun, dict]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from models.spec import ConfigView
 from parallel.core import dims
 from parallel.core.layout import (
     ParallelLayout,
@@ -25,7 +26,6 @@ from parallel.core.layout import (
     factorizations,
     why_dp_needs_fsdp,
 )
-from parallel.core.memory import rank_budget_bytes
 from parallel.core.registry import STRATEGIES, checks_for, describe_factorization, strategy_spec
 from parallel.core.strategy_checks import nearest_multiples as _nearest_multiples
 from trainer.checks.compute import check_precision
@@ -37,6 +37,7 @@ from trainer.checks.run import check_callbacks, check_trainer
 from trainer.checks.topology import check_backend, check_topology
 from trainer.hf.checks import check_init_from
 from trainer.launch.environment import ExternalLaunch, detect_external_launch
+from trainer.run_spec import memory_budget_bytes, plain_values, run_spec, typed_model
 
 
 @dataclass(frozen=True)
@@ -251,7 +252,7 @@ def check_model(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
     """What the model's spec says its config must satisfy, and whether this layout can hold its weights."""
     from models.spec import INIT_DEVICES, builder_kwargs, hydra_schema
 
-    model = cfg.model
+    model = typed_model(cfg.model)  # the family's typed config (trainer/run_spec.py): what its rules read
     spec = model_spec(cfg, f)
     if spec is None:
         return
@@ -271,7 +272,7 @@ def check_model(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
     shape = spec.shape(model)
     full = 4.0 * shape.params
     share = full / (layout.tp * layout.pp * (layout.dp if layout.dp_shard else 1))
-    budget = rank_budget_bytes(cfg)
+    budget = memory_budget_bytes(cfg)
     if share > budget and not cfg.trainer.get("dry_run", False):
         f.error(
             f"model={model.name}: {shape.params / 1e9:.3g}B parameters; with dp.size={layout.dp} "
@@ -302,7 +303,7 @@ def check_model_data(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> No
             f"are {given}; use {option}, or a model family that reads {given}"
         )
         return
-    for problem in spec.data_problems(cfg.model, cfg.data):
+    for problem in spec.data_problems(typed_model(cfg.model), ConfigView(plain_values(cfg.data))):
         f.error(problem)
 
 
@@ -319,8 +320,12 @@ def check_dp_composition(cfg: DictConfig, layout: ParallelLayout, f: Findings) -
 
 def check_strategy_rules(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
     """The strategy's own rules (``StrategySpec.checks``: pipeline schedules and splits, tensor-parallel sizes)."""
-    for check in checks_for(cfg.parallel.name):
-        for problem in check(cfg, layout, strategy_spec(cfg.parallel.name)):
+    checks = checks_for(cfg.parallel.name)
+    if not checks:
+        return
+    run = run_spec(cfg, layout)  # the typed run the checks read (parallel/core/run.py)
+    for check in checks:
+        for problem in check(run, strategy_spec(cfg.parallel.name)):
             f.error(problem)
 
 

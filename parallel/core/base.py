@@ -1,4 +1,4 @@
-"""What a strategy is: a class built from ``cfg.parallel`` that turns the model into an ``Engine``.
+"""What a strategy is: a class built from the ``parallel`` config group that turns the model into an ``Engine``.
 
 The training loop knows only ``Engine``: it hands it the rank's share of the global batch and gets
 back that share's part of the step's loss (the mean over the global batch's target tokens), scaled so that
@@ -22,32 +22,30 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from hydra.utils import instantiate
-from omegaconf import DictConfig
 from torch import nn
 
 from models.lora import LoRA, apply_lora, init_lora
 from models.losses import token_cross_entropy
 from models.moe import moe_metrics, set_aux_loss_scale
 from parallel.core.comm_timer import SampledCommMeter
-from parallel.core.compose import ComposeSettings, DDPSettings
 from parallel.core.grad_clip import clip_grad_norm_
 from parallel.core.intervals import StepCommMeter
 from parallel.core.layout import ParallelLayout
-from parallel.core.memory import BuildPeak, rank_budget_bytes, tensor_bytes
+from parallel.core.memory import BuildPeak, tensor_bytes
 from parallel.core.meshes import loss_mesh
+from parallel.core.run import ComposeSettings, RunSpec
 from parallel.core.ties import retie, tied_parameters
 from parallel.core.token_loss import TokenMean
-from parallel.techniques.fp8 import Float8Settings
 from parallel.techniques.tp import tp_meter
 
 
 @dataclass
 class WorkerContext:
-    """Everything a strategy needs to build its engine on one rank."""
+    """Everything a strategy needs to build its engine on one rank: the typed run (``RunSpec``) and this rank's
+    place in it. The trainer hands a subclass of its own (``trainer/run_spec.py``) that also carries the config for
+    its loop; nothing here reads it."""
 
-    cfg: DictConfig
-    layout: ParallelLayout
+    run: RunSpec
     rank: int
     world_size: int
     local_rank: int
@@ -55,6 +53,8 @@ class WorkerContext:
     mesh: Any  # torch.distributed.device_mesh.DeviceMesh, or None for one process
     run_dir: Path
     log: logging.Logger
+    sample_batch: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None
+    """A few rows of the run's data (``pp.split=balanced`` times the blocks on them); None: no data at hand."""
     model_init: dict[str, Any] = field(default_factory=dict)
     """How this rank's model was made (init device, bytes); filled by ``build_model`` and the worker."""
     _build_peak: BuildPeak = field(init=False, repr=False)
@@ -64,16 +64,20 @@ class WorkerContext:
         self._build_peak = BuildPeak(self.device)
 
     @property
+    def layout(self) -> ParallelLayout:
+        return self.run.layout
+
+    @property
     def model_spec(self):
         """The model family's ``ModelSpec`` (``models/registry.py``): loss, TP plan, pipeline units, formulas."""
         from models.registry import spec_for
 
-        return spec_for(self.cfg.model)
+        return spec_for(self.run.model)
 
     def full_fp32_bytes(self) -> float | None:
         """The whole model's fp32 weights, from its spec's formula (None when the spec has none)."""
         spec = self.model_spec
-        return 4.0 * spec.shape(self.cfg.model).params if spec.shape is not None else None
+        return 4.0 * spec.shape(self.run.model).params if spec.shape is not None else None
 
     def init_device(self) -> str:
         """``model.init_device`` resolved: ``meta`` or ``cpu`` (auto: meta when the full fp32 weights exceed
@@ -83,9 +87,9 @@ class WorkerContext:
 
         if self.weights_from_checkpoint:
             return "meta"
-        budget = rank_budget_bytes(self.cfg)
-        requested = str(self.cfg.model.get("init_device", "auto"))
-        return resolve_init_device(requested, full_fp32_bytes=self.full_fp32_bytes(), budget_bytes=budget)
+        return resolve_init_device(
+            self.run.init_device, full_fp32_bytes=self.full_fp32_bytes(), budget_bytes=self.run.memory_budget_bytes
+        )
 
     @property
     def coords(self) -> dict[str, int]:
@@ -103,19 +107,18 @@ class WorkerContext:
         that shard or split pass ``materialize=False`` and call ``place`` on what this rank keeps, after
         sharding (torchtitan's order: meta -> parallelize / split -> to_empty -> init_weights).
         """
-        from models.spec import builder_kwargs
         from parallel.core.precision import cast_parameters
 
         device = self.init_device()
         self._build_peak.start()
-        torch.manual_seed(self.cfg.trainer.seed)
+        torch.manual_seed(self.run.seed)
         with torch.device(device):
-            model = cast_parameters(instantiate(builder_kwargs(self.cfg.model)), self.precision)
-        lora = LoRA.of(self.cfg.model)
+            model = cast_parameters(self.model_spec.build(self.run.model), self.precision)
+        lora = LoRA.of(self.run.model)
         if lora is not None:  # adapters beside frozen weights; drawn here, or by place() after a meta build
             self.model_init["lora_modules"] = len(apply_lora(model, lora))
             if device != "meta":
-                init_lora(model, seed=int(self.cfg.trainer.seed))
+                init_lora(model, seed=self.run.seed)
         self.model_init.update(init_device=device, full_fp32_bytes=self.full_fp32_bytes())
         self._record_build(model)
         return self.place(model) if materialize and device == "meta" else model
@@ -133,7 +136,7 @@ class WorkerContext:
     @property
     def weights_from_checkpoint(self) -> bool:
         """``model.init_from`` is set: the weights are read after the build (``Trainer.resume``), not drawn."""
-        return bool(self.cfg.model.get("init_from"))
+        return self.run.weights_from_checkpoint
 
     def place(self, module: nn.Module) -> nn.Module:
         """Put ``module`` (whole, a stage or a shard) on this rank's device: moved, or, when built on the meta
@@ -149,7 +152,7 @@ class WorkerContext:
         ties = tied_parameters(module)
         module.to_empty(device=self.device)
         retie(module, ties)
-        torch.manual_seed(self.cfg.trainer.seed)
+        torch.manual_seed(self.run.seed)
         with torch.no_grad():
             init = getattr(module, "init_weights", None)
             if self.weights_from_checkpoint:  # a family with non-persistent buffers computes them here
@@ -161,54 +164,24 @@ class WorkerContext:
                     reset = getattr(sub, "reset_parameters", None)
                     if callable(reset):
                         reset()
-            init_lora(module, seed=int(self.cfg.trainer.seed))  # no checkpoint of the base holds the adapters
+            init_lora(module, seed=self.run.seed)  # no checkpoint of the base holds the adapters
         self._record_build(module, placed=True)
         return module
 
     @property
     def precision(self) -> str:
         """``trainer.precision``: fp32, bf16-mixed, bf16 or fp8 (``parallel/core/precision.py``)."""
-        return str(self.cfg.trainer.get("precision", "fp32"))
-
-    def fp8_settings(self) -> Float8Settings:
-        """``trainer.fp8.*``, with the family's output head and MoE router kept out of float8 (torchtitan skips
-        the output layer and the router)."""
-        fp8 = self.cfg.trainer.get("fp8") or {}
-        spec = self.model_spec
-        family_skip = [spec.tp_plan.head if spec.tp_plan is not None else "output"]
-        if spec.moe is not None:
-            family_skip += [p.removesuffix(".weight") for p in spec.moe.router]
-        gather = fp8.get("fsdp_float8_all_gather")
-        return Float8Settings(
-            recipe=str(fp8.get("recipe", "tensorwise")),
-            fsdp_float8_all_gather=None if gather is None else bool(gather),
-            skip=(*family_skip, *(str(p) for p in fp8.get("skip") or [])),
-        )
+        return self.run.precision
 
     def compose_settings(self) -> ComposeSettings:
         """What ``compose``'s wrappers read of this run: precision, checkpointing, compile, tp and dp options."""
-        cfg = self.cfg
-        return ComposeSettings(
-            precision=self.precision,
-            fp8=self.fp8_settings() if self.precision == "fp8" else Float8Settings(),
-            activation_checkpointing=str(cfg.trainer.get("activation_checkpointing", "none")),
-            ac_every=int(cfg.trainer.get("ac_every", 1)),
-            compile=bool(cfg.trainer.get("compile", False)),
-            sequence_parallel=bool(cfg.tp.sequence_parallel),
-            loss_parallel=bool(cfg.tp.loss_parallel),
-            ddp=DDPSettings(
-                bucket_cap_mb=float(cfg.dp.bucket_cap_mb),
-                find_unused_parameters=bool(cfg.dp.find_unused_parameters),
-                sync_batchnorm=bool(cfg.dp.sync_batchnorm),
-            ),
-            measure_dp_comm=bool(cfg.dp.get("measure_comm", True)),
-        )
+        return self.run.compose
 
     def tp_meter(self, settings: ComposeSettings) -> SampledCommMeter:
         """The tp group's collectives timed on the logged steps (``tp.measure_comm``)."""
         return tp_meter(
             tp_mesh=self.mesh["tp"] if self.layout.tp > 1 else None,
-            measure=bool(self.cfg.tp.get("measure_comm", True)),
+            measure=settings.measure_tp_comm,
             compiled=settings.compile,
             log=self.log,
         )
@@ -219,12 +192,11 @@ class WorkerContext:
         return loss_mesh(self.mesh, self.layout.sizes) if self.mesh is not None else None
 
     def per_replica_batch(self) -> int:
-        return int(self.cfg.data.global_batch_size) // self.layout.dp
+        return self.run.batch.per_replica(self.layout.dp)
 
     def accumulation_steps(self) -> int:
         """Forward passes per step on one replica, from ``data.micro_batch_size``."""
-        mbs = self.cfg.data.get("micro_batch_size")
-        return self.per_replica_batch() // int(mbs) if mbs else 1
+        return self.run.batch.accumulation_steps(self.layout.dp)
 
 
 class Engine(ABC):
@@ -410,7 +382,7 @@ class ModuleEngine(Engine):
 
 
 class Strategy(ABC):
-    """Built by ``hydra.utils.instantiate(cfg.parallel)`` inside each worker."""
+    """Built by Hydra's ``instantiate`` of the ``parallel`` node inside each worker (``parallel._target_``)."""
 
     def __init__(self, *, name: str, **options: Any):
         self.name = name

@@ -27,6 +27,7 @@ from models.spec import PipelineUnits
 from parallel.core.intervals import StepCommMeter
 from parallel.core.meshes import expert_meshes, fsdp_mesh, loss_mesh
 from parallel.core.precision import MIXED_PRECISIONS, enable_autocast, fsdp_mp_policy
+from parallel.core.run import ComposeSettings
 from parallel.core.ties import tied_parameters
 from parallel.pipeline.schedules import schedule_class, schedule_spec
 from parallel.pipeline.stages import StageSpec, build_stage_module
@@ -35,7 +36,7 @@ from parallel.techniques.checkpointing import apply_activation_checkpointing
 from parallel.techniques.compile import apply_compile
 from parallel.techniques.ddp import wrap_ddp
 from parallel.techniques.ep import A2AMeter, apply_ep
-from parallel.techniques.fp8 import Float8Settings, convert_to_fp8, float8_tp_styles, precompute_scales
+from parallel.techniques.fp8 import convert_to_fp8, float8_tp_styles, precompute_scales
 from parallel.techniques.fsdp import FSDPCommTimer, apply_fsdp, float8_bytes_all_gather, fsdp_no_sync
 from parallel.techniques.tp import apply_tp
 
@@ -84,35 +85,6 @@ class Composition:
         if layout.dp == 1:
             return "none"
         return "fsdp" if layout.dp_shard else "ddp"
-
-
-@dataclass(frozen=True)
-class DDPSettings:
-    """``dp.*`` as DDP reads it."""
-
-    bucket_cap_mb: float = 25.0
-    find_unused_parameters: bool = False
-    sync_batchnorm: bool = False
-
-
-@dataclass(frozen=True)
-class ComposeSettings:
-    """What the wrappers read of the run (the trainer builds it from ``trainer.*``, ``tp.*``, ``dp.*``; the dry run
-    from its candidate)."""
-
-    precision: str = "fp32"
-    """``trainer.precision``: bf16-mixed (and fp8) give autocast, or FSDP2's MixedPrecisionPolicy where FSDP2
-    wraps; fp8 converts the eligible Linears first."""
-    fp8: Float8Settings = field(default_factory=Float8Settings)
-    """``trainer.fp8.*``, read when ``precision`` is fp8."""
-    activation_checkpointing: str = "none"
-    ac_every: int = 1
-    compile: bool = False
-    sequence_parallel: bool = False
-    loss_parallel: bool = False
-    ddp: DDPSettings = field(default_factory=DDPSettings)
-    measure_dp_comm: bool = True
-    """Time the dp dimension's collectives (``dp.measure_comm``)."""
 
 
 @dataclass(frozen=True)

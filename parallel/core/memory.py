@@ -4,16 +4,16 @@ allocated bytes on CUDA."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch is imported where a function runs: validation reads rank_budget_bytes
     import torch
 
 
-def rank_budget_bytes(cfg: Any) -> float:
+def rank_budget_bytes(*, device_memory_gb: float, memory_fraction: float) -> float:
     """Memory one rank may use: topology.device_memory_gb x planner.memory_fraction (the planner's budget, the
     memory check of validation, and ``model.init_device=auto``)."""
-    return float(cfg.topology.device_memory_gb) * 1e9 * float(cfg.planner.memory_fraction)
+    return float(device_memory_gb) * 1e9 * float(memory_fraction)
 
 
 def _status_kib(field: str) -> int | None:

@@ -59,6 +59,16 @@ PLANNER_PRECISIONS = {
 }
 
 
+def planner_precision(trainer_precision: str, *, device: str | None = None) -> str:
+    """The one mapping from ``trainer.precision`` to the planner's class (``PLANNER_PRECISIONS``): fp32 is ``fp32``,
+    every 16-bit or narrower mode (bf16-mixed, bf16, fp8) is ``mixed``. With ``device`` (``planner.precision=auto``,
+    planning a run rather than describing one), an fp32 run on cuda is planned as ``mixed``, the precision
+    ``parallel=auto`` then trains it in (``PLANNER_PRECISIONS["mixed"].trains_as``)."""
+    if str(trainer_precision) != "fp32" or device == "cuda":
+        return "mixed"
+    return "fp32"
+
+
 def param_dtype(precision: str) -> torch.dtype:
     """The dtype parameters are stored in."""
     import torch

@@ -80,7 +80,7 @@ MODEL_PARALLEL = FixedPipeline()
 class StrategySpec:
     name: str
     target: str
-    """Dotted path of the ``Strategy`` class ``hydra.utils.instantiate(cfg.parallel)`` builds."""
+    """Dotted path of the ``Strategy`` class Hydra instantiates from the ``parallel`` node."""
     dims: tuple[str, ...]
     """Mesh dimensions that may be > 1 (the others must be 1)."""
     summary: str
@@ -100,8 +100,8 @@ class StrategySpec:
     """The layouts the planner (and the "layouts that fit" hint) trains with this strategy; None: never
     picked. ``STRATEGIES`` is searched in order, the first match wins."""
     # ---- what validation asks of the strategy ----
-    checks: tuple[Callable[[Any, Any, StrategySpec | None], list[str]], ...] = ()
-    """``fn(cfg, layout, strategy) -> problems``: the strategy's own rules, run by ``trainer/validate.py`` before any worker
+    checks: tuple[Callable[[Any, StrategySpec | None], list[str]], ...] = ()
+    """``fn(run, strategy) -> problems`` (``run``: the typed ``RunSpec``): the strategy's own rules, run by ``trainer/validate.py`` before any worker
     starts (torch-free functions beside the strategy's facts: ``parallel/pipeline/checks.py``,
     ``parallel/core/strategy_checks.py``)."""
 
@@ -231,13 +231,6 @@ def strategy_target(name: str) -> str:
     return spec.target if spec is not None else ""
 
 
-def register_resolver() -> None:
-    from omegaconf import OmegaConf
-
-    if not OmegaConf.has_resolver("mt_strategy"):
-        OmegaConf.register_new_resolver("mt_strategy", strategy_target)
-
-
 def strategy_for(
     *, zero_stage: int = 0, micro_batches: int | None = None, schedule: str | None = None, **sizes: int
 ) -> str:
@@ -259,7 +252,7 @@ def describe_factorization(*sizes: int) -> str:
     return " ".join([f"parallel={strategy_for(**by_name)}", *words])
 
 
-def checks_for(name: str) -> tuple[Callable[[Any, Any, StrategySpec | None], list[str]], ...]:
+def checks_for(name: str) -> tuple[Callable[[Any, StrategySpec | None], list[str]], ...]:
     """The checks validation runs for ``parallel.name``: the strategy's own; for a user's own strategy every
     built-in one (each says nothing where its dimension is unused)."""
     spec = STRATEGIES.get(str(name))

@@ -1,6 +1,7 @@
 """What a tensor-parallel run (parallel=tp, hybrid with tp.size > 1) needs of its config, checked before any worker
 starts: the model's own rules for a tp degree (its ``ModelSpec.tp_check``) and those of loss and sequence
-parallelism. Each check takes ``(cfg, layout, strategy)`` and returns the problems as "key=value: what is wrong; the fix";
+parallelism. Each check takes ``(run, strategy)`` (the typed run, ``parallel/core/run.py``, and the strategy's
+``StrategySpec``) and returns the problems as "key=value: what is wrong; the fix";
 the strategies list them in ``StrategySpec.checks`` (``parallel/core/registry.py``). No torch import.
 """
 
@@ -12,7 +13,7 @@ from models.registry import UnknownModel, spec_for
 from parallel.core import dims
 
 if TYPE_CHECKING:
-    from parallel.core.layout import ParallelLayout
+    from parallel.core.run import RunSpec
 
 
 def nearest_multiples(value: int, base: int) -> str:
@@ -22,10 +23,11 @@ def nearest_multiples(value: int, base: int) -> str:
     return str(hi) if lo < base else f"{lo} or {hi}"
 
 
-def tensor_parallel_problems(cfg: Any, layout: ParallelLayout, strategy: Any = None) -> list[str]:
+def tensor_parallel_problems(run: RunSpec, strategy: Any = None) -> list[str]:
     """The model's plan splits heads and widths by tp; loss and sequence parallelism split the vocabulary and
     the sequence (nothing when tp.size is 1)."""
-    tp, model = layout.tp, cfg.model
+    layout, model, settings = run.layout, run.model, run.compose
+    tp = layout.tp
     if tp == 1:
         return []
     try:
@@ -35,18 +37,18 @@ def tensor_parallel_problems(cfg: Any, layout: ParallelLayout, strategy: Any = N
     out = spec.tp_problems(model, tp)
     if spec.parallelize is None:
         return out
-    if cfg.tp.loss_parallel and int(model.vocab_size) % tp:
+    if settings.loss_parallel and int(model.vocab_size) % tp:
         out.append(
             f"model.vocab_size={model.vocab_size} is not divisible by tp.size={tp} with tp.loss_parallel=true; "
             "set tp.loss_parallel=false"
         )
-    if cfg.tp.loss_parallel and layout.pp > 1:
+    if settings.loss_parallel and layout.pp > 1:
         out.append(
             f"tp.loss_parallel=true with pp.size={layout.pp}: the pipeline schedule computes the loss outside "
             "loss_parallel() on plain tensors; set tp.loss_parallel=false (the head then gathers the logits)"
         )
-    seq = int(cfg.data.seq_len)
-    if cfg.tp.sequence_parallel and seq % tp:
+    seq = run.batch.seq_len
+    if settings.sequence_parallel and seq % tp:
         out.append(
             f"data.seq_len={seq} is not divisible by tp.size={tp} with tp.sequence_parallel=true: "
             f"the sequence is split over tp ranks; use data.seq_len={nearest_multiples(seq, tp)}"
@@ -54,10 +56,11 @@ def tensor_parallel_problems(cfg: Any, layout: ParallelLayout, strategy: Any = N
     return out
 
 
-def expert_parallel_problems(cfg: Any, layout: ParallelLayout, strategy: Any = None) -> list[str]:
+def expert_parallel_problems(run: RunSpec, strategy: Any = None) -> list[str]:
     """Expert parallel splits each MoE layer's experts into ep equal sets of whole experts: the model must be a
     mixture of experts and ep must divide its expert count (that ep divides dp x cp is ``dims.borrow_problems``')."""
-    ep, model = layout.sizes.get("ep", 1), cfg.model
+    layout, model = run.layout, run.model
+    ep = layout.sizes.get("ep", 1)
     if ep == 1:
         return []
     try:

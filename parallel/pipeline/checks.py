@@ -1,6 +1,7 @@
 """What a pipelined run (parallel=pp, mp, hybrid with pp.size > 1) needs of its config, checked before any worker
 starts: the shape a strategy fixes (parallel=mp), the schedule's micro-batches and stages per rank, and
-the split points against the model's blocks. Each check takes ``(cfg, layout, strategy)`` (the strategy's ``StrategySpec``, None for a user's own) and returns the problems as
+the split points against the model's blocks. Each check takes ``(run, strategy)`` (the typed run,
+``parallel/core/run.py``, and the strategy's ``StrategySpec``, None for a user's own) and returns the problems as
 "key=value: what is wrong; the fix"; the strategies list them in ``StrategySpec.checks``
 (``parallel/core/registry.py``). No torch import.
 """
@@ -13,24 +14,26 @@ from models.registry import UnknownModel, spec_for
 from parallel.pipeline.schedules import SCHEDULES
 
 if TYPE_CHECKING:
-    from parallel.core.layout import ParallelLayout
+    from parallel.core.run import RunSpec
 
 
-def fixed_pipeline_problems(cfg: Any, layout: ParallelLayout, strategy: Any) -> list[str]:
+def fixed_pipeline_problems(run: RunSpec, strategy: Any) -> list[str]:
     """A strategy whose pipeline shape is fixed (parallel=mp: ``registry.MODEL_PARALLEL``) refuses a config
     that changes it."""
+    layout = run.layout
     if layout.schedule is None or strategy is None or strategy.fixed_pipeline is None:
         return []
     return strategy.fixed_pipeline.problems(
-        name=str(cfg.parallel.name),
+        name=layout.strategy,
         micro_batches=layout.micro_batches,
         schedule=layout.schedule,
         stages_per_rank=layout.stages_per_rank,
     )
 
 
-def schedule_problems(cfg: Any, layout: ParallelLayout, strategy: Any = None) -> list[str]:
+def schedule_problems(run: RunSpec, strategy: Any = None) -> list[str]:
     """Stages per rank and micro-batches the schedule can run (``ScheduleSpec``); the name is typed by the schema."""
+    layout = run.layout
     spec = SCHEDULES.get(str(layout.schedule)) if layout.schedule is not None else None
     if spec is None:
         return []
@@ -41,7 +44,7 @@ def schedule_problems(cfg: Any, layout: ParallelLayout, strategy: Any = None) ->
     problem = spec.micro_batch_problem(micro_batches=m, pp=pp, stages=pp * v)
     if not problem:
         return []
-    per_replica = int(cfg.data.global_batch_size) // max(1, layout.dp)
+    per_replica = run.batch.per_replica(layout.dp)
     ok = spec.suggest_micro_batches(pp=pp, stages=pp * v, per_replica=per_replica)
     fix = (
         f"use pp.micro_batches={' or '.join(map(str, ok))}"
@@ -54,24 +57,25 @@ def schedule_problems(cfg: Any, layout: ParallelLayout, strategy: Any = None) ->
     ]
 
 
-def split_problems(cfg: Any, layout: ParallelLayout, strategy: Any = None) -> list[str]:
+def split_problems(run: RunSpec, strategy: Any = None) -> list[str]:
     """The model splits into stages (its ``ModelSpec.pipeline``), has a block per stage, and the split points
     name blocks in increasing order."""
+    layout, model = run.layout, run.model
     try:
-        spec = spec_for(cfg.model)
+        spec = spec_for(model)
     except UnknownModel:
         return []  # validation's model check says so
-    name, pp, v = cfg.parallel.name, layout.pp, layout.stages_per_rank
+    name, pp, v = layout.strategy, layout.pp, layout.stages_per_rank
     if spec.pipeline is None:
         return [
-            f"parallel={name} with model={cfg.model.get('name')}: the model family '{spec.family}' cannot be split "
+            f"parallel={name} with model={model.get('name')}: the model family '{spec.family}' cannot be split "
             "into pipeline stages (ModelSpec.pipeline is None); use parallel=ddp or fsdp"
         ]
-    n = spec.n_blocks(cfg.model)
+    n = spec.n_blocks(model)
     if n is None:
         return []
     num_stages = pp * v
-    depth = f"model.n_layers={n}" if "n_layers" in cfg.model else f"{n} blocks in the model (its ModelSpec.blocks)"
+    depth = f"model.n_layers={n}" if "n_layers" in model else f"{n} blocks in the model (its ModelSpec.blocks)"
     if num_stages > n:
         return [
             f"pp.size={pp} x pp.stages_per_rank={v} = {num_stages} stages but {depth}: every stage "
@@ -101,11 +105,12 @@ def split_problems(cfg: Any, layout: ParallelLayout, strategy: Any = None) -> li
     return out
 
 
-def pipeline_problems(cfg: Any, layout: ParallelLayout, strategy: Any) -> list[str]:
+def pipeline_problems(run: RunSpec, strategy: Any) -> list[str]:
     """Everything a pipelined layout needs (nothing when the run does not pipeline)."""
-    if layout.schedule is None:
+    if run.layout.schedule is None:
         return []
-    out = schedule_problems(cfg, layout, strategy)
-    if int(cfg.pp.trace_step) < 0:
-        out.append(f"pp.trace_step={cfg.pp.trace_step}: must be >= 0 (0 writes no timeline)")
-    return out + split_problems(cfg, layout, strategy)
+    out = schedule_problems(run, strategy)
+    trace_step = run.pipeline.trace_step
+    if trace_step < 0:
+        out.append(f"pp.trace_step={trace_step}: must be >= 0 (0 writes no timeline)")
+    return out + split_problems(run, strategy)

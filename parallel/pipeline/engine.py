@@ -37,10 +37,11 @@ from torch import nn
 from models.moe import set_aux_loss_scale
 from parallel.core.base import Engine, WorkerContext
 from parallel.core.comm_timer import SampledCommMeter
-from parallel.core.compose import ComposeSettings, Composition, PipelinePlan, compose
+from parallel.core.compose import Composition, PipelinePlan, compose
 from parallel.core.intervals import IntervalLog, union_seconds
 from parallel.core.rank_map import announce_rank_map
 from parallel.core.registry import strategy_spec
+from parallel.core.run import ComposeSettings
 from parallel.core.ties import tied_parameters
 from parallel.core.token_loss import TokenMean
 from parallel.pipeline.schedules import (
@@ -61,7 +62,7 @@ _FIXED = 6
 
 def choose_split(model: nn.Module, *, ctx: WorkerContext, num_stages: int) -> SplitPlan:
     """Split points for this run, identical on every rank (``balanced`` measures on rank 0 only)."""
-    layout, cfg = ctx.layout, ctx.cfg
+    layout = ctx.layout
     pre, blocks, post = pipeline_parts(model, units=ctx.model_spec.pipeline)
     n = len(blocks)
     # torchtitan's weights: an embedding or a head counts as one block (when the model has one)
@@ -75,12 +76,15 @@ def choose_split(model: nn.Module, *, ctx: WorkerContext, num_stages: int) -> Sp
             policy="even",
             costs=uniform_costs(n, input_weight=0, output_weight=0),
         )
-    policy = str(cfg.pp.split)
+    policy = ctx.run.pipeline.split
     if policy == "balanced" and any(p.is_meta for p in model.parameters()):
         ctx.log.warning(
             "pp.split=balanced needs a built model to time its blocks; this one is on the meta "
             "device (model.init_device), so the split is uniform"
         )
+        policy = "uniform"
+    if policy == "balanced" and ctx.sample_batch is None:
+        ctx.log.warning("pp.split=balanced needs a sample of the data to time the blocks on; the split is uniform")
         policy = "uniform"
     if policy == "uniform":
         costs = uniform
@@ -88,11 +92,8 @@ def choose_split(model: nn.Module, *, ctx: WorkerContext, num_stages: int) -> Sp
     # balanced: profile on global rank 0, share the result
     box: list[Any] = [None]
     if ctx.rank == 0:
-        from hydra.utils import instantiate
-
-        data = instantiate(cfg.data, seed=int(cfg.trainer.seed))
-        inputs, targets = data.global_batch(1)
         mb = max(1, ctx.per_replica_batch() // max(1, layout.micro_batches))
+        inputs, targets = ctx.sample_batch(mb)
         costs = profile_blocks(model, inputs[:mb], targets[:mb], loss_fn=ctx.model_spec.loss_fn())
         box[0] = costs
         ctx.log.info(
@@ -153,8 +154,8 @@ class PipelineEngine(Engine):
         self.has_last = any(st.is_last for st in stages)
         self.order = action_order(str(ctx.layout.schedule), pp=self.pp, micro_batches=self.m, schedule=schedule)
         self.bubble_theoretical = float(simulate(self.order, num_stages=len(specs))["bubble_fraction"])
-        trace_step = int(ctx.cfg.pp.trace_step)
-        self.trace_step = min(trace_step, int(ctx.cfg.trainer.max_steps)) if trace_step > 0 else 0
+        trace_step = ctx.run.pipeline.trace_step
+        self.trace_step = min(trace_step, ctx.run.max_steps) if trace_step > 0 else 0
         self.steps = 0
         self.history: list[dict[str, Any]] = []
         self.artifacts: dict[str, Any] = {"images": {}, "files": []}

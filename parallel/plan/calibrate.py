@@ -131,16 +131,15 @@ def _fit_line(x1: float, t1: float, x2: float, t2: float) -> tuple[float, float]
     return max(t1 - slope * x1, 0.0), slope
 
 
-def family_kwargs(model_cfg: Any, sizes: dict[str, int]) -> tuple[Any, dict[str, Any]]:
+def family_kwargs(model_config: Any, sizes: dict[str, int]) -> tuple[Any, dict[str, Any]]:
     """(the configured family's ``models.spec.ModelSpec``, builder kwargs of its model with ``sizes`` replaced):
     the calibration and the dry run build the family that will train, not a stand-in. A family without
-    ``ModelSpec.resized`` is built at its configured sizes only (its config holds the builder's kwargs)."""
-    from omegaconf import DictConfig, OmegaConf
-
+    ``ModelSpec.resized`` is built at its configured sizes only (its config holds the builder's kwargs).
+    ``model_config``: the model's typed config (``ModelSpec.typed``) or its plain values."""
     from models.registry import spec_for
     from models.spec import builder_kwargs
 
-    family = spec_for(model_cfg)
+    family = spec_for(model_config)
     if family.resized is None and sizes:
         raise PlanError(
             f"model.family={family.family}: the planner's calibration builds a small model of the configured family "
@@ -148,20 +147,18 @@ def family_kwargs(model_cfg: Any, sizes: dict[str, int]) -> tuple[Any, dict[str,
             "for given sizes); plan without topology.calibrate=true, or give the ModelSpec a resized function "
             "(docs/models.md)"
         )
-    node = OmegaConf.to_container(model_cfg, resolve=True) if isinstance(model_cfg, DictConfig) else dict(model_cfg)
     if family.resized is None:
-        return family, {k: v for k, v in builder_kwargs(node).items() if k != "_target_"}
-    return family, family.resized(node, sizes)
+        return family, {k: v for k, v in builder_kwargs(model_config).items() if k != "_target_"}
+    return family, family.resized(model_config, sizes)
 
 
 def build_family(family: Any, kwargs: dict[str, Any]) -> Any:
-    """The family's module (``ModelSpec.builder``) from ``kwargs``, seeded so both processes hold the same weights."""
+    """The family's module (``ModelSpec.build``) from builder ``kwargs``, seeded so both processes hold the same
+    weights."""
     import torch
 
-    from models.spec import import_object
-
     torch.manual_seed(0)
-    return import_object(family.builder)(**kwargs)
+    return family.build(kwargs)
 
 
 def _lm_step(model: Any, x: Any, loss: Callable[[Any, Any], Any]) -> Callable[[], None]:
@@ -181,24 +178,24 @@ BUSY_BATCH = 8
 COMPUTE_MAX_ROWS = 32
 
 
-def measure_compute(model_cfg: Any, *, seq_len: int, threads: int, max_rows: int = BUSY_BATCH) -> dict[str, Any]:
+def measure_compute(model_config: Any, *, seq_len: int, threads: int, max_rows: int = BUSY_BATCH) -> dict[str, Any]:
     """FLOP/s and per-micro-batch overhead: a line through a forward + backward of 1 row and of ``max_rows``
     (at least BUSY_BATCH, at most COMPUTE_MAX_ROWS); AdamW's bytes per second."""
     import torch
-    from omegaconf import OmegaConf
 
+    from models.spec import config_values
     from parallel.core.optimizer import build_optimizer_over
 
     torch.set_num_threads(threads)
-    spec = model_shape(model_cfg)
+    spec = model_shape(model_config)
     sizes = {"max_seq_len": max(spec.max_seq_len, seq_len)}
     proxy = spec.params > MAX_BUILD_PARAMS
     if proxy:  # same width, two blocks, shorter rows: the FLOP rate of big matmuls, not the model's memory
         sizes.update(n_layers=2, vocab_size=min(spec.vocab_size, 4096))
         seq_len = min(seq_len, 256)
-    family, kwargs = family_kwargs(model_cfg, sizes)
+    family, kwargs = family_kwargs(model_config, sizes)
     model = build_family(family, kwargs)
-    built = OmegaConf.create(kwargs)
+    built = family.typed(kwargs)
     measured = replace(family.shape(built), name="calib")
     flops_per_token = measured.training_flops_per_token(seq_len)
     loss = family.loss_fn()
@@ -233,7 +230,7 @@ def measure_compute(model_cfg: Any, *, seq_len: int, threads: int, max_rows: int
         "flops": 1.0 / s_per_flop,
         "microbatch_overhead_s": overhead,
         "memory_bytes_per_s": n_params * (2 * 4 + 2 * 4 + 2 * 8) / t_opt,
-        "model_cfg": OmegaConf.to_container(model_cfg, resolve=True) if OmegaConf.is_config(model_cfg) else model_cfg,
+        "model_values": config_values(model_config),  # plain values: the link workers rebuild the family
         "sizes": sizes,
         "seq_len": seq_len,
     }
@@ -269,7 +266,7 @@ def _comm_worker(rank: int, port: int, out_path: str, sizes: tuple[int, ...], bu
         results[f"allreduce_{n}"] = timed[f"allreduce_{n}"]
         results[f"p2p_{n}"] = timed[f"pingpong_{n}"] / 2  # a round trip is two messages
     if busy is not None:
-        family, kwargs = family_kwargs(busy["model_cfg"], busy["sizes"])
+        family, kwargs = family_kwargs(busy["model_values"], busy["sizes"])
         loss, seq_len = family.loss_fn(), busy["seq_len"]
         torch.manual_seed(0)  # the same rows on both processes (the pipeline's last stage takes them as targets)
         x = torch.randint(0, int(kwargs["vocab_size"]), (BUSY_BATCH, seq_len))
@@ -473,10 +470,10 @@ def solve_fixed_costs(hardware: HardwareSpec, *, compute: dict[str, Any], steps:
 
 
 def calibrate_hardware(
-    hardware: HardwareSpec, *, model_cfg: Any, workload: Workload, threads: int, links: bool = True
+    hardware: HardwareSpec, *, model_config: Any, workload: Workload, threads: int, links: bool = True
 ) -> HardwareSpec:
     """``hardware`` with FLOP/s, overhead, memory bandwidth and (``links``) intra-node links measured here."""
-    c = measure_compute(model_cfg, seq_len=workload.seq_len, threads=threads, max_rows=workload.global_batch_size)
+    c = measure_compute(model_config, seq_len=workload.seq_len, threads=threads, max_rows=workload.global_batch_size)
     updates: dict[str, Any] = {
         "flops": c["flops"],
         "microbatch_overhead_s": c["microbatch_overhead_s"],

@@ -4,6 +4,9 @@ Composes conf/ with Hydra-style overrides exactly as train.py does (``model=gpt_
 topology=cluster_1024xh100 planner.recompute=any``), starts no worker, needs no GPU and imports no torch
 (unless ``topology.calibrate=true`` asks to measure this machine, or ``--dry-run`` builds the first choice
 for sampled ranks under torch's fake process group: ``parallel/plan/dry_run.py``).
+
+The one module of ``parallel/`` and ``models/`` that reads a composed config (tests/unit/test_config_stops.py): it
+types the sections the planner reads (``specs_from_cfg``) and hands those objects on.
 """
 
 from __future__ import annotations
@@ -12,13 +15,20 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+from omegaconf import OmegaConf
+
+from models.registry import model_shape, spec_for
 from models.shape import count_text
+from models.spec import make_config
+from parallel.config import PlannerConfig, TopologyConfig
 from parallel.core import dims
 from parallel.plan.cost_model import Estimate
-from parallel.plan.search import TRAINER_AC, Plan, describe, pitfalls, plan, specs_from_cfg, strategy_of
-from parallel.plan.specs import GB, TRAINER_PRECISION, PlanError
+from parallel.plan.search import TRAINER_AC, Plan, describe, pitfalls, plan, strategy_of
+from parallel.plan.specs import GB, TRAINER_PRECISION, HardwareSpec, ModelShape, PlanError, Workload
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -36,6 +46,52 @@ def compose(overrides: list[str]):
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return hydra_compose("config", overrides=overrides)
+
+
+# ---- the one place the planner reads a composed config: it hands typed objects on ------------------
+
+
+def typed_section(cls: type, node: Any) -> Any:
+    """A composed config section as its schema's dataclass (``TopologyConfig``, ``PlannerConfig``)."""
+    return make_config(cls, OmegaConf.to_container(node, resolve=True, enum_to_str=True))
+
+
+def typed_model(node: Any) -> Any:
+    """The model's own config, typed by its family (``ModelSpec.typed``)."""
+    values = OmegaConf.to_container(node, resolve=True, enum_to_str=True)
+    return spec_for(values).typed(values)
+
+
+def specs_from_cfg(cfg: Any, *, calibrate: bool | None = None) -> tuple[ModelShape, HardwareSpec, Workload]:
+    """Model, hardware (measured when ``topology.calibrate``) and workload of a composed config: its sections
+    typed here once (``parallel=auto``, the trainer's warnings and dry run call this too)."""
+    model_config = typed_model(cfg.model)
+    model = model_shape(model_config)
+    topology = typed_section(TopologyConfig, cfg.topology)
+    planner = typed_section(PlannerConfig, cfg.planner)
+    hardware = HardwareSpec.from_topology(topology)
+    data = cfg.get("data") or {}
+    trainer = cfg.get("trainer")
+
+    def workload(hw: HardwareSpec, planner: PlannerConfig) -> Workload:
+        return Workload.of(
+            planner,
+            model=model_config,
+            global_batch_size=int(data.get("global_batch_size") or 0),
+            seq_len=int(data.get("seq_len") or 0),
+            trainer_precision=str(trainer.precision) if trainer is not None else None,
+            hardware=hw,
+        )
+
+    if calibrate if calibrate is not None else bool(topology.calibrate):
+        from parallel.plan.calibrate import calibrate_hardware
+
+        hardware = calibrate_hardware(
+            hardware, model_config=model_config, workload=workload(hardware, planner), threads=topology.threads_per_rank
+        )
+    if str(planner.recompute) == "auto":
+        planner = replace(planner, recompute="any" if hardware.device == "cuda" else "none")
+    return model, hardware, workload(hardware, planner)
 
 
 def plan_json(p: Plan, *, top: int) -> dict:
@@ -232,7 +288,11 @@ def main(argv: list[str] | None = None) -> int:
         from parallel.plan.dry_run import dry_run
 
         report = dry_run(
-            model_cfg=cfg.model, candidate=result.best.candidate, model=model, hardware=hardware, workload=workload
+            model_config=typed_model(cfg.model),
+            candidate=result.best.candidate,
+            model=model,
+            hardware=hardware,
+            workload=workload,
         )
     if args.json:
         out = {**plan_json(result, top=top), "planning_time_s": elapsed}

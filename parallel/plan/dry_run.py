@@ -24,8 +24,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from parallel.core import dims
-from parallel.core.compose import ComposeSettings, Composition, PipelinePlan, compose
+from parallel.core.compose import Composition, PipelinePlan, compose
 from parallel.core.precision import PLANNER_PRECISIONS
+from parallel.core.run import ComposeSettings
 from parallel.core.state_bytes import model_state_bytes
 from parallel.pipeline.stages import build_stage_module
 from parallel.plan.cost_model import Candidate, estimate
@@ -76,7 +77,7 @@ def sample_ranks(**sizes: int) -> list[int]:
     return sorted(ranks)
 
 
-def build_meta_model(model_cfg: Any):
+def build_meta_model(model_config: Any):
     """The configured model on the meta device, built by its family's builder (``ModelSpec.builder``) from
     ``ModelSpec.resized`` at its own sizes: a planner-only description (numbers, a ``_target_`` that refuses to
     build) is the model of its family it describes."""
@@ -84,7 +85,7 @@ def build_meta_model(model_cfg: Any):
 
     from parallel.plan.calibrate import build_family, family_kwargs
 
-    family, kwargs = family_kwargs(model_cfg, {})
+    family, kwargs = family_kwargs(model_config, {})
     with torch.device("meta"):
         return build_family(family, kwargs)
 
@@ -303,7 +304,7 @@ def _measure_rank(
 
 def dry_run(
     *,
-    model_cfg: Any,
+    model_config: Any,
     candidate: Candidate,
     model: ModelShape,
     hardware: HardwareSpec,
@@ -320,8 +321,8 @@ def dry_run(
     sp = c.sequence_parallel if sequence_parallel is None else sequence_parallel
     from parallel.plan.calibrate import family_kwargs
 
-    family = family_kwargs(model_cfg, {})[0]
-    meta_model = build_meta_model(model_cfg)
+    family = family_kwargs(model_config, {})[0]
+    meta_model = build_meta_model(model_config)
     tp_plan = family.parallelize_fn() if c.tp > 1 else None
     split_points, specs = _stage_plan(meta_model, c, split_points=c.split_points)
     from dataclasses import replace

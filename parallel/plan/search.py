@@ -12,17 +12,18 @@ import importlib.util
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from omegaconf import DictConfig, OmegaConf
-
-from models.registry import model_shape
 from parallel.core import dims
-from parallel.core.layout import ParallelLayout, factorizations
-from parallel.core.registry import STRATEGIES, TRAINABLE_RECOMPUTE, TRAINABLE_ZERO_STAGES, plannable, strategy_for
+from parallel.core.layout import factorizations
+from parallel.core.precision import planner_precision
+from parallel.core.registry import TRAINABLE_RECOMPUTE, TRAINABLE_ZERO_STAGES, plannable, strategy_for
 from parallel.pipeline.schedules import SCHEDULES, schedule_spec
 from parallel.plan.cost_model import Candidate, Estimate, estimate
-from parallel.plan.specs import GB, TRAINER_PRECISION, HardwareSpec, ModelShape, PlanError, Workload
+from parallel.plan.specs import GB, HardwareSpec, ModelShape, PlanError, Workload
+
+if TYPE_CHECKING:
+    from parallel.core.run import ComposeSettings, RunSpec
 
 DEEP_LAYERS = 50
 """The seed's "deep" threshold: from about 50 layers, pipeline stages beat splitting each layer."""
@@ -244,83 +245,34 @@ def seed_reason(ranked: tuple[Estimate, ...], *, model: ModelShape, hardware: Ha
     return "; ".join(parts) + "; " + tail
 
 
-# ---- from the config --------------------------------------------------------------------------
+# ---- from the typed run ----------------------------------------------------------------------
 
 
-def specs_from_cfg(cfg: DictConfig, *, calibrate: bool | None = None) -> tuple[ModelShape, HardwareSpec, Workload]:
-    """Model, hardware (measured when ``topology.calibrate``) and workload of a composed config."""
-    model = model_shape(cfg.model)
-    hardware = HardwareSpec.from_cfg(cfg.topology)
-    if calibrate if calibrate is not None else bool(cfg.topology.get("calibrate", False)):
-        from parallel.plan.calibrate import calibrate_hardware
-
-        workload = Workload.from_cfg(cfg, hardware=hardware)
-        hardware = calibrate_hardware(
-            hardware, model_cfg=cfg.model, workload=workload, threads=int(cfg.topology.threads_per_rank)
-        )
-    planner_recompute = str(cfg.planner.recompute)
-    if planner_recompute == "auto":
-        cfg = cfg.copy()
-        cfg.planner.recompute = "any" if hardware.device == "cuda" else "none"
-    return model, hardware, Workload.from_cfg(cfg, hardware=hardware)
-
-
-def candidate_of(cfg: DictConfig, layout: ParallelLayout) -> Candidate:
-    """The layout a config asks for, in the cost model's terms."""
-    per_replica = int(cfg.data.global_batch_size) // max(1, layout.dp)
-    mbs = cfg.data.get("micro_batch_size")
+def candidate_of(run: RunSpec) -> Candidate:
+    """The layout a run asks for (its typed ``RunSpec``), in the cost model's terms."""
+    layout = run.layout
     if layout.schedule is not None:
         m, schedule = layout.micro_batches, layout.schedule
     else:
-        m, schedule = (per_replica // int(mbs) if mbs else 1), "none"
+        m, schedule = run.batch.accumulation_steps(layout.dp), "none"
     return Candidate(
         sizes=layout.sizes,
         micro_batches=max(1, m),
         schedule=schedule if layout.pp > 1 else "none",
         stages_per_rank=layout.stages_per_rank,
         zero_stage=3 if layout.dp_shard else 0,
-        sequence_parallel=bool(cfg.tp.get("sequence_parallel", False)),
+        sequence_parallel=run.compose.sequence_parallel,
         split_points=layout.split_points,
-        recompute=_recompute_of(cfg),
+        recompute=recompute_of(run.compose),
     )
 
 
-def _recompute_of(cfg: DictConfig) -> str:
+def recompute_of(settings: ComposeSettings) -> str:
     """The planner's name for the run's trainer.activation_checkpointing (every k-th block counts as none)."""
-    trainer = cfg.get("trainer") or {}
-    mode = str(trainer.get("activation_checkpointing", "none"))
-    if mode == "selective" and int(trainer.get("ac_every", 1)) > 1:
+    mode = settings.activation_checkpointing
+    if mode == "selective" and settings.ac_every > 1:
         return "none"
     return mode if mode in TRAINER_AC else "none"
-
-
-def apply_candidate(cfg: DictConfig, c: Candidate, *, strategies: dict[str, str], precision: str | None = None) -> None:
-    """Rewrite ``cfg`` in place so that it asks for ``c`` (what ``parallel=auto`` trains): the layout, and
-    the precision (the workload's, ``precision``) and activation checkpointing the plan assumed."""
-    name = strategy_of(c)
-    spec = STRATEGIES[name]
-    if "trainer" in cfg:
-        # fp8 is bf16-mixed with float8 matmuls: a plan in mixed precision keeps it
-        if precision is not None and not (
-            TRAINER_PRECISION[precision] == "bf16-mixed" and cfg.trainer.precision == "fp8"
-        ):
-            cfg.trainer.precision = TRAINER_PRECISION[precision]
-        cfg.trainer.activation_checkpointing = TRAINER_AC[c.recompute]
-        cfg.trainer.ac_every = 1
-    cfg.parallel._target_ = strategies[name]
-    cfg.parallel.name = name
-    for name, size in c.sizes.items():
-        OmegaConf.update(cfg, dims.dim(name).key, size)
-    # a strategy that always shards (fsdp) needs no dp.shard; hybrid shards when the candidate does
-    cfg.dp.shard = c.zero_stage == 3 and not spec.shards_dp
-    cfg.tp.sequence_parallel = c.sequence_parallel
-    per_replica = int(cfg.data.global_batch_size) // c.dp
-    if c.pp > 1:
-        cfg.pp.micro_batches, cfg.pp.schedule, cfg.pp.stages_per_rank = c.micro_batches, c.schedule, c.stages_per_rank
-        cfg.data.micro_batch_size = None
-    else:
-        cfg.pp.micro_batches, cfg.pp.stages_per_rank = 1, 1
-        cfg.data.micro_batch_size = per_replica // c.micro_batches if c.micro_batches > 1 else None
 
 
 def unresolved_auto(**_: Any) -> None:
@@ -372,17 +324,13 @@ def pitfalls(
     return out
 
 
-def run_warnings(cfg: DictConfig, layout: ParallelLayout) -> list[str]:
-    """The seed's pitfalls for the layout this run uses (empty for models the planner cannot describe)."""
-    try:
-        model, hardware, workload = specs_from_cfg(cfg, calibrate=False)
-    except PlanError:
-        return []
-    trained = "fp32" if str((cfg.get("trainer") or {}).get("precision", "fp32")) == "fp32" else "mixed"
-    workload = replace(workload, precision=trained)  # what this run trains in, whatever planner.precision says
-    c = candidate_of(cfg, layout)
+def run_warnings(run: RunSpec, *, model: ModelShape, hardware: HardwareSpec, workload: Workload) -> list[str]:
+    """The seed's pitfalls for the layout this run uses (``model``, ``hardware``, ``workload``: the planner's
+    view of the same config, from ``parallel/plan/cli.py``'s ``specs_from_cfg``)."""
+    workload = replace(workload, precision=planner_precision(run.precision))  # what this run trains in
+    c = candidate_of(run)
     if c.pp > 1 and not schedule_spec(c.schedule).modeled:  # e.g. dualpipev: estimate it as 1F1B
         c = replace(c, schedule="1f1b")
-    hardware = replace(hardware, nnodes=layout.nnodes)
+    hardware = replace(hardware, nnodes=run.layout.nnodes)
     est = estimate(c, model=model, hardware=hardware, workload=workload)
     return pitfalls(c, est, model=model, hardware=hardware, workload=workload)

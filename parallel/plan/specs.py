@@ -2,19 +2,24 @@
 
 Besides ``ModelShape`` (a decoder-only transformer's shape: parameter count and FLOPs per token; ``models/shape.py``,
 built by the model family's ``ModelSpec.shape``), two frozen dataclasses: ``HardwareSpec`` (one device and its links,
-from ``topology``) and ``Workload`` (batch, sequence, precision: ``parallel/core/precision.py``). ``from_cfg`` builders read the composed Hydra config, so the planner works for models far too
-big to build here (``conf/model/gpt_175b.yaml``).
+from ``topology``) and ``Workload`` (batch, sequence, precision: ``parallel/core/precision.py``). Their builders read the
+typed ``topology`` and ``planner`` sections (``parallel/config.py``) and the model's typed config, which the planner's
+entry point (``parallel/plan/cli.py``) and the trainer make of the composed config, so the planner works for models
+far too big to build here (``conf/model/gpt_175b.yaml``).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from models.shape import ModelShape, PlanError
 from parallel.core.checkpointing_modes import AC_MODES
-from parallel.core.precision import PLANNER_PRECISIONS
+from parallel.core.precision import PLANNER_PRECISIONS, planner_precision
+
+if TYPE_CHECKING:
+    from parallel.config import PlannerConfig, TopologyConfig
 
 __all__ = ["ModelShape", "PlanError", "HardwareSpec", "Workload", "Link"]
 
@@ -85,25 +90,24 @@ class HardwareSpec:
         return self.inter if span * stride > self.devices_per_node else self.intra
 
     @classmethod
-    def from_cfg(cls, topo: Any) -> HardwareSpec:
-        device = str(topo.get("device", "cpu"))
-        per_node = topo.get("devices_per_node") or topo.get("nproc_per_node")
+    def from_topology(cls, topo: TopologyConfig) -> HardwareSpec:
+        """The hardware a typed ``topology`` describes (``parallel/config.py``'s ``TopologyConfig``)."""
+        device = str(topo.device)
+        per_node = topo.devices_per_node or topo.nproc_per_node
         if per_node is None:
             per_node = (os.cpu_count() or 1) if device in ("cpu", "auto") else 8
         intra = Link(float(topo.intra_node_gbps), float(topo.intra_node_latency_us) * 1e-6)
-        sharing = max(1, min(int(topo.get("devices_per_nic", 1) or 1), int(per_node)))
+        sharing = max(1, min(int(topo.devices_per_nic or 1), int(per_node)))
         # every device of a node talks across nodes at once (dp rings, pp boundaries): they share the NIC
         inter = Link(float(topo.inter_node_gbps) / sharing, float(topo.inter_node_latency_us) * 1e-6)
-        p2p_gbps = topo.get("p2p_gbps")
-        p2p_lat = topo.get("p2p_latency_us")
         p2p = Link(
-            float(p2p_gbps) if p2p_gbps is not None else intra.gbps,
-            float(p2p_lat) * 1e-6 if p2p_lat is not None else intra.latency_s,
+            float(topo.p2p_gbps) if topo.p2p_gbps is not None else intra.gbps,
+            float(topo.p2p_latency_us) * 1e-6 if topo.p2p_latency_us is not None else intra.latency_s,
         )
         for key in ("device_memory_gb", "device_tflops", "intra_node_gbps", "inter_node_gbps", "memory_gbps"):
-            if float(topo.get(key, 1.0)) <= 0:
-                raise PlanError(f"topology.{key}={topo.get(key)}: must be > 0 for the planner")
-        shares = {k: float(v) for k, v in (topo.get("fixed_cost_cpu_share") or {}).items() if v}
+            if float(getattr(topo, key)) <= 0:
+                raise PlanError(f"topology.{key}={getattr(topo, key)}: must be > 0 for the planner")
+        shares = {k: float(v) for k, v in asdict(topo.fixed_cost_cpu_share).items() if v}
         for key, value in shares.items():  # the keys are the schema's (parallel/config.py: FixedCostCpuShare)
             if not 0.0 <= value <= 1.0:
                 raise PlanError(
@@ -111,25 +115,25 @@ class HardwareSpec:
                     "the part that is CPU work on the rank)"
                 )
         return cls(
-            name=str(topo.get("name", "topology")),
+            name=str(topo.name),
             nnodes=int(topo.nnodes),
             devices_per_node=int(per_node),
             device=device,
             memory_bytes=float(topo.device_memory_gb) * GB,
             flops=float(topo.device_tflops) * 1e12,
-            memory_bytes_per_s=float(topo.get("memory_gbps", 100.0)) * GB,
+            memory_bytes_per_s=float(topo.memory_gbps) * GB,
             intra=intra,
             inter=inter,
             p2p=p2p,
-            microbatch_overhead_s=float(topo.get("microbatch_overhead_ms", 0.0)) * 1e-3,
-            pipeline_action_s=float(topo.get("pipeline_action_ms", 0.0) or 0.0) * 1e-3,
+            microbatch_overhead_s=float(topo.microbatch_overhead_ms) * 1e-3,
+            pipeline_action_s=float(topo.pipeline_action_ms or 0.0) * 1e-3,
             cores_per_node=(os.cpu_count() or 1) if device in ("cpu", "auto") else None,
-            threads_per_device=int(topo.get("threads_per_rank", 1) or 1),
-            tp_collective_s=float(topo.get("tp_collective_us", 0.0) or 0.0) * 1e-6,
-            fsdp_collective_s=float(topo.get("fsdp_collective_us", 0.0) or 0.0) * 1e-6,
-            ddp_bucket_s=float(topo.get("ddp_bucket_us", 0.0) or 0.0) * 1e-6,
-            dp_comm_overlap=float(topo.get("dp_comm_overlap", 0.0)),
-            busy_node_slowdown=float(topo.get("busy_node_slowdown", 1.0)),
+            threads_per_device=int(topo.threads_per_rank or 1),
+            tp_collective_s=float(topo.tp_collective_us or 0.0) * 1e-6,
+            fsdp_collective_s=float(topo.fsdp_collective_us or 0.0) * 1e-6,
+            ddp_bucket_s=float(topo.ddp_bucket_us or 0.0) * 1e-6,
+            dp_comm_overlap=float(topo.dp_comm_overlap),
+            busy_node_slowdown=float(topo.busy_node_slowdown),
             devices_per_nic=sharing,
             fixed_cost_cpu_share={f"{k}_s": v for k, v in shares.items()},
         )
@@ -162,17 +166,25 @@ class Workload:
         return PLANNER_PRECISIONS[self.precision].activation_bytes
 
     @classmethod
-    def from_cfg(cls, cfg: Any, *, hardware: HardwareSpec) -> Workload:
-        planner, model = cfg.planner, cfg.model
+    def of(
+        cls,
+        planner: PlannerConfig,
+        *,
+        model: Any,
+        global_batch_size: int,
+        seq_len: int,
+        trainer_precision: str | None,
+        hardware: HardwareSpec,
+    ) -> Workload:
+        """The job a typed ``planner`` section plans for: ``model`` (its typed config), the data's batch and
+        sequence, and the run's ``trainer.precision`` (None: a config without a trainer, the planner's own)."""
         # a description of a published run (gpt_175b, llama3_8b ...) carries that run's batch and sequence
         described = model.get("global_batch_size") is not None
-        gbs = planner.get("global_batch_size") or (model.global_batch_size if described else cfg.data.global_batch_size)
-        seq = planner.get("seq_len") or (model.max_seq_len if described else cfg.data.seq_len)
+        gbs = planner.global_batch_size or (model.get("global_batch_size") if described else global_batch_size)
+        seq = planner.seq_len or (model.get("max_seq_len") if described else seq_len)
         precision = str(planner.precision)
-        if precision == "auto":
-            # what the run will train in: trainer.precision when set to a bf16 mode, else by device
-            asked = str(cfg.get("trainer", {}).get("precision", "fp32"))
-            precision = "mixed" if asked != "fp32" or hardware.device == "cuda" else "fp32"
+        if precision == "auto":  # what the run will train in (parallel/core/precision.py's one mapping)
+            precision = planner_precision(trainer_precision or "fp32", device=hardware.device)
         if precision not in PLANNER_PRECISIONS:
             raise PlanError(
                 f"planner.precision={planner.precision}: use auto or one of {', '.join(PLANNER_PRECISIONS)}"

@@ -26,7 +26,7 @@ def describe_dp(ctx: WorkerContext) -> str:
         return "none"
     if not layout.dp_shard:
         return "DDP"
-    if not ctx.cfg.dp.shard:
+    if not ctx.run.dp_shard:
         return f"FSDP2 (dp.shard=false overridden: {why_dp_needs_fsdp(layout)})"
     return "FSDP2"
 

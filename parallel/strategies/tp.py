@@ -15,7 +15,7 @@ class TPStrategy(Strategy):
         ctx.log.info(
             "parallel=tp: %d-way tensor parallel (sequence_parallel=%s, loss_parallel=%s)",
             ctx.layout.tp,
-            ctx.cfg.tp.sequence_parallel,
-            ctx.cfg.tp.loss_parallel,
+            ctx.run.compose.sequence_parallel,
+            ctx.run.compose.loss_parallel,
         )
         return build_engine(ctx=ctx, composition=Composition(tp=True, rank_map=True))

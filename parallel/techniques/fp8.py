@@ -26,45 +26,17 @@ import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from fnmatch import fnmatch
 from typing import Any
 
 from torch import nn
 
-from parallel.core.precision import FP8_RECIPES
+from parallel.core.run import Float8Settings
 
 log = logging.getLogger("meshtrain")
 
 #: the fp8 matmul (``torch._scaled_mm``) needs both dimensions of the weight to be multiples of this
 FP8_DIM_MULTIPLE = 16
-
-
-@dataclass(frozen=True)
-class Float8Settings:
-    """``trainer.fp8.*`` as the conversion reads it (the trainer adds the family's head and router to ``skip``)."""
-
-    recipe: str = "tensorwise"
-    """One of ``FP8_RECIPES``."""
-    fsdp_float8_all_gather: bool | None = None
-    """All-gather FSDP2's weights in float8; None: on for tensorwise where FSDP2 wraps, off otherwise."""
-    skip: tuple[str, ...] = ()
-    """FQN patterns (``fnmatch``; a pipeline stage's prefix allowed) of Linears kept in high precision."""
-
-    def __post_init__(self) -> None:
-        if self.recipe not in FP8_RECIPES:
-            raise ValueError(f"Float8Settings(recipe={self.recipe!r}): use one of {FP8_RECIPES}")
-        if self.fsdp_float8_all_gather and self.recipe != "tensorwise":
-            raise ValueError(
-                f"Float8Settings(recipe={self.recipe!r}, fsdp_float8_all_gather=True): torchao all-gathers float8 "
-                "weights with tensorwise scales only"
-            )
-
-    def all_gather_in_float8(self, *, fsdp: bool) -> bool:
-        """Whether FSDP2 all-gathers the converted weights in float8 (needs FSDP2 to wrap them at all)."""
-        if not fsdp:
-            return False
-        return self.recipe == "tensorwise" if self.fsdp_float8_all_gather is None else self.fsdp_float8_all_gather
 
 
 @functools.cache

@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import pytest
 
+from parallel.config import TopologyConfig
 from parallel.plan.calibrate import BUSY_BATCH, FIXED_COST_LAYOUTS, solve_fixed_costs
-from parallel.plan.cli import compose
+from parallel.plan.cli import compose, specs_from_cfg, typed_section
 from parallel.plan.cost_model import Candidate, estimate
-from parallel.plan.search import specs_from_cfg
 from parallel.plan.specs import HardwareSpec, PlanError, Workload
 
 
@@ -63,7 +63,10 @@ def test_the_share_is_solved_back_from_a_calibration_steps_cpu_time(small):
 
 def test_topology_shares_are_read_and_bad_ones_refused():
     cfg = compose(["topology=local_cpu", "topology.fixed_cost_cpu_share.tp_collective=0.7"])
-    assert HardwareSpec.from_cfg(cfg.topology).fixed_cost_cpu_share["tp_collective_s"] == 0.7
+    assert (
+        HardwareSpec.from_topology(typed_section(TopologyConfig, cfg.topology)).fixed_cost_cpu_share["tp_collective_s"]
+        == 0.7
+    )
     bad = compose(["topology=local_cpu", "topology.fixed_cost_cpu_share.fsdp_collective=1.5"])
     with pytest.raises(PlanError, match=r"fixed_cost_cpu_share\.fsdp_collective=1\.5: must be a share from 0 to 1"):
-        HardwareSpec.from_cfg(bad.topology)
+        HardwareSpec.from_topology(typed_section(TopologyConfig, bad.topology))

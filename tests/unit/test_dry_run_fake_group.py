@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from parallel.plan.cli import compose
+from parallel.plan.cli import compose, specs_from_cfg, typed_model
 from parallel.plan.cost_model import Candidate, rank_params
 from parallel.plan.dry_run import dry_run, sample_ranks
-from parallel.plan.search import specs_from_cfg
 from parallel.plan.specs import ModelShape
 
 
@@ -30,7 +29,7 @@ def small_cluster():
         model,
         hardware,
         workload,
-        dry_run(model_cfg=cfg.model, candidate=c, model=model, hardware=hardware, workload=workload),
+        dry_run(model_config=typed_model(cfg.model), candidate=c, model=model, hardware=hardware, workload=workload),
     )
 
 
@@ -53,7 +52,9 @@ def test_a_layout_that_cannot_be_built_is_reported_with_rank_and_fix(small_clust
     cfg, model, hardware, workload, _ = small_cluster
     # ZB-V places two stages per rank in a V; with one stage per rank torch refuses the schedule
     bad = Candidate(dp=1, tp=1, pp=2, micro_batches=4, schedule="zbv", stages_per_rank=1)
-    report = dry_run(model_cfg=cfg.model, candidate=bad, model=model, hardware=hardware, workload=workload)
+    report = dry_run(
+        model_config=typed_model(cfg.model), candidate=bad, model=model, hardware=hardware, workload=workload
+    )
     errors = [r.error for r in report.ranks]
     assert all(e is not None for e in errors), errors
     assert "rank 0 (pp=0, dp=0, tp=0): schedule failed" in errors[0] and "fix: pp.schedule=zbv" in errors[0]

@@ -21,10 +21,11 @@ def test_auto_picks_meta_only_when_the_weights_do_not_fit():
 
 def _ctx(cfg, tmp_path):
     from parallel.core.base import WorkerContext
+    from trainer.run_spec import run_spec
+    from trainer.validate import build_layout
 
     return WorkerContext(
-        cfg=cfg,
-        layout=None,
+        run=run_spec(cfg, build_layout(cfg)),
         rank=0,
         world_size=1,
         local_rank=0,

@@ -117,7 +117,8 @@ def test_a_new_dimension_reaches_layout_and_rank_map(with_cp):
 
 
 def test_a_new_dimension_reaches_factorizations_strategies_and_candidates(with_cp, compose_cfg):
-    from parallel.plan.search import enumerate_candidates, plan, specs_from_cfg, strategy_of
+    from parallel.plan.cli import specs_from_cfg
+    from parallel.plan.search import enumerate_candidates, plan, strategy_of
 
     four = factorizations(4)
     assert len(four) == 10 and all(len(t) == 4 and t[0] * t[1] * t[2] * t[3] == 4 for t in four)

@@ -70,8 +70,9 @@ def test_borrowing_adds_no_rank_and_its_coordinate_follows_its_lenders(with_cp_e
 
 
 def test_factorizations_candidates_and_strategies_follow_the_table(with_cp_ep, compose_cfg):
+    from parallel.plan.cli import specs_from_cfg
     from parallel.plan.cost_model import Candidate
-    from parallel.plan.search import enumerate_candidates, specs_from_cfg, strategy_of
+    from parallel.plan.search import enumerate_candidates, strategy_of
 
     expected = {
         t

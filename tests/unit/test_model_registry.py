@@ -46,7 +46,8 @@ def test_llama3_sizes_are_the_published_ones(compose_cfg):
 
 
 def test_planner_plans_llama3_70b_with_whole_kv_heads_per_tp_rank(compose_cfg):
-    from parallel.plan.search import plan, specs_from_cfg
+    from parallel.plan.cli import specs_from_cfg
+    from parallel.plan.search import plan
 
     cfg = compose_cfg("model=llama3_70b", "topology=cluster_1024xh100", "planner.recompute=any")
     model, hardware, workload = specs_from_cfg(cfg)

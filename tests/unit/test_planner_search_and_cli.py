@@ -9,18 +9,17 @@ import sys
 import pytest
 
 from parallel.core.layout import ParallelLayout
-from parallel.plan.cli import CONF, main
+from parallel.plan.cli import CONF, main, specs_from_cfg
 from parallel.plan.cost_model import Candidate
 from parallel.plan.search import (
-    apply_candidate,
     available_strategies,
     crosses_nodes,
     plan,
-    run_warnings,
-    specs_from_cfg,
     strategy_of,
 )
 from parallel.plan.specs import PlanError
+from trainer.launch.auto import apply_candidate
+from trainer.task import planner_warnings as run_warnings
 from trainer.validate import ConfigError, validate
 
 ROOT = CONF.parent
@@ -200,7 +199,7 @@ def test_plan_output_names_the_three_traps_with_their_numbers(compose_cfg):
 
     from parallel.plan.cli import print_table
     from parallel.plan.cost_model import Candidate, estimate
-    from parallel.plan.search import Plan, pitfalls, specs_from_cfg
+    from parallel.plan.search import Plan, pitfalls
 
     def traps(cfg, c):
         model, hardware, workload = specs_from_cfg(cfg, calibrate=False)

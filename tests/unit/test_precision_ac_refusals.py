@@ -96,8 +96,10 @@ def test_activation_checkpointing_same_gradients_less_memory():
 
 def test_plan_choice_sets_precision_and_checkpointing(compose_cfg):
     from parallel.plan.cost_model import Candidate
-    from parallel.plan.search import apply_candidate, available_strategies, candidate_of, trainable
+    from parallel.plan.search import available_strategies, candidate_of, trainable
     from tests.helpers import CONF
+    from trainer.launch.auto import apply_candidate
+    from trainer.run_spec import run_spec
 
     strategies = available_strategies(CONF)
     chosen = Candidate(dp=2, micro_batches=1, zero_stage=3, recompute="selective")
@@ -107,6 +109,6 @@ def test_plan_choice_sets_precision_and_checkpointing(compose_cfg):
     assert cfg.parallel.name == "fsdp"
     assert cfg.trainer.precision == "bf16-mixed" and cfg.trainer.activation_checkpointing == "selective"
     run = validate(cfg, environ={})
-    assert candidate_of(cfg, run.layout).recompute == "selective"  # read back as the planner's choice
+    assert candidate_of(run_spec(cfg, run.layout)).recompute == "selective"  # read back as the planner's choice
     apply_candidate(cfg, Candidate(dp=2, recompute="full"), strategies=strategies, precision="fp32")
     assert cfg.trainer.precision == "fp32" and cfg.trainer.activation_checkpointing == "full"

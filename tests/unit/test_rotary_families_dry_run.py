@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from parallel.plan.cli import compose
+from parallel.plan.cli import compose, specs_from_cfg, typed_model
 from parallel.plan.cost_model import Candidate
 from parallel.plan.dry_run import dry_run
-from parallel.plan.search import specs_from_cfg
 
 
 @pytest.mark.parametrize("name", ["llama_debug", "qwen3_debug"])
@@ -17,7 +16,9 @@ def test_dry_run_builds_every_sampled_rank(name):
     cfg = compose([f"model={name}", "data.seq_len=64", "data.global_batch_size=16", "topology.nproc_per_node=8"])
     model, hardware, workload = specs_from_cfg(cfg, calibrate=False)
     c = Candidate(dp=2, tp=2, pp=2, micro_batches=4, schedule="1f1b", zero_stage=3, sequence_parallel=True)
-    report = dry_run(model_cfg=cfg.model, candidate=c, model=model, hardware=hardware, workload=workload)
+    report = dry_run(
+        model_config=typed_model(cfg.model), candidate=c, model=model, hardware=hardware, workload=workload
+    )
     for r in report.ranks:
         assert r.error is None, r.error
         assert r.ratio("model_state") == pytest.approx(1.0, abs=0.05), r

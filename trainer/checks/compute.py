@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 from models.registry import UnknownModel, spec_for
 from parallel.core.precision import FP8_MIN_CAPABILITY
 from trainer.checks.findings import Findings
+from trainer.run_spec import typed_model
 
 
 def cuda_compute_capabilities() -> list[float] | None:
@@ -43,7 +44,8 @@ def runs_on_cuda(cfg: DictConfig) -> bool | None:
 
 def _has_blocks(cfg: DictConfig) -> bool:
     try:
-        return spec_for(cfg.model).n_blocks(cfg.model) is not None
+        model = typed_model(cfg.model)
+        return spec_for(model).n_blocks(model) is not None
     except UnknownModel:
         return True  # validation's model check says so
 

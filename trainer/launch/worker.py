@@ -13,6 +13,7 @@ import gc
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -35,6 +36,7 @@ from trainer.loop.fit import Trainer
 from trainer.observe.console import throughput
 from trainer.observe.rank_logs import TRACE_LOGGER_NAME, setup_rank_logging, teardown_rank_logging
 from trainer.observe.sinks import build_sinks, finish_sinks, output_listing
+from trainer.run_spec import run_spec
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,26 @@ def nodes_without_run_dir(run_dir: Path, *, rank: int, world_size: int, nproc_pe
     return sorted({r // nproc_per_node for r, ok in enumerate(seen) if not ok})
 
 
+@dataclass
+class TrainerContext(WorkerContext):
+    """A worker's context as the trainer holds it: the typed run for ``parallel/`` (``trainer/run_spec.py``), and the
+    config its own parts (the loop, the sinks, the checkpointer) read."""
+
+    cfg: Any = None
+
+
+def data_sampler(cfg: Any) -> Callable[[int], tuple[Any, Any]]:
+    """The first ``rows`` rows of the run's first global batch (the data built as the loop builds it), for
+    ``pp.split=balanced``."""
+
+    def sample(rows: int) -> tuple[Any, Any]:
+        data = instantiate(cfg.data, seed=int(cfg.trainer.seed))
+        inputs, targets = data.global_batch(1)
+        return inputs[:rows], targets[:rows]
+
+    return sample
+
+
 def check_shared_run_dir(cfg, run_dir: Path, layout: ParallelLayout, env: DistEnv, log: logging.Logger) -> None:
     blind = nodes_without_run_dir(
         run_dir, rank=env.rank, world_size=env.world_size, nproc_per_node=layout.nproc_per_node
@@ -206,9 +228,10 @@ def run(
         if layout.nnodes > 1:
             check_shared_run_dir(cfg, run_dir, layout, env, log)
         mesh = init_device_mesh(device.type, layout.mesh_shape, mesh_dim_names=layout.mesh_dim_names)
-        ctx = WorkerContext(
+        ctx = TrainerContext(
+            run=run_spec(cfg, layout),
             cfg=cfg,
-            layout=layout,
+            sample_batch=data_sampler(cfg),
             rank=env.rank,
             world_size=env.world_size,
             local_rank=env.local_rank,

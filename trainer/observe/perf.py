@@ -53,16 +53,16 @@ KNOWN_BF16_PEAK_TFLOPS = {
 }
 
 
-def model_flops_per_token(cfg: Any) -> float | None:
-    """Training FLOPs per token of the configured model (no recomputation), or None if it has no formula."""
+def model_flops_per_token(model: Any, *, seq_len: int) -> float | None:
+    """Training FLOPs per token of the model (its typed config; no recomputation), or None if it has no formula."""
     from models.registry import model_shape
     from models.shape import PlanError
 
     try:
-        shape = model_shape(cfg.model)  # the family's formulas (models/registry.py)
+        shape = model_shape(model)  # the family's formulas (models/registry.py)
     except PlanError:
         return None
-    return float(shape.training_flops_per_token(int(cfg.data.seq_len)))
+    return float(shape.training_flops_per_token(seq_len))
 
 
 def measure_matmul_tflops(*, dtype: torch.dtype, device: torch.device, seconds: float = 0.2) -> float:
@@ -90,7 +90,7 @@ def device_peak(cfg: Any, device: torch.device) -> tuple[float, str]:
     given = cfg.topology.get("device_peak_tflops")
     if given:
         return float(given), "topology.device_peak_tflops"
-    dtype = compute_dtype(str(cfg.trainer.get("precision", "fp32")))
+    dtype = compute_dtype(str(cfg.trainer.precision))
     if device.type == "cuda" and dtype == torch.bfloat16:
         name = torch.cuda.get_device_name(device)
         for key, value in KNOWN_BF16_PEAK_TFLOPS.items():
@@ -175,7 +175,7 @@ class StepInstruments:
         self.ctx = ctx
         cfg = ctx.cfg
         self.meter = SavedActivationMeter()
-        per_token = model_flops_per_token(cfg)
+        per_token = model_flops_per_token(ctx.run.model, seq_len=ctx.run.batch.seq_len)
         self.flops_per_token = per_token
         self.flops_per_step = per_token * tokens_per_step if per_token is not None else None
         self.peak_tflops: float | None = None
@@ -246,9 +246,9 @@ class StepInstruments:
             "model_flops_per_token": self.flops_per_token,
             "device_peak_tflops": self.peak_tflops,
             "device_peak_source": self.peak_source,
-            "precision": str(self.ctx.cfg.trainer.get("precision", "fp32")),
-            "activation_checkpointing": str(self.ctx.cfg.trainer.get("activation_checkpointing", "none")),
-            "ac_every": int(self.ctx.cfg.trainer.get("ac_every", 1)),
+            "precision": self.ctx.run.compose.precision,
+            "activation_checkpointing": self.ctx.run.compose.activation_checkpointing,
+            "ac_every": self.ctx.run.compose.ac_every,
             "compile": self.compile,
             "peak_saved_activation_bytes_per_rank": saved,
             "peak_saved_activation_bytes_max": max(saved) if saved else None,

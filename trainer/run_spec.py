@@ -1,0 +1,107 @@
+"""Where the config stops: the composed Hydra config becomes the typed run (``parallel/core/run.py``), once.
+
+Validation's strategy checks read the ``RunSpec`` this module builds, and so does every worker (through its
+``WorkerContext``); ``parallel/`` and ``models/`` never see a config node. The trainer's own parts (the loop, sinks,
+checkpoints) keep the config beside it, on the worker's ``TrainerContext`` (``trainer/launch/worker.py``). No torch
+import: validation builds a ``RunSpec`` too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from models.registry import UnknownModel, spec_for
+from models.spec import ConfigView
+from parallel.core.layout import ParallelLayout
+from parallel.core.memory import rank_budget_bytes
+from parallel.core.run import BatchSpec, ComposeSettings, DDPSettings, Float8Settings, PipelineOptions, RunSpec
+
+
+def plain_values(node: DictConfig) -> dict[str, Any]:
+    """A config section's plain values, resolved where its interpolations resolve (validation reads the model
+    before ``${data.*}`` is checked: such a node is taken as written)."""
+    try:
+        return OmegaConf.to_container(node, resolve=True, enum_to_str=True)  # type: ignore[return-value]
+    except OmegaConfBaseException:
+        return OmegaConf.to_container(node, resolve=False, enum_to_str=True)  # type: ignore[return-value]
+
+
+def typed_model(model: DictConfig) -> Any:
+    """The model's own config, typed (its family's frozen dataclass: ``ModelSpec.typed``); a model no spec knows,
+    or one its schema refuses, is a read-only ``ConfigView`` (validation names the problem)."""
+    values = plain_values(model)
+    try:
+        return spec_for(values).typed(values)
+    except (UnknownModel, TypeError):
+        return ConfigView(values)
+
+
+def fp8_settings(cfg: DictConfig, model: Any) -> Float8Settings:
+    """``trainer.fp8.*``, with the family's output head and MoE router kept out of float8 (torchtitan skips the
+    output layer and the router)."""
+    fp8 = cfg.trainer.get("fp8") or {}
+    spec = spec_for(model)
+    family_skip = [spec.tp_plan.head if spec.tp_plan is not None else "output"]
+    if spec.moe is not None:
+        family_skip += [p.removesuffix(".weight") for p in spec.moe.router]
+    gather = fp8.get("fsdp_float8_all_gather")
+    return Float8Settings(
+        recipe=str(fp8.get("recipe", "tensorwise")),
+        fsdp_float8_all_gather=None if gather is None else bool(gather),
+        skip=(*family_skip, *(str(p) for p in fp8.get("skip") or [])),
+    )
+
+
+def compose_settings(cfg: DictConfig, model: Any) -> ComposeSettings:
+    """``trainer.precision`` (and ``trainer.fp8.*``), ``trainer.activation_checkpointing`` / ``ac_every`` /
+    ``compile``, ``tp.*``, ``dp.*``; ``model``: the typed model config (fp8 skips its head and router)."""
+    trainer, tp, dp = cfg.trainer, cfg.tp, cfg.dp
+    precision = str(trainer.precision)
+    return ComposeSettings(
+        precision=precision,
+        fp8=fp8_settings(cfg, model) if precision == "fp8" else Float8Settings(),
+        activation_checkpointing=str(trainer.activation_checkpointing),
+        ac_every=int(trainer.ac_every),
+        compile=bool(trainer.compile),
+        sequence_parallel=bool(tp.sequence_parallel),
+        loss_parallel=bool(tp.loss_parallel),
+        ddp=DDPSettings(
+            bucket_cap_mb=float(dp.bucket_cap_mb),
+            find_unused_parameters=bool(dp.find_unused_parameters),
+            sync_batchnorm=bool(dp.sync_batchnorm),
+        ),
+        measure_dp_comm=bool(dp.measure_comm),
+        measure_tp_comm=bool(tp.measure_comm),
+    )
+
+
+def memory_budget_bytes(cfg: DictConfig) -> float:
+    """What one rank may hold (``rank_budget_bytes`` of ``topology.device_memory_gb`` and
+    ``planner.memory_fraction``)."""
+    return rank_budget_bytes(
+        device_memory_gb=float(cfg.topology.device_memory_gb), memory_fraction=float(cfg.planner.memory_fraction)
+    )
+
+
+def run_spec(cfg: DictConfig, layout: ParallelLayout) -> RunSpec:
+    """The typed run of a composed config and its layout."""
+    mbs = cfg.data.get("micro_batch_size")
+    model = typed_model(cfg.model)
+    return RunSpec(
+        layout=layout,
+        model=model,
+        batch=BatchSpec(
+            global_batch_size=int(cfg.data.global_batch_size),
+            seq_len=int(cfg.data.seq_len),
+            micro_batch_size=int(mbs) if mbs else None,
+        ),
+        compose=compose_settings(cfg, model),
+        pipeline=PipelineOptions(split=str(cfg.pp.split), trace_step=int(cfg.pp.trace_step)),
+        dp_shard=bool(cfg.dp.shard),
+        seed=int(cfg.trainer.seed),
+        max_steps=int(cfg.trainer.max_steps),
+        memory_budget_bytes=memory_budget_bytes(cfg),
+    )
