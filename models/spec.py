@@ -2,8 +2,9 @@
 
 Validation, the strategies and the planner ask a model's spec instead of testing its config for keys:
 
-- ``config``: the config schema (dataclass) its YAML extends; validation also checks a user's model
-  config against it;
+- ``config``: the config dataclass its YAML extends (frozen for the built-in families, whose modules take it as their
+  one argument: ``typed`` makes it of a composed node's values, ``build`` the module); validation also checks a user's
+  model config against it;
 - ``family`` / ``builder``: its name and the import path of the ``nn.Module`` class, taken from its config's
   ``family`` and ``_target_`` (written once, there);
 - ``parallelize``: ``"module:function"`` of its tensor-parallel plan, imported only when tp > 1; ``None``
