@@ -46,8 +46,8 @@ def test_the_grep_finds_a_planted_config_read(tmp_path):
     (tmp_path / "models" / "reads.py").write_text("def f(cfg):\n    return cfg.model.n_layers\n")
     (tmp_path / "parallel" / "typed.py").write_text("from omegaconf import DictConfig\n")
     assert config_reads(tmp_path) == [
-        "models/reads.py:2: return cfg.model.n_layers",
         "parallel/typed.py:1: from omegaconf import DictConfig",
+        "models/reads.py:2: return cfg.model.n_layers",
     ]
     (tmp_path / "parallel" / "plan").mkdir()
     (tmp_path / "parallel" / "plan" / "cli.py").write_text("cfg = compose([])\nn = cfg.model.n_layers\n")
