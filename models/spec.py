@@ -414,7 +414,11 @@ class ModelSpec:
         model without a schema."""
         if self.config is None:
             return ConfigView(values)
-        return make_config(self.config, values)
+        # the first of its schemas holding every key (a description for the planner has keys of its own)
+        for schema in dict.fromkeys((self.config, *(self.schemas or {}).values())):
+            if set(values) <= {f.name for f in dataclasses.fields(schema)}:
+                return make_config(schema, values)
+        return make_config(self.config, values)  # names the keys it lacks
 
     def build(self, config: Any) -> Any:
         """The module (on the current default device): ``builder(config)`` for a family that takes its config,

@@ -61,7 +61,7 @@ def test_calibrating_a_llama_config_times_a_llama(monkeypatch):
     assert c["shape"].gated_mlp and c["shape"].n_kv_heads == 2  # Llama's formulas, not the GPT's
     assert c["flops"] > 0 and c["memory_bytes_per_s"] > 0
     assert c["fixed_costs"] == ["ddp_bucket_s", "pipeline_action_s", "tp_collective_s", "fsdp_collective_s"]
-    assert c["model_cfg"]["family"] == "llama"  # what the two calibration processes rebuild the family from
+    assert c["model_values"]["family"] == "llama"  # what the two calibration processes rebuild the family from
 
 
 def test_a_ddp_bucket_is_charged_to_ddp_only_and_solved_back_from_a_whole_step():

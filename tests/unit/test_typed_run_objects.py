@@ -69,6 +69,14 @@ def test_nested_values_become_nested_configs_and_hydra_composes_a_mutable_twin(c
     assert pickle.loads(pickle.dumps(cfg)).model._metadata.object_type is twin  # a sweep job's config pickles
 
 
+def test_a_description_for_the_planner_types_as_its_own_schema(compose_cfg):
+    from models.gpt.config import GPTDescriptionConfig
+    from trainer.run_spec import typed_model
+
+    typed = typed_model(compose_cfg("model=gpt_175b").model)
+    assert type(typed) is GPTDescriptionConfig and typed.planner_only and typed.n_layers == 96
+
+
 def test_a_model_without_a_schema_is_a_read_only_view():
     view = ConfigView({"_target_": "my.Model", "width": 8})
     assert view.width == 8 and view["width"] == 8 and view.get("depth") is None and dict(view)["width"] == 8
