@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from models.hf_adapter import HFConfigError
 from models.registry import spec_for
+from models.spec import hydra_schema
 from trainer.hf.folder import HFFolder
 
 #: names listed in one message before "and N more"
@@ -100,7 +101,7 @@ def matching_configs(cfg: DictConfig, adapter: Any, want: dict[str, Any]) -> lis
             continue
         body = {k: v for k, v in OmegaConf.to_container(raw).items() if k != "defaults"}
         root = OmegaConf.create({"data": OmegaConf.to_container(cfg.data), "model": {}})
-        root.model = OmegaConf.merge(OmegaConf.structured(spec.config), body)
+        root.model = OmegaConf.merge(OmegaConf.structured(hydra_schema(spec.config)), body)
         model = OmegaConf.to_container(root.model, resolve=True)
         try:
             have = adapter.model_config(adapter.hf_config(model))

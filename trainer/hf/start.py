@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from models.hf_adapter import HFConfigError
 from models.registry import REGISTRY
+from models.spec import hydra_schema
 from trainer.hf.folder import HFFolder, HFFolderError
 
 #: the model group's name in the defaults list and on the command line
@@ -89,7 +90,7 @@ def adopt(cfg: DictConfig, *, overrides: list[str]) -> list[str]:
         raise InitFromError(f"model.init_from={start}: {exc}") from None
     carried, notes = adapter.training_fields(hf)
     previous = cfg.model
-    model = OmegaConf.structured(spec.config)
+    model = OmegaConf.structured(hydra_schema(spec.config))  # the mutable twin Hydra composes
     values = {"name": Path(start).expanduser().name or spec.family, "init_from": start, **sizes, **carried}
     if "max_seq_len" not in sizes and "max_seq_len" in model:
         values["max_seq_len"] = "${data.seq_len}"
