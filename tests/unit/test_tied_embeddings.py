@@ -66,7 +66,9 @@ def fake_tp_mesh():
 def test_tp_splits_a_tied_embedding_as_its_head_and_keeps_one_parameter(fake_tp_mesh, loss_parallel):
     from torch.distributed.tensor import DTensor, Shard
 
-    from models.llama.parallelize import parallelize_llama
+    from models.llama.spec import SPEC
+
+    parallelize_llama = SPEC.parallelize_fn()  # the decoders' parallelize_decoder over Llama's plan
 
     model = tied_llama()
     full = model.tok_embeddings.weight.detach().clone()
@@ -83,7 +85,9 @@ def test_tp_splits_the_embedding_of_a_first_stage_alike_and_leaves_an_untied_one
     from torch.distributed.tensor import DTensor, Shard
 
     from models.llama.model import Llama
-    from models.llama.parallelize import parallelize_llama
+    from models.llama.spec import SPEC
+
+    parallelize_llama = SPEC.parallelize_fn()  # the decoders' parallelize_decoder over Llama's plan
 
     stage = tied_llama()
     stage.output, stage.norm = None, None  # the first stage: the embedding without its head
