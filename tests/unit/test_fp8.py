@@ -206,7 +206,8 @@ def test_parallel_auto_keeps_fp8(compose_cfg):
     back without turning fp8 into bf16-mixed; fp32 runs still take the plan's precision."""
     from parallel.plan.cli import CONF
     from parallel.plan.cost_model import Candidate
-    from parallel.plan.search import apply_candidate, available_strategies
+    from parallel.plan.search import available_strategies
+    from trainer.launch.auto import apply_candidate
 
     for asked, planned, trains in (("fp8", "mixed", "fp8"), ("fp32", "mixed", "bf16-mixed")):
         cfg = compose_cfg("parallel=auto", "data.global_batch_size=16", f"trainer.precision={asked}")
