@@ -224,9 +224,11 @@ def test_float8_tp_styles_gather_the_sequence_in_float8_under_a_fake_group():
     from torch.testing._internal.distributed.fake_pg import FakeStore
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from models.llama.parallelize import parallelize_llama
+    from models.llama.spec import SPEC
     from models.losses import token_cross_entropy
     from parallel.techniques.fp8 import float8_tp_styles
+
+    parallelize_llama = SPEC.parallelize_fn()  # the decoders' one parallelize function over Llama's plan
 
     class Gathers(TorchDispatchMode):
         def __init__(self):
