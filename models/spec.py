@@ -336,7 +336,7 @@ class ModelSpec:
     ``tp_plan``."""
     takes_config: bool = False
     """The module is built as ``builder(config)``, its typed config its one argument (the built-in decoders, as
-    torchtitan's ``Transformer(model_args)``); False: ``builder(**keys)`` (a user's model, the CNN)."""
+    torchtitan's ``Transformer(model_args)``); False: ``builder(**keys)`` (a user's model)."""
     pipeline: PipelineUnits | None = PipelineUnits()
     blocks: Callable[[Any], int] | None = None
     max_seq_len: Callable[[Any], int] | None = None
@@ -422,7 +422,7 @@ class ModelSpec:
 
     def build(self, config: Any) -> Any:
         """The module (on the current default device): ``builder(config)`` for a family that takes its config,
-        else ``target(**keys)`` where ``target`` is the config's ``_target_`` (a user's module, the CNN)."""
+        else ``target(**keys)`` where ``target`` is the config's ``_target_`` (a user's module)."""
         if not dataclasses.is_dataclass(config):
             config = self.typed(config)
         target = str(config.get("_target_") or self.builder)

@@ -7,8 +7,13 @@ SyncBatchNorm so statistics span the whole global batch.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
+
+from models.cnn.config import CNNConfig
+from models.spec import config_or_fields
 
 
 class ConvBlock(nn.Module):
@@ -23,22 +28,18 @@ class ConvBlock(nn.Module):
 
 
 class ConvNet(nn.Module):
-    def __init__(
-        self,
-        *,
-        in_channels: int = 3,
-        channels: list[int] | tuple[int, ...] = (16, 32, 64),
-        num_classes: int = 10,
-        batch_norm: bool = True,
-        name: str = "cnn",
-    ):
+    """Built from its config (``CNNConfig``: the sizes and their defaults, written once); ``ConvNet(**keys)`` makes
+    the config from keywords, as ``hydra.utils.instantiate`` of a ``model`` node calls it."""
+
+    def __init__(self, config: CNNConfig | None = None, **fields: Any):
         super().__init__()
-        widths = [in_channels, *channels]
-        self.n_layers = len(channels)
+        self.config = c = config_or_fields(CNNConfig, config, fields)
+        widths = [c.in_channels, *c.channels]
+        self.n_layers = len(c.channels)
         self.layers = nn.ModuleDict(
-            {str(i): ConvBlock(widths[i], widths[i + 1], batch_norm) for i in range(len(channels))}
+            {str(i): ConvBlock(widths[i], widths[i + 1], c.batch_norm) for i in range(len(c.channels))}
         )
-        self.output = nn.Linear(widths[-1], num_classes)
+        self.output = nn.Linear(widths[-1], c.num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers.values():

@@ -29,6 +29,7 @@ def cnn_data_problems(model: Any, data: Any) -> list[str]:
 SPEC = ModelSpec.of(
     CNNConfig,
     parallelize=None,
+    takes_config=True,  # ConvNet(config)
     loss="models.losses:class_cross_entropy",
     pipeline=PipelineUnits(pre=(), post=("output",)),
     blocks=lambda model: len(model.channels),

@@ -17,20 +17,25 @@ from parallel.core.precision import PLANNER_PRECISIONS, PRECISIONS, planner_prec
 from parallel.core.run import RunSpec
 
 DECODERS = ("gpt", "llama", "qwen3", "qwen3_moe")
+FAMILIES = (*DECODERS, "cnn")
 
 
-@pytest.mark.parametrize("family", DECODERS)
-def test_a_decoder_is_built_from_its_frozen_config(family):
+SIZES = {"cnn": {"channels": [4, 8], "num_classes": 3}}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_family_is_built_from_its_frozen_config(family):
     spec = REGISTRY[family]
-    config = spec.config(n_layers=2, d_model=32, n_heads=4, vocab_size=64, max_seq_len=16)
+    sizes = SIZES.get(family, {"n_layers": 2, "d_model": 32, "n_heads": 4, "vocab_size": 64, "max_seq_len": 16})
+    config = spec.config(**sizes)
     assert dataclasses.is_dataclass(config) and spec.config.__dataclass_params__.frozen
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.n_layers = 3  # type: ignore[misc]
     torch.manual_seed(0)
     built = spec.build(config)
-    assert built.config is config and len(built.layers) == 2
+    assert spec.takes_config and built.config is config and len(built.layers) == 2
     torch.manual_seed(0)  # the keywords make the same config, so the same weights
-    by_keys = type(built)(n_layers=2, d_model=32, n_heads=4, vocab_size=64, max_seq_len=16)
+    by_keys = type(built)(**sizes)
     assert by_keys.config == config
     for (name, a), (_, b) in zip(built.state_dict().items(), by_keys.state_dict().items()):
         assert torch.equal(a, b), name
