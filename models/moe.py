@@ -303,30 +303,45 @@ def update_expert_bias(module: nn.Module, *, reduce: Callable[[torch.Tensor], No
         m.tokens_per_expert = None
 
 
-def moe_metrics(module: nn.Module, *, reduce: Callable[[torch.Tensor], None] | None = None) -> dict[str, float]:
-    """The balance of the training forwards since the last call (one optimizer step's), over this module's MoE
-    blocks: the auxiliary loss (unscaled) averaged over forwards and layers, each layer's load imbalance (max /
-    mean tokens per expert; ``moe_imbalance_<layer>``) and the worst, and the (token, choice) pairs dropped over
-    capacity. ``reduce`` sums the per-layer table over the data-parallel ranks in place (every rank must call it),
-    so the numbers are the global batch's whatever the layout; None: this rank's forwards."""
+def moe_step_table(
+    module: nn.Module, *, reduce: Callable[[torch.Tensor], None] | None = None
+) -> tuple[list[str], torch.Tensor] | None:
+    """The training forwards since the last call (one optimizer step's), per MoE block of ``module``: its layer key
+    (``layer3``) and a float64 row (aux loss sum, forwards, dropped, tokens per expert...), taken (the blocks start
+    over). ``reduce`` sums the table over the data-parallel ranks in place (every rank must call it), so the numbers
+    are the global batch's whatever the layout; None: this rank's forwards. None when no block ran."""
     named = [(name, m) for name, m in module.named_modules() if isinstance(m, MoE) and m.step_stats is not None]
     if not named:
-        return {}
+        return None
     table = torch.stack([m.step_stats for _, m in named])  # (layers, 3 + E)
     for _, m in named:
         m.step_stats = None
     if reduce is not None:
         reduce(table)
-    table = table.cpu()
-    counts = table[:, 3:]
-    imbalance = counts.max(dim=1).values / counts.mean(dim=1).clamp(min=1e-9)
+    return [layer_key(name) for name, _ in named], table.cpu()
+
+
+def imbalance(counts: torch.Tensor) -> torch.Tensor:
+    """Per row of tokens per expert: max / mean (1 when balanced, E when one expert takes every token)."""
+    return counts.max(dim=-1).values / counts.mean(dim=-1).clamp(min=1e-9)
+
+
+def moe_metrics(module: nn.Module, *, reduce: Callable[[torch.Tensor], None] | None = None) -> dict[str, float]:
+    """``moe_step_table`` as metrics: the auxiliary loss (unscaled) averaged over forwards and layers, each layer's
+    load imbalance (``moe_imbalance_<layer>``) and the worst, the (token, choice) pairs dropped over capacity."""
+    taken = moe_step_table(module, reduce=reduce)
+    return {} if taken is None else balance_metrics(*taken)
+
+
+def balance_metrics(layers: list[str], table: torch.Tensor) -> dict[str, float]:
+    ratio = imbalance(table[:, 3:])
     out = {
         "moe_aux_loss": float((table[:, 0] / table[:, 1]).mean()),
-        "moe_max_imbalance": float(imbalance.max()),
+        "moe_max_imbalance": float(ratio.max()),
         "moe_dropped_tokens": float(table[:, 2].sum()),
     }
-    for (name, _), value in zip(named, imbalance.tolist(), strict=True):
-        out[f"moe_imbalance_{layer_key(name)}"] = value
+    for layer, value in zip(layers, ratio.tolist(), strict=True):
+        out[f"moe_imbalance_{layer}"] = value
     return out
 
 

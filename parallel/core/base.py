@@ -26,7 +26,7 @@ from torch import nn
 
 from models.lora import LoRA, apply_lora, init_lora
 from models.losses import token_cross_entropy
-from models.moe import moe_metrics, set_aux_loss_scale
+from models.moe import balance_metrics, imbalance, moe_step_table, set_aux_loss_scale
 from parallel.core.comm_timer import SampledCommMeter
 from parallel.core.grad_clip import clip_grad_norm_
 from parallel.core.intervals import StepCommMeter
@@ -308,6 +308,8 @@ class ModuleEngine(Engine):
     ):
         self.module = module
         self.ep_timer = ep_timer
+        self.ep_a2a_total = 0.0
+        self.moe_load: dict[str, torch.Tensor] = {}
         self.model_parts = [module]
         self.accumulation = accumulation
         self.loss = TokenMean(loss_fn, loss_mesh=loss_mesh)
@@ -354,7 +356,7 @@ class ModuleEngine(Engine):
         return total
 
     def step_metrics(self) -> dict[str, float]:
-        out = {**self.tp_meter.metrics(), **moe_metrics(self.module, reduce=self._sum_over_data_ranks)}
+        out = {**self.tp_meter.metrics(), **self._moe_balance()}
         elapsed = max(time.perf_counter() - self._step_start, 1e-9)  # the loop's step: forward/backward, clip, update
         taken = self.dp_timer.take() if self.dp_timer is not None else None
         if taken is not None:
@@ -365,8 +367,20 @@ class ModuleEngine(Engine):
         if taken is not None:
             busy, count = taken
             out.update(ep_a2a_time_s=busy, ep_a2a_fraction=min(1.0, busy / elapsed))
+            self.ep_a2a_total += busy
             out[self.ep_timer.count_key] = count
         return out
+
+    def _moe_balance(self) -> dict[str, float]:
+        """The step's expert balance over every data-parallel rank (``models.moe.balance_metrics``); the tokens
+        per expert per layer add up over the run for the summary."""
+        taken = moe_step_table(self.module, reduce=self._sum_over_data_ranks)
+        if taken is None:
+            return {}
+        layers, table = taken
+        for layer, counts in zip(layers, table[:, 3:], strict=True):
+            self.moe_load[layer] = counts + self.moe_load[layer] if layer in self.moe_load else counts
+        return balance_metrics(layers, table)
 
     def _sum_over_data_ranks(self, t: torch.Tensor) -> None:
         """In place over the loss mesh (dp x cp), the ranks that see different tokens."""
@@ -374,7 +388,13 @@ class ModuleEngine(Engine):
             dist.all_reduce(t, group=self.loss.group)
 
     def summary(self) -> dict[str, Any]:
-        return dict(self.rank_map)
+        out = dict(self.rank_map)
+        if self.moe_load:  # every training step's routing, summed over the data-parallel ranks
+            out["moe_tokens_per_expert"] = {k: [int(c) for c in v.tolist()] for k, v in self.moe_load.items()}
+            out["moe_imbalance"] = {k: float(imbalance(v)) for k, v in self.moe_load.items()}
+        if self.ep_timer is not None:
+            out["ep_a2a_time_s_total"] = self.ep_a2a_total
+        return out
 
     def close(self) -> None:
         self.module = None  # type: ignore[assignment]

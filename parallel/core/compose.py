@@ -38,6 +38,7 @@ from parallel.techniques.ddp import wrap_ddp
 from parallel.techniques.ep import A2AMeter, apply_ep
 from parallel.techniques.fp8 import convert_to_fp8, float8_tp_styles, precompute_scales
 from parallel.techniques.fsdp import FSDPCommTimer, apply_fsdp, float8_bytes_all_gather, fsdp_no_sync
+from parallel.techniques.moe_balance import bias_balancing
 from parallel.techniques.tp import apply_tp
 
 #: how the dp dimension wraps a module: not at all, DistributedDataParallel, or FSDP2 ``fully_shard``
@@ -172,6 +173,9 @@ def compose(
               place=place, on_step=on_step, reshard_after_forward=reshard)
         for m in modules
     ]  # fmt: skip
+    balance_group = loss_mesh(mesh, sizes).get_group() if composition.dp != "none" else None
+    for part in parts:
+        part.after_update = _chain(part.after_update, bias_balancing(part.module, group=balance_group))
     if not composition.pipeline:
         return Composed(parts)
     if composition.dp == "none":  # a V schedule's first and last stage on this rank share one tied Parameter
@@ -179,6 +183,19 @@ def compose(
     on_step("schedule")
     stages, schedule = _pipeline_stages(parts, plan=pipeline, device=device)
     return Composed(parts, stages=stages, schedule=schedule)
+
+
+def _chain(*hooks: Callable[[], None] | None) -> Callable[[], None] | None:
+    """One after-step hook running ``hooks`` in order (None: there is none)."""
+    present = [h for h in hooks if h is not None]
+    if len(present) <= 1:
+        return present[0] if present else None
+
+    def run() -> None:
+        for hook in present:
+            hook()
+
+    return run
 
 
 def _wrap(

@@ -2,7 +2,8 @@
 FSDP2 along the expert dimension), 1f1b with 2 micro-batches (the auxiliary loss's gradient scaled per micro-batch
 as the LM loss is) and expert parallel (``parallel/techniques/ep.py``: dp=2 x ep=2 on 2 ranks, dp=4 x ep=2 with the
 experts' own FSDP2 mesh on 4). Losses and gradient norms within 1e-4 relative over 4 steps; under ep also the
-auxiliary loss and the final parameters. The load-balancing loss (on, 0.001) is a function of the tokens of one
+auxiliary loss, the final parameters and routing biases (DeepSeek-V3's balancing, on), and the tokens per expert
+per layer over the run. The load-balancing loss (on, 0.001) is a function of the tokens of one
 forward (one micro-batch on one rank, as in Megatron-core and transformers), so every case runs forwards of the
 same samples: single accumulates 2 micro-batches of 4, ddp, fsdp and ep=2 run 4 per rank, 1f1b 2 micro-batches of
 4; ep on 4 ranks runs 2 per rank against single accumulating micro-batches of 2. The balance (``moe_aux_loss``,
@@ -15,7 +16,7 @@ import json
 
 import pytest
 
-from tests.helpers import FAST, TrainRun, assert_losses_close, assert_parity, case_multirun, run_train
+from tests.helpers import FAST, TrainRun, assert_losses_close, assert_parity, case_multirun, final_state, run_train
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -34,7 +35,14 @@ CASES: dict[str, dict] = {
     "single_mb2": {"defaults": [{"override /parallel": "single"}], "data": {"micro_batch_size": 2}, **LAST},
 }
 REFERENCE = {"ep_fsdp4": "single_mb2"}
-MODEL = ("model=qwen3_moe_debug", "model.d_model=64", "model.head_dim=32", "model.d_ff=192", "model.moe_d_ff=64")
+MODEL = (
+    "model=qwen3_moe_debug",
+    "model.d_model=64",
+    "model.head_dim=32",
+    "model.d_ff=192",
+    "model.moe_d_ff=64",
+    "model.bias_update_rate=0.001",  # DeepSeek-V3's balancing bias, moved after every step from the global counts
+)
 STEPS = ("trainer.max_steps=4", "pp.trace_step=0")
 
 
@@ -82,8 +90,14 @@ def test_expert_parallel_matches_single_to_the_parameters(case, runs, jobs):
         max(abs(a - r["moe_aux_loss"]) / r["moe_aux_loss"] for a, r in zip(aux, ref)),
     )
     assert_losses_close(aux, [r["moe_aux_loss"] for r in ref], rel=1e-4)
-    worst = assert_parity(TrainRun(None, jobs[case]), TrainRun(None, jobs[REFERENCE.get(case, "single")]))
+    run, single = TrainRun(None, jobs[case]), TrainRun(None, jobs[REFERENCE.get(case, "single")])
+    worst = assert_parity(run, single)  # the routing biases (buffers) among them
     print(case, "max parameter difference", worst)
+    assert final_state(single)["layers.0.feed_forward.router.expert_bias"].abs().max() > 0  # the bias did move
+    load = run.summary()["moe_tokens_per_expert"]
+    assert load == single.summary()["moe_tokens_per_expert"] and set(load) == {"layer0", "layer1", "layer2"}
+    assert all(sum(v) == 4 * 8 * 32 * 2 for v in load.values())  # steps x samples x tokens x top-k
+    assert run.summary()["ep_a2a_time_s_total"] > 0 and "moe_imbalance_layer2" in metrics[0]
     assert all(m["ep_a2a_time_s"] > 0 and 0 < m["ep_a2a_fraction"] <= 1 and m["ep_a2a_calls"] > 0 for m in metrics)
 
 

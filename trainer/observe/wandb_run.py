@@ -42,7 +42,8 @@ _SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rank",
         ),
     ),
-    ("comm", ("comm_", "dp_comm", "tp_comm")),
+    ("comm", ("comm_", "dp_comm", "tp_comm", "ep_a2a")),
+    ("moe", ("moe_",)),
     ("memory", ("memory", "mem_", "peak_memory")),
     ("eval", ("eval_", "val_")),
 )
