@@ -6,7 +6,8 @@ auxiliary loss, the final parameters and routing biases (DeepSeek-V3's balancing
 per layer over the run. The load-balancing loss (on, 0.001) is a function of the tokens of one
 forward (one micro-batch on one rank, as in Megatron-core and transformers), so every case runs forwards of the
 same samples: single accumulates 2 micro-batches of 4, ddp, fsdp and ep=2 run 4 per rank, 1f1b 2 micro-batches of
-4; ep on 4 ranks runs 2 per rank against single accumulating micro-batches of 2. The balance (``moe_aux_loss``,
+4; ep on 4 ranks and ep x pp (dp2 x ep2 x pp2, 2 micro-batches) run 2 per forward against single accumulating
+micro-batches of 2; a checkpoint of ep=2 resumes under ep=4. The balance (``moe_aux_loss``,
 ``moe_max_imbalance``) is the step's, summed over the data-parallel ranks. tp is refused before any worker starts
 (the experts have no tensor-parallel plan)."""
 
@@ -32,9 +33,15 @@ CASES: dict[str, dict] = {
     # FSDP2 over 2, with forwards of 2 samples, against single accumulating micro-batches of 2
     "ep": {**HYBRID, "dp": {"size": 2}, "ep": {"size": 2}},
     "ep_fsdp4": {**HYBRID, "dp": {"size": 4}, "ep": {"size": 2}},
+    "ep_pp": {
+        **HYBRID,
+        "dp": {"size": 2},
+        "ep": {"size": 2},
+        "pp": {"size": 2, "micro_batches": 2, "schedule": "1f1b"},
+    },
     "single_mb2": {"defaults": [{"override /parallel": "single"}], "data": {"micro_batch_size": 2}, **LAST},
 }
-REFERENCE = {"ep_fsdp4": "single_mb2"}
+REFERENCE = {"ep_fsdp4": "single_mb2", "ep_pp": "single_mb2"}
 MODEL = (
     "model=qwen3_moe_debug",
     "model.d_model=64",
@@ -105,3 +112,23 @@ def test_tensor_parallel_is_refused_before_spawn(tmp_path):
     run = run_train("model=qwen3_moe_debug", "parallel=tp", run_dir=tmp_path, expect_ok=False)
     assert run.proc.returncode == 2
     assert "no tensor-parallel plan" in run.output
+
+
+def test_expert_parallel_in_a_pipeline_matches_single_to_the_parameters(jobs):
+    """dp2 x ep2 x pp2 (1f1b, 2 micro-batches of 2 samples per rank): each stage's experts split over ep."""
+    worst = assert_parity(TrainRun(None, jobs["ep_pp"]), TrainRun(None, jobs["single_mb2"]))
+    print("ep_pp max parameter difference", worst)
+
+
+def test_resumes_under_another_ep_degree(jobs, tmp_path):
+    """The dp2 x ep2 run's step-4 checkpoint (4 experts per rank, DTensor shards) continues under dp4 x ep4 (2 per
+    rank) as under single: DCP re-shards the experts, the routing biases and AdamW's state."""
+    ckpt = jobs["ep"] / "checkpoints" / "step_0000004"
+    common = (*MODEL, *FAST, "trainer.max_steps=6", "trainer.checkpoint_every=0", f"trainer.resume={ckpt}")
+    single = run_train("parallel=single", "data.micro_batch_size=2", *common, run_dir=tmp_path / "single")
+    ep4 = run_train(
+        "parallel=hybrid", "tp.size=1", "pp.size=1", "dp.size=4", "ep.size=4", *common, run_dir=tmp_path / "ep4"
+    )
+    assert "resumed from" in ep4.output and [m["step"] for m in ep4.metrics()] == [5, 6]
+    assert_losses_close(ep4.losses(), single.losses(), rel=1e-4)
+    assert_losses_close([m["grad_norm"] for m in ep4.metrics()], [m["grad_norm"] for m in single.metrics()], rel=1e-4)
