@@ -144,3 +144,33 @@ def merged_state(state: Mapping[str, torch.Tensor], lora: LoRA) -> dict[str, tor
             base = out[f"{module}.weight"]
             out[f"{module}.weight"] = (base.float() + lora.scaling * (b.float() @ a.float())).to(base.dtype)
     return out
+
+
+def detach_adapters(model: nn.Module) -> dict[str, tuple[nn.Module, ...]]:
+    """Take every ``LoRALinear``'s ``lora_A``, ``lora_B`` and ``lora_dropout`` out of ``model`` (FQN of the adapted
+    layer -> the three), so a tensor-parallel plan, which splits every submodule of the layer it is given, shards
+    the base weights alone; ``attach_adapters`` puts them back, sharded."""
+    out = {}
+    for name, module in list(model.named_modules()):
+        if isinstance(module, LoRALinear) and "lora_A" in module._modules:
+            out[name] = tuple(module._modules.pop(k) for k in ("lora_A", "lora_B", "lora_dropout"))
+    return out
+
+
+def attach_adapters(
+    model: nn.Module, adapters: dict[str, tuple[nn.Module, ...]], *, tp_mesh: Any, colwise: Iterable[str]
+) -> None:
+    """Put the adapters back as DTensors matching their base layer's split over ``tp_mesh``: a column-wise layer
+    (its output rows sharded) keeps ``A`` whole and shards ``B``'s rows; a row-wise one (its input columns
+    sharded) shards ``A``'s columns and keeps ``B`` whole, so ``B A x`` has the base output's placement (sharded,
+    or a pending sum)."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    colwise = set(colwise)
+    for name, (a, b, dropout) in adapters.items():
+        module = model.get_submodule(name)
+        placements = ([Replicate()], [Shard(0)]) if name in colwise else ([Shard(1)], [Replicate()])
+        for part, placement in zip((a, b), placements):
+            weight = part.weight
+            part.weight = nn.Parameter(distribute_tensor(weight.data, tp_mesh, placement), requires_grad=True)
+        module.lora_A, module.lora_B, module.lora_dropout = a, b, dropout

@@ -59,6 +59,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from models.lora import attach_adapters, detach_adapters
 from models.spec import TPPlan
 
 
@@ -150,7 +151,15 @@ def parallelize_decoder(
             output_layouts=Shard(-1) if loss_parallel else Replicate(),
             use_local_output=not loss_parallel,
         )
+    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
+    adapters = detach_adapters(model)  # LoRA: the base weights split first, then their adapters to match
     parallelize_module(model, tp_mesh, by_name)
+    for name, p in model.named_parameters():  # torch's SequenceParallel makes every weight it replicates trainable
+        if name in frozen:
+            p.requires_grad_(False)
+    if adapters:
+        colwise = [n for n, style in by_name.items() if isinstance(style, ColwiseParallel)]
+        attach_adapters(model, adapters, tp_mesh=tp_mesh, colwise=colwise)
     head = getattr(model, plan.head, None)
     if tied and embedding is not None and head is not None:
         head.weight = embedding.weight  # one Parameter again (each module's weight was distributed on its own)

@@ -28,6 +28,9 @@ LAYOUTS = {
     # 2 samples per replica in 2 accumulated chunks
     "lora_ddp": {"defaults": [{"override /parallel": "ddp"}], "model": LORA, "data": {"micro_batch_size": 1}},
     "lora_fsdp": {"defaults": [{"override /parallel": "fsdp"}], "model": LORA},
+    # the adapters split as their base: wq, wv column-wise (A whole, B's rows), w2 row-wise (A's columns, B whole);
+    # Qwen3's q/k head norms (torch's SequenceParallel over heads) stay frozen
+    "lora_tp": {"defaults": [{"override /parallel": "tp"}], "model": LORA},
 }
 
 
@@ -93,7 +96,7 @@ def test_step_one_is_transformers_loss_on_the_packed_rows(runs, start):
 
 
 @pytest.mark.parametrize("case, ref", [("fsdp", "single"), ("tp", "single"), ("lora_ddp", "lora_single"),
-                                       ("lora_fsdp", "lora_single")])  # fmt: skip
+                                       ("lora_fsdp", "lora_single"), ("lora_tp", "lora_single")])  # fmt: skip
 def test_layouts_match_single_on_packed_chats(runs, case, ref):
     name, ref, got = ref, metrics(runs[ref]), metrics(runs[case])
     assert len(got) == 3

@@ -1,5 +1,6 @@
-"""LoRA under pipelines and from a checkpoint (real workers; the chat and PEFT side is test_chat_finetune.py): pp
-and hybrid dp 2 x pp 2 train the adapters to single's losses and gradient norms, and a run resumed at step 2 from
+"""LoRA under pipelines, tensor parallel and from a checkpoint (real workers; the chat and PEFT side is
+test_chat_finetune.py): pp, hybrid dp 2 x pp 2 and tp 2 with sequence parallel train the adapters to single's losses
+and gradient norms, and a run resumed at step 2 from
 its checkpoint (adapters, their AdamW state, frozen weights) continues exactly as the uninterrupted one."""
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ LAYOUTS = {
     "single": {"defaults": [{"override /parallel": "single"}]},
     "pp": {"defaults": [{"override /parallel": "pp"}], "pp": {"schedule": "1f1b", "micro_batches": 2}},
     "hybrid_dp2_pp2": {"defaults": [{"override /parallel": "hybrid"}], "tp": {"size": 1}, "pp": {"micro_batches": 2}},
+    # sequence parallel: the norms torch's SequenceParallel replicates stay frozen
+    "tp_sp": {"defaults": [{"override /parallel": "tp"}], "tp": {"sequence_parallel": True, "loss_parallel": True}},
 }
 
 
@@ -30,7 +33,7 @@ def metrics(job) -> list[dict]:
     return [json.loads(line) for line in (job / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
-@pytest.mark.parametrize("case", ["pp", "hybrid_dp2_pp2"])
+@pytest.mark.parametrize("case", ["pp", "hybrid_dp2_pp2", "tp_sp"])
 def test_pipelined_lora_matches_single(runs, case):
     ref, got = metrics(runs["single"]), metrics(runs[case])
     print(f"{case}: {[round(m['loss'], 6) for m in got]}, single {[round(m['loss'], 6) for m in ref]}")

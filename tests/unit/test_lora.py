@@ -114,7 +114,6 @@ def test_merge_folds_the_adapters_into_a_whole_model(tmp_path):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (("parallel=tp", "model.lora.rank=4"), "model.lora.rank=4 with tp.size=2: LoRA trains under single, ddp"),
         (("model.lora.rank=-1",), "model.lora.rank=-1: must be a whole number >= 0"),
         (("model.lora.rank=4", "model.lora.alpha=0"), "model.lora.alpha=0"),
         (("model.lora.rank=4", "model.lora.targets=[]"), "model.lora.targets=[]: name the linear layers"),
