@@ -30,7 +30,8 @@ value of the last forward is in ``last_stats`` (``moe_metrics`` reads every laye
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -275,6 +276,20 @@ class MoE(nn.Module):
         if self.training and self.aux_loss_coef and torch.is_grad_enabled():
             y = _AttachAuxLoss.apply(y, aux, self.aux_loss_coef * self.aux_loss_scale)
         return y.reshape(shape)
+
+
+@contextmanager
+def uncounted(module: nn.Module) -> Iterator[None]:
+    """Forwards inside leave ``module``'s MoE counters (the step's balance, the bias balancing's counts, the last
+    forward's stats) as they were: a forward that is no training step's (torch's pipeline shape inference runs
+    one at the first step, on the first micro-batch or on empty tensors)."""
+    layers = moe_layers(module)
+    kept = [(m.step_stats, m.tokens_per_expert, m.last_stats) for m in layers]
+    try:
+        yield
+    finally:
+        for m, (step_stats, tokens, last) in zip(layers, kept, strict=True):
+            m.step_stats, m.tokens_per_expert, m.last_stats = step_stats, tokens, last
 
 
 def moe_layers(module: nn.Module) -> list[MoE]:

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
 
+from models.moe import moe_layers, uncounted
 from models.spec import PipelineUnits
 from parallel.core.intervals import StepCommMeter
 from parallel.core.meshes import expert_meshes, fsdp_mesh, loss_mesh
@@ -288,12 +289,29 @@ def _wrap(
     return ComposedPart(ddp, no_sync=ddp.no_sync, dp_timer=meter)
 
 
+def _shape_inference_uncounted(stage: PipelineStage, module: nn.Module) -> None:
+    """torch 2.13's ``PipelineStage`` infers its shapes at the first step with a real forward of the stage (the first
+    micro-batch on the first stage, empty tensors on the others): a MoE block would count its routing in the step's
+    balance and in the bias balancing's counts (1.1e-4 off single's loss at step 2, dp2 x pp2). Its counters are
+    kept out of that forward."""
+    infer = getattr(stage, "_forward_metadata_inference", None)
+    if infer is None or not moe_layers(module):
+        return
+
+    def uncounted_inference(*args: Any, **kwargs: Any) -> Any:
+        with uncounted(module):
+            return infer(*args, **kwargs)
+
+    stage._forward_metadata_inference = uncounted_inference
+
+
 def _pipeline_stages(parts: list[ComposedPart], *, plan: PipelinePlan, device: torch.device) -> tuple[list, Any]:
     """Each composed stage a ``PipelineStage``, then torch's schedule class for ``plan.schedule`` over them
     (``scale_grads=False``: the loss says how gradients are scaled)."""
     stages = []
     for part, spec in zip(parts, plan.stages, strict=True):
         stage = PipelineStage(part.module, spec.index, plan.num_stages, device, group=plan.group)
+        _shape_inference_uncounted(stage, part.module)
         if plan.instrument is not None:
             plan.instrument(stage, spec)
         stages.append(stage)

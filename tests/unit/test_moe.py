@@ -108,3 +108,18 @@ def test_published_sizes(compose_cfg, name, total, active):
     assert shape.active_params == pytest.approx(active, rel=1e-3)
     dense_flops = 6 * shape.params
     assert shape.training_flops_per_token(4096) < dense_flops / 4  # FLOPs follow the active parameters
+
+
+def test_a_forward_inside_uncounted_leaves_the_counters():
+    """torch's pipeline shape inference runs a real forward at the first step: it must not count as training."""
+    from models.moe import moe_step_table, uncounted
+
+    moe, x = block(bias_update_rate=0.01), torch.randn(2, 5, 16)
+    moe.train()
+    moe(x)
+    before = (moe.step_stats.clone(), moe.tokens_per_expert.clone())
+    with uncounted(moe):
+        moe(torch.randn(3, 5, 16))
+    assert torch.equal(moe.step_stats, before[0]) and torch.equal(moe.tokens_per_expert, before[1])
+    layers, table = moe_step_table(moe)
+    assert table[0, 1] == 1 and table[0, 3:].sum() == 2 * 5 * moe.top_k  # one forward of 10 tokens, top-k each
