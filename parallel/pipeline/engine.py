@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from models.moe import set_aux_loss_scale
+from models.moe import balance_metrics, moe_step_table, set_aux_loss_scale
 from parallel.core.base import Engine, WorkerContext
 from parallel.core.comm_timer import SampledCommMeter
 from parallel.core.compose import Composition, PipelinePlan, compose
@@ -127,8 +127,11 @@ class PipelineEngine(Engine):
         rank_map: dict[str, Any] | None = None,
         loss: TokenMean | None = None,
         tied: list[TiedCopies] | None = None,
+        ep_timers: list[IntervalLog] | None = None,
     ):
         self.ctx = ctx
+        self.ep_timers = ep_timers or []
+        self.moe = ctx.model_spec.moe is not None  # every rank knows: the balance's gather over pp is collective
         self.loss = loss
         self.tied = [t for t in tied or () if t.active]
         self.uncounted = tuple(p for t in self.tied for p in t.uncounted)
@@ -242,7 +245,7 @@ class PipelineEngine(Engine):
     # ---- measurement -----------------------------------------------------------------------------
 
     def step_metrics(self) -> dict[str, float]:
-        out = self._comm_metrics()
+        out = {**self._comm_metrics(), **self._moe_metrics()}
         rec = self._last
         if rec is None:
             return out
@@ -258,6 +261,33 @@ class PipelineEngine(Engine):
             elapsed = max(time.perf_counter() - self._step_start, 1e-9)  # the loop's step, as ModuleEngine's
             out.update(dp_comm_time_s=busy, comm_time_s=busy, comm_fraction=min(1.0, busy / elapsed))
             out[self.dp_timers[0].count_key] = len(intervals)
+        return out
+
+    def _moe_metrics(self) -> dict[str, float]:
+        """The step's expert balance over every stage's MoE blocks (each stage's counts summed over dp, then the
+        stages' tables gathered over pp) and this rank's all-to-all time (``ep_a2a_*``, as ModuleEngine's)."""
+        out: dict[str, float] = {}
+        if self.ep_timers:
+            intervals = [i for t in self.ep_timers for i in t.take_intervals()]
+            busy = union_seconds(intervals)
+            elapsed = max(time.perf_counter() - self._step_start, 1e-9)
+            out.update(ep_a2a_time_s=busy, ep_a2a_fraction=min(1.0, busy / elapsed), ep_a2a_calls=len(intervals))
+        if not self.moe:
+            return out
+        group = self.loss.group if self.loss is not None else None
+        mine = []
+        for part in self.model_parts:
+            taken = moe_step_table(part, reduce=(lambda t: dist.all_reduce(t, group=group)) if group else None)
+            if taken is not None:
+                mine += [(layer, row.tolist()) for layer, row in zip(*taken, strict=True)]
+        gathered = [mine]
+        if self.pp_group is not None and self.pp > 1:
+            gathered = [None] * self.pp
+            dist.all_gather_object(gathered, mine, group=self.pp_group)
+        rows = dict(r for g in gathered for r in g)  # a layer once (tp and dp copies hold the same numbers)
+        if rows:
+            layers = sorted(rows, key=lambda k: int(k.removeprefix("layer")) if k.startswith("layer") else 0)
+            out.update(balance_metrics(layers, torch.tensor([rows[k] for k in layers], dtype=torch.float64)))
         return out
 
     def _pipeline_metrics(self, rec: StepRecord) -> dict[str, float]:
@@ -550,6 +580,7 @@ def build_pipeline_engine(
         rank_map=rank_map,
         loss=loss,
         tied=tied,
+        ep_timers=[c.ep_timer for c in composed.parts if c.ep_timer is not None],
     )
     engine.after_update = composed.after_update
     return engine

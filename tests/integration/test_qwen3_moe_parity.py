@@ -122,10 +122,15 @@ def test_tensor_parallel_is_refused_before_spawn(tmp_path):
     assert "no tensor-parallel plan" in run.output
 
 
-def test_expert_parallel_in_a_pipeline_matches_single_to_the_parameters(jobs):
+def test_expert_parallel_in_a_pipeline_matches_single_to_the_parameters(jobs, runs):
     """dp2 x ep2 x pp2 (1f1b, 2 micro-batches of 2 samples per rank): each stage's experts split over ep."""
     worst = assert_parity(TrainRun(None, jobs["ep_pp"]), TrainRun(None, jobs["single_mb2"]))
     print("ep_pp max parameter difference", worst)
+    metrics, ref = runs["ep_pp"][1], runs["single_mb2"][1]  # the balance over both stages' layers, as single's
+    assert_losses_close([m["moe_aux_loss"] for m in metrics], [m["moe_aux_loss"] for m in ref], rel=1e-4)
+    for key in ("moe_imbalance_layer0", "moe_imbalance_layer2", "moe_max_imbalance"):
+        assert [m[key] for m in metrics] == pytest.approx([m[key] for m in ref], rel=1e-6), key
+    assert all(0 < m["ep_a2a_fraction"] <= 1 for m in metrics)
 
 
 def test_resumes_under_another_ep_degree(jobs, tmp_path):
