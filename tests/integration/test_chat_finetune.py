@@ -31,6 +31,8 @@ LAYOUTS = {
     # the adapters split as their base: wq, wv column-wise (A whole, B's rows), w2 row-wise (A's columns, B whole);
     # Qwen3's q/k head norms (torch's SequenceParallel over heads) stay frozen
     "lora_tp": {"defaults": [{"override /parallel": "tp"}], "model": LORA},
+    # the issue's hybrid: dp 2 (FSDP2) x tp 2 on one mesh (packed documents need pp.size=1)
+    "lora_hybrid": {"defaults": [{"override /parallel": "hybrid"}], "pp": {"size": 1}, "model": LORA},
 }
 
 
@@ -96,7 +98,8 @@ def test_step_one_is_transformers_loss_on_the_packed_rows(runs, start):
 
 
 @pytest.mark.parametrize("case, ref", [("fsdp", "single"), ("tp", "single"), ("lora_ddp", "lora_single"),
-                                       ("lora_fsdp", "lora_single"), ("lora_tp", "lora_single")])  # fmt: skip
+                                       ("lora_fsdp", "lora_single"), ("lora_tp", "lora_single"),
+                                       ("lora_hybrid", "lora_single")])  # fmt: skip
 def test_layouts_match_single_on_packed_chats(runs, case, ref):
     name, ref, got = ref, metrics(runs[ref]), metrics(runs[case])
     assert len(got) == 3
