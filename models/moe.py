@@ -267,15 +267,21 @@ class MoE(nn.Module):
         aux = load_balancing_loss(probs, idx)
         counts = expert_counts(idx, self.n_experts).detach()
         self.last_stats = {"aux_loss": aux.detach(), "tokens_per_expert": counts, "dropped": routed.dropped}
-        if self.training:
+        counted = self.training and not _in_backward()  # activation checkpointing's recompute counts nothing twice
+        if counted:
             row = torch.cat([torch.stack([aux.detach().double(), aux.new_ones((), dtype=torch.float64),
                                           routed.dropped.double()]), counts.double()])  # fmt: skip
             self.step_stats = row if self.step_stats is None else self.step_stats + row
-        if self.training and self.router.expert_bias is not None:
+        if counted and self.router.expert_bias is not None:
             self.tokens_per_expert = counts if self.tokens_per_expert is None else self.tokens_per_expert + counts
         if self.training and self.aux_loss_coef and torch.is_grad_enabled():
             y = _AttachAuxLoss.apply(y, aux, self.aux_loss_coef * self.aux_loss_scale)
         return y.reshape(shape)
+
+
+def _in_backward() -> bool:
+    """Inside autograd's backward: activation checkpointing recomputing a forward."""
+    return torch._C._current_graph_task_id() != -1
 
 
 @contextmanager

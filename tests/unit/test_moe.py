@@ -123,3 +123,17 @@ def test_a_forward_inside_uncounted_leaves_the_counters():
     assert torch.equal(moe.step_stats, before[0]) and torch.equal(moe.tokens_per_expert, before[1])
     layers, table = moe_step_table(moe)
     assert table[0, 1] == 1 and table[0, 3:].sum() == 2 * 5 * moe.top_k  # one forward of 10 tokens, top-k each
+
+
+def test_activation_checkpointing_recompute_counts_nothing_twice():
+    from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
+
+    from models.moe import moe_step_table
+
+    moe, x = block(bias_update_rate=0.01), torch.randn(2, 5, 16, requires_grad=True)
+    moe.train()
+    with set_checkpoint_early_stop(False):  # the recompute runs the whole forward again (no stop at its last save)
+        checkpoint(moe, x, use_reentrant=False).sum().backward()
+    _, table = moe_step_table(moe)
+    assert table[0, 1] == 1 and table[0, 3:].sum() == 2 * 5 * moe.top_k
+    assert int(moe.tokens_per_expert.sum()) == 2 * 5 * moe.top_k
