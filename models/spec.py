@@ -359,6 +359,9 @@ class ModelSpec:
     """``package.module:function`` of its loss, ``fn(output, targets, *, reduction="mean"|"sum")`` (``models/losses.py``)."""
     tp_plan: TPPlan | None = None
     """The module names its ``parallelize`` function shards; ``None`` for a family without tensor parallel."""
+    context_parallel: bool = False
+    """Its attention modules call ``self.attend`` and its top-level module has a ``seq_chunk`` (models/attention.py):
+    context parallel (``cp.size``) can split its sequence."""
     moe: MoESpec | None = None
     """A mixture of experts' expert FQN patterns, ``n_experts`` and ``top_k`` (expert parallel, the planner);
     ``None``: a dense model."""

@@ -1,4 +1,4 @@
-"""Config schema of the keys the parallel layer reads: parallel, dp, tp, pp, mp, topology, planner.
+"""Config schema of the keys the parallel layer reads: parallel, dp, tp, pp, cp, mp, topology, planner.
 
 The root schema (``conf/schema.py``) types these groups with the classes below, beside the trainer's own
 groups; the planner CLI composes the same conf/ and reads only these. No torch import.
@@ -19,6 +19,9 @@ SplitPolicy = choices("SplitPolicy", POLICIES, module=__name__)
 Backend = choices("Backend", ("auto", "gloo", "nccl"), module=__name__)
 Device = choices("Device", ("auto", "cpu", "cuda"), module=__name__)
 StartMethod = choices("StartMethod", ("auto", "fork", "spawn"), module=__name__)
+#: ``cp.attention``: how attention runs on a split sequence (``parallel/techniques/cp.py``; a ring can join)
+CP_ATTENTION = ("ulysses",)
+CPAttention = choices("CPAttention", CP_ATTENTION, module=__name__)
 
 
 @dataclass
@@ -76,6 +79,16 @@ class PPConfig:
     """Virtual stages per rank, for interleaved/looped/V schedules."""
     trace_step: int = 5
     """Step whose measured schedule is written as a Chrome trace and a Gantt PNG (0 = none)."""
+
+
+@dataclass
+class CPConfig:
+    size: int = 1
+    """Context-parallel degree: each sample's sequence is split into this many contiguous chunks, one per rank;
+    the weights are replicated across them (FSDP2 shards and gradients reduce over dp x cp)."""
+    attention: CPAttention = CPAttention["ulysses"]
+    """How attention sees the whole sequence: ulysses (all-to-all from sequence-split to head-split q, k, v,
+    the model's own kernel on heads / cp heads, all-to-all back; any kernel, CPU and CUDA)."""
 
 
 @dataclass

@@ -205,6 +205,7 @@ PLANS: dict[str, Run | Compose | Covered | Skip] = {
     "python train.py parallel=NAME": Covered("tests/unit/test_config_groups.py::test_parallel_option_instantiates"),
     "python train.py parallel=pp pp.micro_batches=8 pp.schedule=1f1b": Compose(),
     "python train.py parallel=hybrid pp.micro_batches=8": Compose(),
+    "python train.py parallel=hybrid dp.size=1 tp.size=1 pp.size=1 cp.size=2 model=llama_debug data.seq_len=1024": Compose(),
     "python train.py -m trainer.seed=1,2": Covered(
         INTEGRATION + "test_launch_paths.py::test_multirun_two_jobs_isolated"
     ),

@@ -68,6 +68,7 @@ def compose_settings(cfg: DictConfig, model: Any) -> ComposeSettings:
         compile=bool(trainer.compile),
         sequence_parallel=bool(tp.sequence_parallel),
         loss_parallel=bool(tp.loss_parallel),
+        cp_attention=str(cfg.cp.attention),
         ddp=DDPSettings(
             bucket_cap_mb=float(dp.bucket_cap_mb),
             find_unused_parameters=bool(dp.find_unused_parameters),

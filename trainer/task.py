@@ -145,7 +145,7 @@ def dry_run_layout(cfg: DictConfig, layout, *, run_dir: Path) -> dict:
         model=model,
         hardware=hardware,
         workload=workload,
-        ranks=ranks if ranks is not None else sample_ranks(pp=layout.pp, dp=layout.dp, tp=layout.tp),
+        ranks=ranks if ranks is not None else sample_ranks(**layout.sizes),
     )
     print_dry_run(report)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -20,8 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.attention import causal_attention, chunk_start
 from models.blocks import PreNormBlock
-from models.documents import attention, document_mask, unpack_inputs
+from models.documents import document_mask, unpack_inputs
 from models.gpt.config import GPTConfig
 from models.gpt.spec import ACTIVATIONS, ffn_widths
 from models.init import check_rule, init_gpt
@@ -37,14 +38,15 @@ class Attention(nn.Module):
         self.wv = nn.Linear(d_model, d_model, bias=bias)
         self.wo = nn.Linear(d_model, d_model, bias=bias)
         self.dropout = dropout
+        self.attend = causal_attention  # context parallel swaps in its all-to-all wrapper (models/attention.py)
 
     def forward(self, x: torch.Tensor, *, mask: torch.Tensor | None = None) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.wq(x).view(b, t, -1, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(b, t, -1, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(b, t, -1, self.head_dim).transpose(1, 2)
-        y = attention(q, k, v, mask=mask, dropout=self.dropout if self.training else 0.0)
-        return self.wo(y.transpose(1, 2).reshape(b, t, -1))
+        q = self.wq(x).view(b, t, -1, self.head_dim)
+        k = self.wk(x).view(b, t, -1, self.head_dim)
+        v = self.wv(x).view(b, t, -1, self.head_dim)
+        y = self.attend(q, k, v, mask=mask, dropout_p=self.dropout if self.training else 0.0)
+        return self.wo(y.reshape(b, t, -1))
 
 
 class FeedForward(nn.Module):
@@ -105,6 +107,7 @@ class GPT(nn.Module):
         self.norm: nn.LayerNorm | None = nn.LayerNorm(c.d_model, eps=c.norm_eps)
         self.output: nn.Linear | None = nn.Linear(c.d_model, c.vocab_size, bias=False)
         init_gpt(self, self.init, n_layers=c.n_layers)
+        self.seq_chunk = 0  # which contiguous chunk of the sequence the inputs are (context parallel sets it)
         if c.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
 
@@ -115,7 +118,8 @@ class GPT(nn.Module):
         mask = None
         if self.tok_embeddings is not None:
             x, positions = unpack_inputs(x)
-            pos = torch.arange(x.shape[1], device=x.device) if positions is None else positions
+            start = chunk_start(self.seq_chunk, x.shape[1])  # context parallel: this rank's chunk starts there
+            pos = torch.arange(start, start + x.shape[1], device=x.device) if positions is None else positions
             h = self.tok_embeddings(x) + self.pos_embeddings(pos)
             mask = None if positions is None else document_mask(positions)
         for layer in self.layers.values():

@@ -85,6 +85,7 @@ def gpt_resized(model: Any, sizes: dict[str, int]) -> dict[str, Any]:
 
 SPEC = ModelSpec.decoder(
     GPTConfig,
+    context_parallel=True,
     schemas={"gpt_schema": GPTConfig, "gpt_description_schema": GPTDescriptionConfig},
     tp_plan=decoder_tp_plan(ffn_in=("w1",)),
     pipeline=PipelineUnits(pre=("tok_embeddings", "pos_embeddings"), post=("norm", "output")),

@@ -25,8 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.attention import causal_attention, chunk_start
 from models.blocks import PreNormBlock
-from models.documents import attention, document_mask, unpack_inputs
+from models.documents import document_mask, unpack_inputs
 from models.init import check_rule, init_llama
 from models.llama.config import LlamaConfig
 from models.spec import config_or_fields
@@ -85,18 +86,6 @@ def rotate_pairs(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2).type_as(x)
 
 
-def causal_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Causal attention of (b, t, heads, head_dim) queries over (b, t, kv_heads, head_dim) keys and values, each
-    key/value head shared by ``heads / kv_heads`` query heads (also on a tensor-parallel shard: both are split);
-    within each document only under ``mask`` (packed documents, ``models/documents.py``).
-
-    SDPA's ``enable_gqa`` reads the shared heads in place (no ``repeat_interleave`` copies; forward and backward
-    on CPU in torch 2.13). Returns (b, t, heads, head_dim)."""
-    return attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask=mask).transpose(1, 2)
-
-
 class Attention(nn.Module):
     def __init__(
         self,
@@ -117,6 +106,7 @@ class Attention(nn.Module):
         # Qwen3: each query and key head normalised over its channels before the rotation
         self.q_norm = nn.RMSNorm(self.head_dim, eps=eps) if qk_norm else None
         self.k_norm = nn.RMSNorm(self.head_dim, eps=eps) if qk_norm else None
+        self.attend = causal_attention  # context parallel swaps in its all-to-all wrapper (models/attention.py)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor, *, mask: torch.Tensor | None = None) -> torch.Tensor:
         b, t, _ = x.shape
@@ -126,7 +116,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, rope), apply_rotary(k, rope)
         v = self.wv(x).view(b, t, -1, self.head_dim)
-        return self.wo(causal_attention(q, k, v, mask=mask).reshape(b, t, -1))
+        return self.wo(self.attend(q, k, v, mask=mask).reshape(b, t, -1))
 
 
 class FeedForward(nn.Module):
@@ -193,6 +183,7 @@ class Llama(nn.Module):
         self.norm: nn.RMSNorm | None = nn.RMSNorm(c.d_model, eps=c.norm_eps)
         self.output: nn.Linear | None = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.register_buffer("rope", self._rotary_table(), persistent=False)
+        self.seq_chunk = 0  # which contiguous chunk of the sequence the inputs are (context parallel sets it)
         self._init_parameters()
         if c.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
@@ -200,10 +191,11 @@ class Llama(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: token ids ``(b, t)``, a packed batch ``(b, 2, t)`` (ids and positions within each document:
         ``models/documents.py``; rotary angles at those positions), or, on a later pipeline stage, the hidden
-        states."""
+        states. Under context parallel ``x`` is chunk ``seq_chunk`` of the sequence: positions start there."""
         tokens, positions = unpack_inputs(x) if self.tok_embeddings is not None else (x, None)
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else x
-        rope = self.rope[: h.shape[1]] if positions is None else self.rope[positions]
+        start = chunk_start(self.seq_chunk, h.shape[1])
+        rope = self.rope[start : start + h.shape[1]] if positions is None else self.rope[positions]
         mask = None if positions is None else document_mask(positions)
         for layer in self.layers.values():
             h = layer(h, rope, mask=mask)

@@ -96,6 +96,7 @@ def llama_resized(model: Any, sizes: dict[str, int]) -> dict[str, Any]:
 
 SPEC = ModelSpec.decoder(
     LlamaConfig,
+    context_parallel=True,
     tp_plan=decoder_tp_plan(ffn_in=("w1", "w3"), extra_inputs=1),
     shape=llama_shape,
     check=llama_problems,

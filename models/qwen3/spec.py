@@ -58,6 +58,7 @@ def qwen3_problems(model: Any) -> list[str]:
 
 SPEC = ModelSpec.decoder(
     Qwen3Config,
+    context_parallel=True,
     tp_plan=decoder_tp_plan(ffn_in=("w1", "w3"), extra_inputs=1, head_norms=("q_norm", "k_norm")),
     shape=qwen3_shape,
     check=qwen3_problems,

@@ -36,6 +36,7 @@ from parallel.core.meshes import loss_mesh
 from parallel.core.run import ComposeSettings, RunSpec
 from parallel.core.ties import retie, tied_parameters
 from parallel.core.token_loss import TokenMean
+from parallel.techniques.cp import local_chunk
 from parallel.techniques.tp import tp_meter
 
 
@@ -234,11 +235,15 @@ class Engine(ABC):
                     yield p
 
     def local_batch(self, ctx: WorkerContext, inputs: torch.Tensor, targets: torch.Tensor):
-        """This rank's share of the global batch: the dp-th contiguous slice."""
-        dp, dp_rank = ctx.layout.dp, ctx.coords["dp"]
+        """This rank's share of the global batch: the dp-th contiguous slice of the samples, and of each sample's
+        tokens (inputs and their targets alike) the cp-th contiguous chunk."""
+        coords = ctx.coords
+        dp, dp_rank = ctx.layout.dp, coords["dp"]
         n = inputs.shape[0] // dp
         sl = slice(dp_rank * n, (dp_rank + 1) * n)
-        return inputs[sl].to(ctx.device, non_blocking=True), targets[sl].to(ctx.device, non_blocking=True)
+        cp, cp_rank = ctx.layout.cp, coords["cp"]
+        x, y = (local_chunk(t[sl], cp=cp, index=cp_rank) for t in (inputs, targets))
+        return x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
 
     @abstractmethod
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
@@ -289,7 +294,7 @@ class ModuleEngine(Engine):
     costs one reduction per step. ``loss_parallel`` runs forward and backward inside torch's
     ``loss_parallel()`` (the head is vocabulary-sharded). Measured: ``dp_timer``, the dp dimension's
     collectives (DDP buckets or FSDP2's), as ``comm_time_s`` / ``comm_fraction`` over the step; ``tp_meter``,
-    the tp group's. ``rank_map`` goes to the summary.
+    the tp group's; ``cp_meter``, the cp all-to-alls. ``rank_map`` goes to the summary.
     """
 
     def __init__(
@@ -303,6 +308,7 @@ class ModuleEngine(Engine):
         dp_timer: StepCommMeter | None = None,
         loss_parallel: bool = False,
         tp_meter: SampledCommMeter | None = None,
+        cp_meter: SampledCommMeter | None = None,
         rank_map: dict[str, Any] | None = None,
         ep_timer: StepCommMeter | None = None,
     ):
@@ -317,6 +323,7 @@ class ModuleEngine(Engine):
         self.dp_timer = dp_timer
         self.loss_parallel = loss_parallel
         self.tp_meter = tp_meter or SampledCommMeter(None)
+        self.cp_meter = cp_meter or SampledCommMeter(None, prefix="cp")
         self.rank_map = rank_map or {}
         self._step_start = time.perf_counter()
         set_aux_loss_scale(module, 1.0 / accumulation)  # a MoE's auxiliary loss scaled as the LM loss (loss / n)
@@ -335,6 +342,7 @@ class ModuleEngine(Engine):
         with ExitStack() as stack:
             self._loss_context(stack)
             stack.enter_context(self.tp_meter.step(self.measure_step))
+            stack.enter_context(self.cp_meter.step(self.measure_step))
             if self.dp_timer is not None:
                 stack.enter_context(self.dp_timer.step(self.measure_step))
             for i, (x, y) in enumerate(zip(inputs.chunk(n), targets.chunk(n))):
@@ -356,7 +364,7 @@ class ModuleEngine(Engine):
         return total
 
     def step_metrics(self) -> dict[str, float]:
-        out = {**self.tp_meter.metrics(), **self._moe_balance()}
+        out = {**self.tp_meter.metrics(), **self.cp_meter.metrics(), **self._moe_balance()}
         elapsed = max(time.perf_counter() - self._step_start, 1e-9)  # the loop's step: forward/backward, clip, update
         taken = self.dp_timer.take() if self.dp_timer is not None else None
         if taken is not None:
@@ -388,7 +396,7 @@ class ModuleEngine(Engine):
             dist.all_reduce(t, group=self.loss.group)
 
     def summary(self) -> dict[str, Any]:
-        out = dict(self.rank_map)
+        out = {**self.rank_map, **self.cp_meter.summary()}
         if self.moe_load:  # every training step's routing, summed over the data-parallel ranks
             out["moe_tokens_per_expert"] = {k: [int(c) for c in v.tolist()] for k, v in self.moe_load.items()}
             out["moe_imbalance"] = {k: float(imbalance(v)) for k, v in self.moe_load.items()}

@@ -7,6 +7,7 @@ may too, or build its engine its own way.
 from __future__ import annotations
 
 from parallel.core.base import Engine, ModuleEngine, WorkerContext
+from parallel.core.comm_timer import SampledCommMeter
 from parallel.core.compose import Composition, compose
 from parallel.core.rank_map import announce_rank_map
 from parallel.pipeline.engine import build_pipeline_engine
@@ -39,6 +40,7 @@ def build_engine(*, ctx: WorkerContext, composition: Composition) -> Engine:
         ep_timer=part.ep_timer,
         loss_parallel=composition.tp and ctx.layout.tp > 1 and settings.loss_parallel,
         tp_meter=ctx.tp_meter(settings) if composition.tp else None,
+        cp_meter=SampledCommMeter(composed.cp_timer, prefix="cp"),
         rank_map=announce_rank_map(ctx, stage_modules=[part.module]) if composition.rank_map else None,
     )
     engine.after_update = composed.after_update

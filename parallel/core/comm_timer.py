@@ -85,6 +85,8 @@ class SampledCommMeter:
         self.active = False
         self._start = 0.0
         self._step_s = 0.0
+        self.history: list[tuple[float, float]] = []
+        """(seconds, share of the step) of each measured step, for ``summary``."""
 
     def step(self, measure: bool = True) -> AbstractContextManager:
         """Context for one whole step (forward and backward of all its micro-batches), timed if ``measure``."""
@@ -103,8 +105,16 @@ class SampledCommMeter:
             return {}
         seconds, count = self.timer.take()
         p = self.prefix
-        return {
-            f"{p}_comm_time_s": seconds,
-            f"{p}_comm_fraction": min(1.0, seconds / max(self._step_s, 1e-9)),
-            f"{p}_collectives": count,
-        }
+        share = min(1.0, seconds / max(self._step_s, 1e-9))
+        self.history.append((seconds, share))
+        return {f"{p}_comm_time_s": seconds, f"{p}_comm_fraction": share, f"{p}_collectives": count}
+
+    def summary(self) -> dict[str, float]:
+        """The median measured step's time and share (``<prefix>_comm_time_s_median``, ``..._fraction_median``),
+        the first measured step left out when there are others (it includes warm-up); empty when none was."""
+        steps = self.history[1:] or self.history
+        if not steps:
+            return {}
+        p, n = self.prefix, len(steps)
+        times, shares = sorted(t for t, _ in steps), sorted(f for _, f in steps)
+        return {f"{p}_comm_time_s_median": times[n // 2], f"{p}_comm_fraction_median": shares[n // 2]}

@@ -1,6 +1,6 @@
 """The one order in which a model is wrapped, for training and for the planner's dry run alike: ``compose``.
 
-Read top to bottom: (float8 Linears) → tensor parallel → (context parallel) → expert parallel → activation
+Read top to bottom: (float8 Linears) → tensor parallel → context parallel → expert parallel → activation
 checkpointing → compile → (bf16 autocast unless FSDP2 casts) → FSDP2 or DDP, placed on the rank's device →
 pipeline stages and their schedule. torchtitan's order (its float8 converter runs as the model is built). A
 pipelined composition cuts this rank's stages from the model first and wraps each in that order before it
@@ -35,6 +35,7 @@ from parallel.pipeline.stages import StageSpec, build_stage_module
 from parallel.pipeline.tied import share_across_stages
 from parallel.techniques.checkpointing import apply_activation_checkpointing
 from parallel.techniques.compile import apply_compile
+from parallel.techniques.cp import AllToAllTimer, apply_cp
 from parallel.techniques.ddp import wrap_ddp
 from parallel.techniques.ep import A2AMeter, apply_ep
 from parallel.techniques.fp8 import convert_to_fp8, float8_tp_styles, precompute_scales
@@ -52,8 +53,10 @@ class Composition:
 
     tp: bool = False
     """Apply the model family's tensor-parallel plan over the tp sub-mesh."""
+    cp: bool = False
+    """Split each sample's sequence over the cp sub-mesh: attention by all-to-all (``parallel/techniques/cp.py``)."""
     dp: str = "none"
-    """How the dp dimension wraps the module: one of ``DP_WRAPS``."""
+    """How the data dimensions (dp x cp) wrap the module: one of ``DP_WRAPS``."""
     ep: bool = False
     """Shard the MoE blocks' experts over the ep mesh (borrowed from dp x cp) and route tokens by all-to-all; the
     experts get their own FSDP2 mesh (needs ``dp="fsdp"``)."""
@@ -74,6 +77,7 @@ class Composition:
         here, from its degree, beside the others."""
         return cls(
             tp=layout.tp > 1,
+            cp=layout.cp > 1,
             dp=cls.dp_wrap(layout),
             ep=layout.sizes.get("ep", 1) > 1,
             pipeline=layout.pp > 1,
@@ -82,9 +86,10 @@ class Composition:
 
     @staticmethod
     def dp_wrap(layout: Any) -> str:
-        """What the layout's dp degree asks for: nothing at dp=1, FSDP2 where the layout shards dp
-        (``dp.shard``, or forced by tp/pp > 1: ``parallel/core/layout.py``), DDP otherwise."""
-        if layout.dp == 1:
+        """What the layout's data dimensions (dp x cp: the ranks that see different tokens) ask for: nothing when
+        both are 1, FSDP2 where the layout shards dp (``dp.shard``, or forced by tp/pp > 1:
+        ``parallel/core/layout.py``), DDP otherwise; either over ``meshes.fsdp_mesh`` / ``loss_mesh``."""
+        if layout.dp * layout.cp == 1:
             return "none"
         return "fsdp" if layout.dp_shard else "ddp"
 
@@ -131,6 +136,8 @@ class Composed:
     stages: list[Any] = field(default_factory=list)
     """``PipelineStage`` per part when pipelined."""
     schedule: Any = None
+    cp_timer: AllToAllTimer | None = None
+    """The cp all-to-alls of every part, timed on measured steps (``SampledCommMeter(..., prefix="cp")``)."""
 
     @property
     def module(self) -> nn.Module:
@@ -169,21 +176,23 @@ def compose(
         modules = [model]
     # FSDP2 blocks gather again for backward, except under a split backward (ScheduleSpec.splits_backward)
     reshard = not (composition.pipeline and schedule_spec(pipeline.schedule).splits_backward)
+    # compiled blocks keep the traceable all-to-all: no timer (as tp_comm_time_s, not measured under compile)
+    cp_timer = AllToAllTimer() if composition.cp and not settings.compile else None
     parts = [
         _wrap(m, composition=composition, settings=settings, mesh=mesh, sizes=sizes, device=device, parallelize=parallelize,
-              place=place, on_step=on_step, reshard_after_forward=reshard)
+              place=place, on_step=on_step, reshard_after_forward=reshard, cp_timer=cp_timer)
         for m in modules
     ]  # fmt: skip
     balance_group = loss_mesh(mesh, sizes).get_group() if composition.dp != "none" else None
     for part in parts:
         part.after_update = _chain(part.after_update, bias_balancing(part.module, group=balance_group))
     if not composition.pipeline:
-        return Composed(parts)
+        return Composed(parts, cp_timer=cp_timer)
     if composition.dp == "none":  # a V schedule's first and last stage on this rank share one tied Parameter
         share_across_stages([p.module for p in parts], ties)
     on_step("schedule")
     stages, schedule = _pipeline_stages(parts, plan=pipeline, device=device)
-    return Composed(parts, stages=stages, schedule=schedule)
+    return Composed(parts, stages=stages, schedule=schedule, cp_timer=cp_timer)
 
 
 def _chain(*hooks: Callable[[], None] | None) -> Callable[[], None] | None:
@@ -211,8 +220,9 @@ def _wrap(
     place: Callable[[nn.Module], nn.Module],
     on_step: Callable[[str], None],
     reshard_after_forward: bool = True,
+    cp_timer: AllToAllTimer | None = None,
 ) -> ComposedPart:
-    """One module through float8 → TP → (CP) → EP → AC → compile → autocast → FSDP2/DDP, placed on the device."""
+    """One module through float8 → TP → CP → EP → AC → compile → autocast → FSDP2/DDP, placed on the device."""
     fsdp = composition.dp == "fsdp"
     fp8 = settings.precision == "fp8"
     float8_gather = fp8 and settings.fp8.all_gather_in_float8(fsdp=fsdp)
@@ -239,7 +249,9 @@ def _wrap(
             if fp8 and settings.fp8.recipe == "tensorwise"
             else None,
         )
-    # context parallel goes here (after TP, on the sequence over mesh["cp"]), a module of parallel/techniques/
+    if composition.cp:
+        on_step("context parallel")
+        apply_cp(module, cp_mesh=mesh["cp"], attention=settings.cp_attention, timer=cp_timer)
     experts, ep_timer = [], None
     if composition.ep:
         on_step("expert parallel")

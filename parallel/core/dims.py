@@ -45,8 +45,9 @@ class MeshDim:
 
 
 #: one row per mesh dimension, in the order the degrees are written (``dp.size=2 tp.size=2 pp.size=2``,
-#: factorization tuples, messages); ``mesh_place`` orders the mesh: pp outermost, tp innermost so that tp
-#: neighbours, which communicate inside every layer, share a node (as Megatron and torchtitan order them)
+#: factorization tuples, messages); ``mesh_place`` orders the mesh: pp outermost, then dp, cp, tp innermost so
+#: that tp neighbours, which communicate inside every layer, share a node, cp's all-to-alls next (torchtitan's
+#: order)
 DIMENSIONS: tuple[MeshDim, ...] = (
     MeshDim(
         "dp",
@@ -56,8 +57,16 @@ DIMENSIONS: tuple[MeshDim, ...] = (
         "data parallel: replicas (or FSDP shards) of the model",
         splits_data=True,
     ),
-    MeshDim("tp", 2, "tp.size", "parallel.config.TPConfig", "tensor parallel: each layer's matrices split"),
+    MeshDim("tp", 3, "tp.size", "parallel.config.TPConfig", "tensor parallel: each layer's matrices split"),
     MeshDim("pp", 0, "pp.size", "parallel.config.PPConfig", "pipeline parallel: consecutive blocks per stage"),
+    MeshDim(
+        "cp",
+        2,
+        "cp.size",
+        "parallel.config.CPConfig",
+        "context parallel: each sample's sequence split into contiguous chunks",
+        splits_data=True,
+    ),
     MeshDim(
         "ep",
         None,
@@ -172,12 +181,13 @@ def borrow_problems(sizes: Mapping[str, int], *, asked: Mapping[str, Iterable[st
         size, extra = int(sizes.get(name, 1)), tuple((asked or {}).get(name, ()))
         pool = lent(name, sizes, asked=extra)
         if size >= 1 and pool % size:
-            product = " x ".join(f"{dim(n).key}={int(sizes.get(n, 1))}" for n in lenders(name, asked=extra))
+            named = spanned(lenders(name, asked=extra), sizes)  # the lenders in use (dp alone while cp is 1)
+            product = " x ".join(f"{dim(n).key}={int(sizes.get(n, 1))}" for n in named)
             fits = [d for d in range(1, pool + 1) if pool % d == 0]
             out.append(
                 f"{dim(name).key}={size} does not divide {product} = {pool}, the ranks {name} borrows "
                 f"(it adds none of its own); set {dim(name).key} to one of {', '.join(map(str, fits))}, "
-                f"or change {' / '.join(dim(n).key for n in lenders(name, asked=extra))} so that {size} divides their product"
+                f"or change {' / '.join(dim(n).key for n in named)} so that {size} divides their product"
             )
     return out
 

@@ -86,15 +86,15 @@ EP_NEEDS_FSDP = (
 )
 
 
-def dp_needs_fsdp(*, dp: int, tp: int, pp: int, ep: int = 1) -> bool:
-    """The one rule: a dp dimension beside tp, pp or ep is FSDP2 (``fully_shard``), never DDP
+def dp_needs_fsdp(*, dp: int, tp: int, pp: int, ep: int = 1, cp: int = 1) -> bool:
+    """The one rule: data dimensions (dp x cp) beside tp, pp or ep are FSDP2 (``fully_shard``), never DDP
     (``why_dp_needs_fsdp``)."""
-    return dp > 1 and (tp > 1 or pp > 1 or ep > 1)
+    return dp * cp > 1 and (tp > 1 or pp > 1 or ep > 1)
 
 
 def why_dp_needs_fsdp(layout: ParallelLayout) -> str:
     """Why ``dp_needs_fsdp`` holds for this layout, one reason per dimension ("" when it does not)."""
-    if not dp_needs_fsdp(dp=layout.dp, tp=layout.tp, pp=layout.pp, ep=layout.sizes.get("ep", 1)):
+    if not dp_needs_fsdp(dp=layout.dp, tp=layout.tp, pp=layout.pp, ep=layout.sizes.get("ep", 1), cp=layout.cp):
         return ""
     reasons = []
     if layout.tp > 1:

@@ -17,7 +17,7 @@ from typing import Any
 
 from parallel.core import dims
 from parallel.core.checkpointing_modes import AC_MODES
-from parallel.core.strategy_checks import expert_parallel_problems, tensor_parallel_problems
+from parallel.core.strategy_checks import context_parallel_problems, expert_parallel_problems, tensor_parallel_problems
 from parallel.pipeline.checks import fixed_pipeline_problems, pipeline_problems
 
 #: the mesh dimension names in written order, as the table (``parallel/core/dims.py``) stood at import
@@ -200,10 +200,10 @@ STRATEGIES: dict[str, StrategySpec] = {
             "hybrid",
             "parallel.strategies.hybrid.HybridStrategy",
             DIMS,
-            "pp x dp x tp on one DeviceMesh, ep borrowed from dp",
+            "pp x dp x cp x tp on one DeviceMesh, ep borrowed from dp (x cp)",
             pipeline="with_pp",
             picked_for=_combined,
-            checks=(pipeline_problems, tensor_parallel_problems, expert_parallel_problems),
+            checks=(pipeline_problems, tensor_parallel_problems, expert_parallel_problems, context_parallel_problems),
         ),
         StrategySpec(
             "auto",

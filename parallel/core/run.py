@@ -74,6 +74,8 @@ class ComposeSettings:
     compile: bool = False
     sequence_parallel: bool = False
     loss_parallel: bool = False
+    cp_attention: str = "ulysses"
+    """``cp.attention``: how attention runs on the split sequence (``parallel/techniques/cp.py``)."""
     ddp: DDPSettings = field(default_factory=DDPSettings)
     measure_dp_comm: bool = True
     """Time the dp dimension's collectives (``dp.measure_comm``)."""

@@ -1,6 +1,7 @@
-"""What a tensor-parallel run (parallel=tp, hybrid with tp.size > 1) needs of its config, checked before any worker
-starts: the model's own rules for a tp degree (its ``ModelSpec.tp_check``) and those of loss and sequence
-parallelism. Each check takes ``(run, strategy)`` (the typed run, ``parallel/core/run.py``, and the strategy's
+"""What a tensor-parallel run (parallel=tp, hybrid with tp.size > 1), an expert-parallel one and a context-parallel one
+(cp.size > 1) need of their config, checked before any worker starts: the model's own rules for a tp degree (its
+``ModelSpec.tp_check``), those of loss and sequence parallelism, the experts' split, and how heads and the sequence
+split over cp. Each check takes ``(run, strategy)`` (the typed run, ``parallel/core/run.py``, and the strategy's
 ``StrategySpec``) and returns the problems as "key=value: what is wrong; the fix";
 the strategies list them in ``StrategySpec.checks`` (``parallel/core/registry.py``). No torch import.
 """
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from models.registry import UnknownModel, spec_for
 from parallel.core import dims
+from parallel.pipeline.schedules import SCHEDULES, schedule_spec
 
 if TYPE_CHECKING:
     from parallel.core.run import RunSpec
@@ -80,3 +82,51 @@ def expert_parallel_problems(run: RunSpec, strategy: Any = None) -> list[str]:
             f"experts; set ep.size to one of {', '.join(map(str, fits))}, or model.n_experts to a multiple of {ep}"
         ]
     return []
+
+
+def context_parallel_problems(run: RunSpec, strategy: Any = None) -> list[str]:
+    """Ulysses gives each cp rank whole heads of its tp rank and each rank an equal contiguous chunk of every
+    sample (nothing when cp.size is 1); under a pipeline only the schedules that reproduced single with cp."""
+    layout, model = run.layout, run.model
+    cp, tp = layout.cp, layout.tp
+    if cp == 1:
+        return []
+    try:
+        spec = spec_for(model)
+    except UnknownModel:
+        return []  # validation's model check says so
+    name = model.get("name") or spec.family
+    if not spec.context_parallel or spec.shape is None:
+        return [
+            f"cp.size={cp} with model.name={name}: the model family '{spec.family}' has no context-parallel "
+            "attention (ModelSpec.context_parallel: attention through self.attend and positions from seq_chunk, "
+            "models/attention.py; gpt, llama and qwen3 have it); use cp.size=1"
+        ]
+    out = []
+    heads = spec.shape(model).n_heads
+    if heads % tp == 0 and (heads // tp) % cp:
+        local = heads // tp
+        fits = [d for d in range(1, local + 1) if local % d == 0]
+        per = (
+            f"model.n_heads={heads} / tp.size={tp} = {local} heads per tp rank" if tp > 1 else f"model.n_heads={heads}"
+        )
+        out.append(
+            f"{per} not divisible by cp.size={cp}: context parallel (ulysses) gives each cp rank whole attention "
+            f"heads over the full sequence; use cp.size in {fits}" + (" or a smaller tp.size" if tp > 1 else "")
+        )
+    schedule = layout.schedule
+    if layout.pp > 1 and schedule is not None and not schedule_spec(schedule).context_parallel:
+        ok = [s.name for s in SCHEDULES.values() if s.context_parallel]
+        out.append(
+            f"pp.schedule={schedule} with cp.size={cp}: under context parallel only {', '.join(ok)} reproduced "
+            f"single here (tests/integration/test_cp_parity.py); use pp.schedule={ok[-1]}, or cp.size=1"
+        )
+    seq = run.batch.seq_len
+    split = cp * (tp if run.compose.sequence_parallel else 1)
+    if seq % split:
+        by = f"cp.size={cp} x tp.size={tp} (tp.sequence_parallel=true)" if split != cp else f"cp.size={cp}"
+        out.append(
+            f"data.seq_len={seq} is not divisible by {by}: each rank holds an equal contiguous chunk of every "
+            f"sample; use data.seq_len={nearest_multiples(seq, split)}"
+        )
+    return out

@@ -123,6 +123,7 @@ class PipelineEngine(Engine):
         plan: SplitPlan,
         part_names: tuple[list[str], list[str], list[str]],
         tp_meter: SampledCommMeter | None = None,
+        cp_meter: SampledCommMeter | None = None,
         dp_timers: list[IntervalLog] | None = None,
         rank_map: dict[str, Any] | None = None,
         loss: TokenMean | None = None,
@@ -137,6 +138,7 @@ class PipelineEngine(Engine):
         self.uncounted = tuple(p for t in self.tied for p in t.uncounted)
         self.state_aliases = {k: v for t in self.tied for k, v in t.aliases.items()}
         self.tp_meter = tp_meter or SampledCommMeter(None)
+        self.cp_meter = cp_meter or SampledCommMeter(None, prefix="cp")
         self.dp_timers = dp_timers or []
         self.rank_map = rank_map or {}
         self._step_start = time.perf_counter()
@@ -174,7 +176,7 @@ class PipelineEngine(Engine):
         if self.has_last and self.loss is not None:
             self.loss.start(targets)
         self.recorder.begin_step(count_saved=self.measure_step)
-        with self.tp_meter.step(self.measure_step):
+        with self.tp_meter.step(self.measure_step), self.cp_meter.step(self.measure_step):
             self.schedule.step(*args, target=targets if self.has_last else None, losses=losses)
         for tied in self.tied:  # before the gradient norm: the copies' gradients summed into each
             tied.sync_grads()
@@ -253,8 +255,9 @@ class PipelineEngine(Engine):
         return out
 
     def _comm_metrics(self) -> dict[str, float]:
-        """The tp group's and the dp dimension's (every local stage's, as one union) communication time."""
-        out = self.tp_meter.metrics()
+        """The tp group's, the cp all-to-alls' and the dp dimension's (every local stage's, as one union) communication
+        time."""
+        out = {**self.tp_meter.metrics(), **self.cp_meter.metrics()}
         if self.dp_timers:
             intervals = [i for t in self.dp_timers for i in t.take_intervals()]
             busy = union_seconds(intervals)
@@ -462,6 +465,7 @@ class PipelineEngine(Engine):
             "bubble_theoretical": self.bubble_theoretical,
         }
         out.update({k: v for k, v in self.rank_map.items() if k != "artifacts"})
+        out.update(self.cp_meter.summary())
         artifacts = [self.artifacts, self.rank_map.get("artifacts") or {}]
         images = {k: v for part in artifacts for k, v in part.get("images", {}).items()}
         files = [f for part in artifacts for f in part.get("files", [])]
@@ -576,6 +580,7 @@ def build_pipeline_engine(
         plan=plan,
         part_names=part_names,
         tp_meter=ctx.tp_meter(settings) if composition.tp else None,
+        cp_meter=SampledCommMeter(composed.cp_timer, prefix="cp"),
         dp_timers=[c.dp_timer for c in composed.parts if c.dp_timer is not None],
         rank_map=rank_map,
         loss=loss,

@@ -33,6 +33,19 @@ from parallel.plan.specs import GB, TRAINER_PRECISION, HardwareSpec, ModelShape,
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
+def workload_overrides(overrides: list[str]) -> list[str]:
+    """``data.seq_len=N`` / ``data.global_batch_size=N`` written on the command line also set ``planner.*`` (unless
+    those are written too): a model describing a published run (llama3_8b ...) otherwise plans with that run's
+    sequence and batch, and ``python -m parallel.plan model=llama3_8b data.seq_len=131072`` means 128k tokens."""
+    given = {o.split("=", 1)[0].lstrip("+"): o.split("=", 1)[1] for o in overrides if "=" in o}
+    extra = [
+        f"planner.{key}={given[f'data.{key}']}"
+        for key in ("seq_len", "global_batch_size")
+        if f"data.{key}" in given and f"planner.{key}" not in given
+    ]
+    return [*overrides, *extra]
+
+
 def compose(overrides: list[str]):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -45,7 +58,7 @@ def compose(overrides: list[str]):
     register_configs()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return hydra_compose("config", overrides=overrides)
+        return hydra_compose("config", overrides=workload_overrides(overrides))
 
 
 # ---- the one place the planner reads a composed config: it hands typed objects on ------------------
@@ -138,9 +151,7 @@ def _row(i: int, e: Estimate) -> list[str]:
     return [
         str(i),
         strategy_of(c),
-        str(c.dp),
-        str(c.tp),
-        str(c.pp),
+        *(str(c.size(n)) for n in dims.multiplying()),
         str(c.micro_batches),
         describe(c).split(f"m={c.micro_batches}", 1)[1].replace(f"recompute={c.recompute}", "").strip() or "-",
         TRAINER_AC[c.recompute],
@@ -173,9 +184,7 @@ def print_table(p: Plan, *, top: int, elapsed_s: float, file=None) -> None:
     for col in (
         "#",
         "strategy",
-        "dp",
-        "tp",
-        "pp",
+        *dims.multiplying(),
         "m",
         "schedule/sharding",
         "AC",

@@ -3,7 +3,7 @@
 Every term is a closed formula from a paper, named in its docstring; ``estimate`` adds them up. Notation
 as in Megatron-LM: s sequence length, b micro-batch size (samples), h hidden size, a heads, L layers,
 V vocabulary, t tensor-parallel size, p pipeline size, v virtual stages per rank, m micro-batches, n
-data-parallel size, Ψ parameters. No torch import: ``python -m parallel.plan`` plans for a 1024-GPU
+data-parallel size, c context-parallel size (each rank holds s/c tokens of every sample), Ψ parameters. No torch import: ``python -m parallel.plan`` plans for a 1024-GPU
 cluster on a laptop.
 """
 
@@ -68,6 +68,8 @@ class Estimate:
     stage_times_s: tuple[float, ...]
     fits: bool
     budget_bytes: float
+    cp_comm_s: float = 0.0
+    """Context parallel's all-to-alls (``cp_all_to_all_s``) on the bottleneck stage, per step."""
     rank_memory: tuple[Memory, ...] = ()
     """Memory of every pipeline rank (``memory`` is the fullest)."""
     rank_activation_per_micro_batch: tuple[float, ...] = ()
@@ -78,7 +80,8 @@ class Estimate:
 
     @property
     def comm_fraction(self) -> float:
-        return (self.tp_comm_s + self.pp_comm_s + self.dp_comm_s) / self.step_time_s if self.step_time_s else 0.0
+        comm = self.tp_comm_s + self.cp_comm_s + self.pp_comm_s + self.dp_comm_s
+        return comm / self.step_time_s if self.step_time_s else 0.0
 
     @property
     def stage_imbalance(self) -> float:
@@ -97,6 +100,7 @@ class Estimate:
             "breakdown_s": {
                 "compute": self.compute_s,
                 "tp_comm": self.tp_comm_s,
+                "cp_comm": self.cp_comm_s,
                 "pp_comm": self.pp_comm_s,
                 "dp_comm": self.dp_comm_s,
                 "optimizer": self.optimizer_s,
@@ -195,11 +199,14 @@ class ActivationCase:
     sequence parallel, the recomputation mode and the activation element size (bytes)."""
 
     seq_len: int
+    """Tokens of each sample this rank holds: the sequence / cp."""
     micro_batch: float
     tp: int
     sequence_parallel: bool
     recompute: str
     element_bytes: int
+    cp: int = 1
+    """Context-parallel degree: attention scores span the whole sequence, seq_len x cp."""
 
 
 def layer_activation_bytes(model: ModelShape, layer: int, case: ActivationCase) -> float:
@@ -211,7 +218,8 @@ def layer_activation_bytes(model: ModelShape, layer: int, case: ActivationCase) 
     with sequence parallel as well everything is divided by t; selective recomputation drops the 5as²b
     attention term; full recomputation keeps only the block's input, 2sbh (divided by t with sequence
     parallel). The MLP's 19sbh is written here as 3sbh + 4sb·d_ff so that d_ff ≠ 4h works; other element
-    sizes scale the whole formula by element_bytes / 2 (masks included: a slight overestimate in fp32).
+    sizes scale the whole formula by element_bytes / 2 (masks included: a slight overestimate in fp32). With
+    context parallel c, s is the rank's s/c tokens; its a/c heads' scores span the whole sequence: 5as²b/c.
     """
     s, b, h, a, f = case.seq_len, case.micro_batch, model.d_model, model.n_heads, model.layer_d_ff[layer]
     tp, sequence_parallel, recompute = case.tp, case.sequence_parallel, case.recompute
@@ -220,7 +228,7 @@ def layer_activation_bytes(model: ModelShape, layer: int, case: ActivationCase) 
         return scale * 2 * s * b * h / (tp if sequence_parallel else 1)
     unsharded = 10 * s * b * h  # LayerNorm inputs and the attention/MLP inputs (replicated without SP)
     sharded = s * b * (8 * h + 4 * f)  # 34sbh - 10sbh with d_ff = 4h: Q, K, V, projections, MLP
-    scores = 0.0 if recompute == "selective" else 5 * a * s * s * b
+    scores = 0.0 if recompute == "selective" else 5 * a * s * (s * case.cp) * b
     if sequence_parallel or tp == 1:
         return scale * (unsharded + sharded + scores) / tp
     return scale * (unsharded + (sharded + scores) / tp)
@@ -301,6 +309,20 @@ def actions_per_micro_batch(schedule: str, *, v: int) -> int:
     return v * (3 if schedule in ("zero_bubble", "zbv") else 2)
 
 
+def all_to_all_s(nbytes: float, *, n: int, link: Link) -> float:
+    """One all-to-all of a rank's ``nbytes`` buffer among n ranks: it keeps 1/n and sends (n-1)/n, one message to
+    each other rank (the pairwise exchange; DeepSpeed-Ulysses, arXiv 2309.14509, section 3.2)."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return (n - 1) / n * nbytes / link.bytes_per_s + (n - 1) * link.latency_s
+
+
+def cp_all_to_alls_per_layer(*, recompute: str = "none") -> int:
+    """Ulysses' all-to-alls of one block per micro-batch: q, k, v in and the output back forward, the same four
+    in backward; full recomputation repeats the forward's four (``parallel/techniques/cp.py``)."""
+    return 8 + (4 if recompute == "full" else 0)
+
+
 def ring_allreduce_s(nbytes: float, *, n: int, link: Link, messages: int = 1) -> float:
     """Ring all-reduce: each rank sends and receives 2(n-1)/n of the buffer (reduce-scatter + all-gather)
     in 2(n-1) steps, each paying the link latency (Patarasuk & Yuan 2009; the cost Megatron-LM
@@ -334,10 +356,12 @@ def p2p_s(nbytes: float, *, link: Link) -> float:
 
 def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec, workload: Workload) -> Estimate:
     """Memory of the fullest rank and time of one optimizer step for ``candidate``."""
-    c, s = candidate, workload.seq_len
+    c, s_full = candidate, workload.seq_len
+    s = s_full / c.cp  # tokens of each sample on this rank: context parallel splits the sequence
     v = c.stages_per_rank if c.pp > 1 else 1
     e = workload.activation_bytes
     b = workload.global_batch_size / (c.dp * c.micro_batches)  # samples per micro-batch
+    data = c.dp * c.cp  # ranks that see different tokens: FSDP shards and gradients reduce over dp x cp
     layers_of = rank_layers(
         model.n_layers, pp=c.pp, stages_per_rank=v, schedule=c.schedule, split_points=c.split_points
     )
@@ -346,15 +370,12 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
     # ---- memory of each pipeline rank, keep the fullest
     meshtrain = workload.implementation == "meshtrain"
     layer_bytes = saved_layer_activation_bytes if meshtrain else layer_activation_bytes
-    case = ActivationCase(
-        seq_len=s, micro_batch=b, tp=c.tp, sequence_parallel=c.sequence_parallel, recompute=c.recompute, element_bytes=e
-    )
     worst: Memory | None = None
     rank_memory: list[Memory] = []
     rank_per_mb: list[float] = []
     for r, layers in enumerate(layers_of):
         params = rank_params(model, layers, first=r == 0, last=r == last, tp=c.tp, meshtrain=meshtrain)
-        w, g, o = model_state_bytes(params, bytes_per_param=workload.bytes_per_param, zero_stage=c.zero_stage, dp=c.dp)
+        w, g, o = model_state_bytes(params, bytes_per_param=workload.bytes_per_param, zero_stage=c.zero_stage, dp=data)
         case = ActivationCase(
             seq_len=s,
             micro_batch=b,
@@ -362,6 +383,7 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
             sequence_parallel=c.sequence_parallel,
             recompute=c.recompute,
             element_bytes=e,
+            cp=c.cp,
         )
         per_mb = sum(layer_bytes(model, i, case) for i in layers)
         held = micro_batches_in_flight(c.schedule, pp=c.pp, m=c.micro_batches, v=v, stage=r)
@@ -383,14 +405,19 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
     ar_per_layer = tp_collectives_per_layer(model, meshtrain=meshtrain, recompute=c.recompute)
     tp_ar = ring_allreduce_s(tokens * model.d_model * e, n=c.tp, link=tp_link)
     tp_ar += hardware.tp_collective_s if c.tp > 1 else 0.0
-    stage_compute, stage_tp, stage_tp_calls = [], [], []
+    # Ulysses: each all-to-all moves one of q, k, v or the output, this rank's b·s/c tokens x h/t channels
+    cp_link = hardware.link_for(span=c.cp, stride=c.stride("cp"))
+    cp_a2a = all_to_all_s(tokens * model.q_dim / c.tp * e, n=c.cp, link=cp_link)
+    cp_per_layer = cp_all_to_alls_per_layer(recompute=c.recompute) * cp_a2a
+    stage_compute, stage_tp, stage_tp_calls, stage_cp = [], [], [], []
     # ranks sharing a node slow each other down (memory bandwidth, caches): measured, see calibrate.py
     on_node = min(c.world_size, hardware.devices_per_node)
     busy = hardware.busy_node_slowdown if on_node > 1 else 1.0
     for r, layers in enumerate(layers_of):
-        flops = sum(passes * model.layer_forward_flops_per_token(i, s) for i in layers)
+        # per token of this rank; attention spans the whole sequence (4·s·h per token, s the full length)
+        flops = sum(passes * model.layer_forward_flops_per_token(i, s_full) for i in layers)
         if c.recompute == "selective":
-            flops += 4 * s * model.d_model * len(layers)
+            flops += 4 * s_full * model.d_model * len(layers)
         if r == last:
             flops += 3 * model.logit_forward_flops_per_token()
         share = (len(layers) + (r == 0) + (r == last)) / (model.n_layers + 2)
@@ -398,6 +425,7 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
         head = TP_HEAD_COLLECTIVES if meshtrain and r == last else 0
         stage_tp_calls.append(len(layers) * ar_per_layer + head if c.tp > 1 else 0)
         stage_tp.append(stage_tp_calls[-1] * tp_ar)
+        stage_cp.append(len(layers) * cp_per_layer if c.cp > 1 else 0.0)
     pp_link = hardware.link_for(span=c.pp, stride=c.stride("pp")) if c.pp > 1 else hardware.p2p
     if pp_link is hardware.intra:
         pp_link = hardware.p2p
@@ -406,21 +434,25 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
     pp_per_mb = 2 * hops * p2p_s(act_msg, link=pp_link) if c.pp > 1 else 0.0
     # every stage of a rank runs F and B (and W where the schedule splits the backward) per micro-batch
     pp_per_mb += actions_per_micro_batch(c.schedule, v=v) * hardware.pipeline_action_s if c.pp > 1 else 0.0
-    stage_times = tuple(cp + tp_ + pp_per_mb for cp, tp_ in zip(stage_compute, stage_tp))
+    stage_times = tuple(
+        comp + tp_ + cp_ + pp_per_mb for comp, tp_, cp_ in zip(stage_compute, stage_tp, stage_cp, strict=True)
+    )
     bubble = bubble_fraction(c.schedule, pp=c.pp, m=c.micro_batches, v=v)
     pipeline_s = c.micro_batches * max(stage_times) / (1 - bubble)
     scale = pipeline_s / (c.micro_batches * max(stage_times)) if max(stage_times) > 0 else 1.0
     bottleneck = max(range(len(stage_times)), key=lambda r: stage_times[r])
     compute_s = c.micro_batches * stage_compute[bottleneck] * scale
     tp_comm_s = c.micro_batches * stage_tp[bottleneck] * scale
+    cp_comm_s = c.micro_batches * stage_cp[bottleneck] * scale
     pp_comm_s = c.micro_batches * pp_per_mb * scale
 
     # ---- once per step: data-parallel gradient reduction and the optimizer
-    grad_bytes = worst.grads * (c.dp if c.zero_stage >= 2 else 1)  # full local gradient before reduce-scatter
+    grad_bytes = worst.grads * (data if c.zero_stage >= 2 else 1)  # full local gradient before reduce-scatter
     volume = grad_bytes * (1.5 if c.zero_stage >= 3 else 1.0)  # ZeRO section 7: P_os+g+p moves 3Ψ vs 2Ψ
-    dp_link = hardware.link_for(span=c.dp, stride=c.stride("dp"))
+    # the gradient reduction spans dp x cp (cp inside dp in the mesh: its stride is the group's innermost)
+    dp_link = hardware.link_for(span=data, stride=c.stride("cp" if c.cp > 1 else "dp"))
     buckets = max(1, math.ceil(grad_bytes / DDP_BUCKET_BYTES))
-    dp_total = ring_allreduce_s(volume, n=c.dp, link=dp_link, messages=buckets)
+    dp_total = ring_allreduce_s(volume, n=data, link=dp_link, messages=buckets)
     # bucketed all-reduce overlaps the backward pass (PyTorch DDP, Li et al., VLDB 2020): it hides at most
     # dp_comm_overlap of itself, and never more than the step's backward compute (2/3 of the compute)
     hidden = min(hardware.dp_comm_overlap * dp_total, (2 / 3) * compute_s)
@@ -430,12 +462,12 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
         "tp_collective_s": c.micro_batches * sum(stage_tp_calls) / len(stage_tp_calls),
         "pipeline_action_s": c.micro_batches * actions_per_micro_batch(c.schedule, v=v) if c.pp > 1 else 0,
     }
-    if c.zero_stage == 0 and c.dp > 1:
+    if c.zero_stage == 0 and data > 1:
         # DDP's reducer, per bucket: autograd hooks, copies into and out of the bucket, and the all-reduce's
         # exposed wait while gloo's thread competes with the node's compute (measured on a whole DDP step)
         fixed_calls["ddp_bucket_s"] = buckets
         dp_comm_s += buckets * hardware.ddp_bucket_s
-    if c.zero_stage >= 3 and c.dp > 1:
+    if c.zero_stage >= 3 and data > 1:
         # FSDP2 units (each block, and the root): all-gather for forward and again for backward on every
         # micro-batch, reduce-scatter once per step (meshtrain skips it on the others); each pays a fixed cost
         units = max(len(layers) for layers in layers_of) + 1
@@ -469,6 +501,7 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
         compute_s=compute_s * t,
         bubble_fraction=bubble,
         tp_comm_s=tp_comm_s * t,
+        cp_comm_s=cp_comm_s * t,
         pp_comm_s=pp_comm_s * t,
         dp_comm_s=dp_comm_s * t,
         optimizer_s=optimizer_s * t,

@@ -237,10 +237,11 @@ def _measure_rank(
         acts = 0
         for spec in local:
             on_step("activations")
-            # a tensor-parallel copy of the stage, run on fake tensors (FSDP2 leaves a micro-batch's activations alone)
+            # a tensor- and context-parallel copy of the stage, run on fake tensors (FSDP2 leaves a micro-batch's
+            # activations alone); under cp each rank holds seq_len / cp tokens of every sample
             copy = compose(
                 build_stage_module(meta_model, spec=spec),
-                composition=Composition(tp=c.tp > 1),
+                composition=Composition(tp=c.tp > 1, cp=c.cp > 1),
                 settings=settings,
                 mesh=mesh,
                 sizes=c.sizes,
@@ -254,14 +255,17 @@ def _measure_rank(
                 first=spec.first,
                 last=spec.last,
                 micro_batch=b,
-                seq_len=workload.seq_len,
+                seq_len=workload.seq_len // c.cp,
                 d_model=model.d_model,
                 vocab_size=model.vocab_size,
                 dtype=dtype,
                 loss=loss,
             )
         composition = Composition(
-            tp=c.tp > 1, dp="fsdp" if c.zero_stage >= 3 and c.dp > 1 else "none", pipeline=c.pp > 1
+            tp=c.tp > 1,
+            cp=c.cp > 1,
+            dp="fsdp" if c.zero_stage >= 3 and c.dp * c.cp > 1 else "none",
+            pipeline=c.pp > 1,
         )
         composed = compose(
             # pipelined, compose cuts copies of the stages; else it wraps in place, so it gets a copy (the next

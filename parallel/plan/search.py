@@ -74,7 +74,7 @@ def describe(c: Candidate) -> str:
     parts.append(f"m={c.micro_batches}")
     if c.pp > 1:
         parts.append(c.schedule + (f"/v{c.stages_per_rank}" if c.stages_per_rank > 1 else ""))
-    if c.zero_stage and c.dp > 1:
+    if c.zero_stage and c.dp * c.cp > 1:
         parts.append(f"zero{c.zero_stage}")
     if c.sequence_parallel:
         parts.append("sp")
@@ -145,15 +145,19 @@ def enumerate_candidates(*, model: ModelShape, hardware: HardwareSpec, workload:
     B = workload.global_batch_size
     for degrees in factorizations(hardware.world_size):
         sizes = dict(zip(dims.names(), degrees, strict=True))
-        dp, tp, pp = sizes["dp"], sizes["tp"], sizes["pp"]
+        dp, tp, pp, cp = sizes["dp"], sizes["tp"], sizes["pp"], sizes.get("cp", 1)
         if sizes.get("ep", 1) > 1:  # the cost model has no expert-parallel terms yet (issue 35, planner)
             continue
         if B % dp or not model.tp_divides(tp) or tp > hardware.devices_per_node or pp > model.n_layers:
             continue
+        if cp > 1 and ((model.n_heads // tp) % cp or workload.seq_len % cp):  # ulysses: whole heads, equal chunks
+            continue
         for m in micro_batch_counts(B // dp):
             for schedule, v in schedules_for(pp=pp, m=m, n_layers=model.n_layers):
-                for zero in (0, 3) if dp > 1 else (0,):
-                    for sp in (False, True) if tp > 1 else (False,):
+                if cp > 1 and pp > 1 and not schedule_spec(schedule).context_parallel:
+                    continue
+                for zero in (0, 3) if dp * cp > 1 else (0,):
+                    for sp in (False, True) if tp > 1 and (cp == 1 or workload.seq_len % (cp * tp) == 0) else (False,):
                         for recompute in workload.recompute:
                             yield Candidate(
                                 sizes=sizes,
@@ -177,6 +181,10 @@ def plan(
             continue
         est = estimate(cand, model=model, hardware=hardware, workload=workload)
         (fits if est.fits else misses).append(est)
+    if any(e.candidate.cp == 1 for e in fits):
+        # context parallel only where nothing without it fits (long sequences): the cost model has no term for the
+        # kernel efficiency short per-rank chunks lose, so at ordinary lengths its all-to-alls would look free
+        fits = [e for e in fits if e.candidate.cp == 1]
     fits.sort(key=lambda e: (round(e.step_time_s, 12), e.candidate.micro_batches, e.memory.total))
     misses.sort(key=lambda e: e.memory.total)
     ranked = tuple(fits)
@@ -237,6 +245,11 @@ def seed_reason(ranked: tuple[Estimate, ...], *, model: ModelShape, hardware: Ha
             )
         parts.append(
             f"{nic_gbps:g} Gbit/s inter-node{shared}: data parallel limited, prefer pp across nodes (chosen: {where})"
+        )
+    if c.cp > 1:  # ranked only when nothing without it fits (``plan``)
+        parts.append(
+            f"long sequence ({workload.seq_len} tokens): no layout without context parallel fits → cp "
+            f"(each rank holds {workload.seq_len // c.cp} tokens of every sample, its activations / {c.cp})"
         )
     others = [e for e in ranked[1:] if strategy_of(e.candidate) != strategy_of(c)]
     tail = f"chosen {describe(c)}: {best.memory.total / GB:.3g} GB per rank, {best.step_time_s:.3g} s/step"

@@ -22,7 +22,7 @@ from parallel.core.layout import why_dp_needs_fsdp
 
 def describe_dp(ctx: WorkerContext) -> str:
     layout = ctx.layout
-    if layout.dp == 1:
+    if layout.dp * layout.cp == 1:
         return "none"
     if not layout.dp_shard:
         return "DDP"
@@ -37,9 +37,10 @@ class HybridStrategy(Strategy):
     def build(self, *, ctx: WorkerContext) -> Engine:
         layout = ctx.layout
         ctx.log.info(
-            "parallel=hybrid: pp=%d x dp=%d x tp=%d; dp dimension: %s",
+            "parallel=hybrid: pp=%d x dp=%d x cp=%d x tp=%d; dp dimension: %s",
             layout.pp,
             layout.dp,
+            layout.cp,
             layout.tp,
             describe_dp(ctx),
         )

@@ -1,7 +1,8 @@
 """Hugging Face in and out through train.py: a tiny tied Llama and a tiny Qwen3 written by transformers (random
 weights, no download) start runs with ``model.init_from`` under single, pp 2, and two 4-rank hybrids (Llama: dp 2 x
 pp 2, so FSDP2 inside pipeline stages and the tied embedding's copy on the last stage read from the embedding; Qwen3:
-tp 2 x pp 2 with sequence parallel, so its q/k head norms under the TP plan).
+tp 2 x pp 2 with sequence parallel, so its q/k head norms under the TP plan), and Qwen3 under context parallel
+(cp 2: the sequence split, FSDP2 over the cp ranks).
 
 One multirun starts every job. Step 1's loss equals the loss transformers computes on the same batch (the weights
 were read, not drawn); every layout reproduces single's losses and gradient norms (1e-4 relative); the hybrid
@@ -45,6 +46,10 @@ CASES = {
     "qwen3_hybrid_tp2_pp2_sp": (
         "qwen3",
         {**HYBRID, "dp": {"size": 1}, "tp": {"size": 2, "sequence_parallel": True}, "pp": {"size": 2}},
+    ),
+    "qwen3_hybrid_cp2": (
+        "qwen3",
+        {**HYBRID, "dp": {"size": 1}, "tp": {"size": 1}, "pp": {"size": 1}, "cp": {"size": 2}},
     ),
 }
 
@@ -106,7 +111,7 @@ def test_fine_tune_under_every_layout_matches_single(runs, case):
     assert all(0 < r["bytes_read"] < init["full_fp32_bytes"] for r in init["hf_load_per_rank"]), init
 
 
-@pytest.mark.parametrize("case", ["llama_hybrid_dp2_pp2", "qwen3_hybrid_tp2_pp2_sp"])
+@pytest.mark.parametrize("case", ["llama_hybrid_dp2_pp2", "qwen3_hybrid_tp2_pp2_sp", "qwen3_hybrid_cp2"])
 def test_hybrid_run_exports_to_transformers_with_equal_logits(runs, tmp_path, case):
     from hydra.utils import instantiate
     from transformers import AutoModelForCausalLM

@@ -57,7 +57,7 @@ def test_a_layout_that_cannot_be_built_is_reported_with_rank_and_fix(small_clust
     )
     errors = [r.error for r in report.ranks]
     assert all(e is not None for e in errors), errors
-    assert "rank 0 (pp=0, dp=0, tp=0): schedule failed" in errors[0] and "fix: pp.schedule=zbv" in errors[0]
+    assert "rank 0 (pp=0, dp=0, cp=0, tp=0): schedule failed" in errors[0] and "fix: pp.schedule=zbv" in errors[0]
 
 
 def test_meshtrain_tensor_parallel_replicates_embeddings_and_norms():

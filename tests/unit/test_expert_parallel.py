@@ -25,7 +25,7 @@ def test_received_rows_are_reordered_expert_major():
 
 
 def test_the_ep_row_borrows_dp_and_adds_no_rank():
-    assert dims.borrowing() == ("ep",) and dims.lenders("ep") == ("dp",) and "ep" not in dims.mesh_names()
+    assert dims.borrowing() == ("ep",) and dims.lenders("ep") == ("dp", "cp") and "ep" not in dims.mesh_names()
     layout = ParallelLayout(strategy="hybrid", dp=4, ep=2)
     assert layout.world_size == 4 and [layout.coords(r)["ep"] for r in range(4)] == [0, 1, 0, 1]
     assert Composition.from_degrees(ParallelLayout(strategy="hybrid", dp=2, ep=2, dp_shard=True)).ep

@@ -1,6 +1,7 @@
-"""The mesh dimensions are one table (parallel/core/dims.py): today's rank order is pinned, and a row added
-to the table alone (a hypothetical context-parallel ``cp``) reaches the layout, the rank map, the
-factorizations, the planner's candidates, validation and a DeviceMesh."""
+"""The mesh dimensions are one table (parallel/core/dims.py): today's rank order is pinned, a row added to the
+table alone (a hypothetical ``xp``) brings its config group, and context parallel's row (``cp``, added as a row
+of the table) reaches the layout, the rank map, the factorizations, the planner's candidates, validation and a
+DeviceMesh."""
 
 from __future__ import annotations
 
@@ -19,25 +20,24 @@ from parallel.plan.cost_model import Candidate
 
 
 def test_todays_dimensions_and_rank_order():
-    assert dims.names() == ("dp", "tp", "pp", "ep")
-    assert dims.mesh_names() == ("pp", "dp", "tp")  # ep borrows dp's ranks: no place of its own
-    assert [dims.dim(n).key for n in dims.names()] == ["dp.size", "tp.size", "pp.size", "ep.size"]
+    assert dims.names() == ("dp", "tp", "pp", "cp", "ep")
+    assert dims.mesh_names() == ("pp", "dp", "cp", "tp")  # ep borrows dp's ranks: no place of its own
+    assert [dims.dim(n).key for n in dims.names()] == ["dp.size", "tp.size", "pp.size", "cp.size", "ep.size"]
     layout = ParallelLayout(strategy="hybrid", dp=2, tp=3, pp=2, nproc_per_node=6)
-    assert layout.world_size == 12 and layout.mesh_shape == (2, 2, 3)
-    assert (layout.dp, layout.tp, layout.pp) == (2, 3, 2)
+    assert layout.world_size == 12 and layout.mesh_shape == (2, 2, 1, 3)
+    assert (layout.dp, layout.tp, layout.pp, layout.cp) == (2, 3, 2, 1)
     assert [layout.stride(n) for n in ("tp", "dp", "pp")] == [1, 3, 6]  # ranks between group neighbours
-    for r in range(12):  # row-major over (pp, dp, tp): tp varies fastest
-        assert layout.coords(r) == {"pp": r // 6, "dp": (r // 3) % 2, "tp": r % 3, "ep": 0}
+    for r in range(12):  # row-major over (pp, dp, cp, tp): tp varies fastest
+        assert layout.coords(r) == {"pp": r // 6, "dp": (r // 3) % 2, "cp": 0, "tp": r % 3, "ep": 0}
         assert layout.rank_of(**layout.coords(r)) == r
-    assert list(layout.to_dict())[:4] == ["strategy", "dp", "tp", "pp"]
+    assert list(layout.to_dict())[:5] == ["strategy", "dp", "tp", "pp", "cp"]
     assert pickle.loads(pickle.dumps(layout)) == layout  # spawned workers receive it pickled
     assert replace(layout, dp=1).world_size == 6 and replace(layout, nnodes=2).sizes == layout.sizes
-    assert factorizations(4) == [
-        (4, 1, 1, 4), (4, 1, 1, 2), (4, 1, 1, 1), (2, 2, 1, 2), (2, 2, 1, 1), (2, 1, 2, 2), (2, 1, 2, 1),
-        (1, 4, 1, 1), (1, 2, 2, 1), (1, 1, 4, 1),
+    assert factorizations(2) == [
+        (2, 1, 1, 1, 2), (2, 1, 1, 1, 1), (1, 2, 1, 1, 1), (1, 1, 2, 1, 1), (1, 1, 1, 2, 2), (1, 1, 1, 2, 1),
     ]  # fmt: skip
-    assert describe_factorization(2, 1, 2, 1) == "parallel=hybrid dp.size=2 pp.size=2"
-    assert describe_factorization(2, 1, 1, 2) == "parallel=hybrid dp.size=2 ep.size=2"
+    assert describe_factorization(2, 1, 2, 1, 1) == "parallel=hybrid dp.size=2 pp.size=2"
+    assert describe_factorization(2, 1, 1, 1, 2) == "parallel=hybrid dp.size=2 ep.size=2"
 
 
 def test_each_row_names_its_config_class_and_the_root_schema_holds_it():
@@ -53,7 +53,7 @@ def test_each_row_names_its_config_class_and_the_root_schema_holds_it():
 
 
 @dataclass
-class CPConfig:
+class XPConfig:
     """A new dimension's config group, defined in its own module (here: this test)."""
 
     size: int = 1
@@ -62,43 +62,31 @@ class CPConfig:
 def test_a_new_rows_config_group_joins_the_root_schema_without_editing_it(monkeypatch):
     from conf.schema import _dimension_groups
 
-    row = MeshDim("cp", 3, "cp.size", f"{__name__}.CPConfig", "context parallel: the sequence split")
+    row = MeshDim("xp", 4, "xp.size", f"{__name__}.XPConfig", "a hypothetical fifth dimension")
     monkeypatch.setattr(dims, "DIMENSIONS", (*dims.DIMENSIONS, row))
     groups = {name: (cls, f) for name, cls, f in _dimension_groups()}
-    assert list(groups) == ["dp", "tp", "pp", "ep", "cp"] and groups["cp"][0] is CPConfig
+    assert list(groups) == ["dp", "tp", "pp", "cp", "ep", "xp"] and groups["xp"][0] is XPConfig
     root = make_dataclass("Root", [(name, cls, f) for name, (cls, f) in groups.items()])
-    cfg = OmegaConf.merge(OmegaConf.structured(root), OmegaConf.from_dotlist(["cp.size=2"]))
-    assert cfg.cp.size == 2 and cfg.dp.size == 1
+    cfg = OmegaConf.merge(OmegaConf.structured(root), OmegaConf.from_dotlist(["xp.size=2"]))
+    assert cfg.xp.size == 2 and cfg.dp.size == 1
     with pytest.raises(Exception, match="size"):  # typed: a string is refused at compose
-        OmegaConf.merge(OmegaConf.structured(root), OmegaConf.from_dotlist(["cp.size=two"]))
+        OmegaConf.merge(OmegaConf.structured(root), OmegaConf.from_dotlist(["xp.size=two"]))
 
 
 def test_sizes_refuse_an_unknown_dimension_and_a_bad_table(monkeypatch):
-    with pytest.raises(TypeError, match="unknown mesh dimension.*'xp'.*dp, tp, pp"):
+    with pytest.raises(TypeError, match="unknown mesh dimension.*'xp'.*dp, tp, pp, cp"):
         dims.full_sizes({"xp": 2})
     with pytest.raises(TypeError, match="one coordinate per mesh dimension"):
         ParallelLayout(strategy="ddp", dp=2).rank_of(dp=1)
     twice = tuple(MeshDim(d.name, 0, d.key, d.config, d.summary) for d in dims.DIMENSIONS if not d.borrows)
     monkeypatch.setattr(dims, "DIMENSIONS", twice)
-    with pytest.raises(ValueError, match="mesh places .* must be 0..2, each once"):
+    with pytest.raises(ValueError, match="mesh places .* must be 0..3, each once"):
         dims.mesh_names()
 
 
-@pytest.fixture
-def with_cp(monkeypatch):
-    """The table with context parallel between dp and tp in the mesh (torchtitan's order: pp, dp, cp, tp)."""
-    rows = {d.name: d for d in dims.DIMENSIONS}
-    table = (
-        rows["dp"],
-        MeshDim("tp", 3, "tp.size", rows["tp"].config, rows["tp"].summary),
-        rows["pp"],
-        MeshDim("cp", 2, "cp.size", "CPConfig", "context parallel: the sequence split"),
-    )
-    monkeypatch.setattr(dims, "DIMENSIONS", table)
-
-
-def test_a_new_dimension_reaches_layout_and_rank_map(with_cp):
-    assert dims.names() == ("dp", "tp", "pp", "cp") and dims.mesh_names() == ("pp", "dp", "cp", "tp")
+def test_cp_reaches_layout_and_rank_map():
+    """Context parallel between dp and tp in the mesh (torchtitan's order: pp, dp, cp, tp)."""
+    assert dims.names() == ("dp", "tp", "pp", "cp", "ep") and dims.mesh_names() == ("pp", "dp", "cp", "tp")
     layout = ParallelLayout(strategy="hybrid", dp=2, tp=2, pp=2, cp=2, nnodes=2, nproc_per_node=8)
     assert layout.cp == 2 and layout.world_size == 16 and layout.mesh_shape == (2, 2, 2, 2)
     assert layout.mesh_dim_names == ("pp", "dp", "cp", "tp")
@@ -116,40 +104,39 @@ def test_a_new_dimension_reaches_layout_and_rank_map(with_cp):
     assert sample_ranks(**layout.sizes) == [0, 7, 8, 15]  # each stage's first and last rank; the middle is 15
 
 
-def test_a_new_dimension_reaches_factorizations_strategies_and_candidates(with_cp, compose_cfg):
+def test_cp_reaches_factorizations_strategies_and_candidates(compose_cfg):
     from parallel.plan.cli import specs_from_cfg
     from parallel.plan.search import enumerate_candidates, plan, strategy_of
 
-    four = factorizations(4)
-    assert len(four) == 10 and all(len(t) == 4 and t[0] * t[1] * t[2] * t[3] == 4 for t in four)
+    four = [t[:4] for t in factorizations(4) if t[4] == 1]  # ep = 1: the multiplying degrees alone
+    assert len(four) == 10 and all(t[0] * t[1] * t[2] * t[3] == 4 for t in four)
     assert four[0] == (4, 1, 1, 1) and (1, 1, 1, 4) in four and (2, 1, 1, 2) in four
     assert strategy_for(dp=2, cp=2) == "hybrid"
     assert strategy_for(cp=2) == "hybrid"  # no strategy of its own yet: hybrid composes it
     assert strategy_for(dp=2, zero_stage=3) == "fsdp" and strategy_for(tp=2) == "tp"  # today's picks unchanged
-    assert describe_factorization(2, 1, 1, 2) == "parallel=hybrid dp.size=2 cp.size=2"
+    assert describe_factorization(2, 1, 1, 2, 1) == "parallel=hybrid dp.size=2 cp.size=2"
     c = Candidate(dp=2, cp=2, micro_batches=2)
-    assert c.world_size == 4 and c.cp == 2 and c.coords(3) == {"pp": 0, "dp": 1, "cp": 1, "tp": 0}
+    assert c.world_size == 4 and c.cp == 2 and c.coords(3) == {"pp": 0, "dp": 1, "cp": 1, "tp": 0, "ep": 0}
     assert c.flat_dict()["cp"] == 2 and strategy_of(c) == "hybrid"
 
     cfg = compose_cfg("model=gpt_small", "topology.nproc_per_node=4", "data.global_batch_size=8")
     model, hardware, workload = specs_from_cfg(cfg)
     assert hardware.world_size == 4
     cands = list(enumerate_candidates(model=model, hardware=hardware, workload=workload))
-    assert {tuple(c.sizes) for c in cands} == {("dp", "tp", "pp", "cp")}
+    assert {tuple(c.sizes) for c in cands} == {("dp", "tp", "pp", "cp", "ep")}
     assert all(c.world_size == 4 for c in cands)
     assert {c.cp for c in cands} == {1, 2, 4}
     ranked = plan(model=model, hardware=hardware, workload=workload).ranked
-    assert {strategy_of(e.candidate) for e in ranked if e.candidate.cp > 1} == {"hybrid"}
+    assert ranked and all(e.candidate.cp == 1 for e in ranked)  # cp is ranked where nothing without it fits
     assert "cp" in ranked[0].to_dict()
+    # (at 128k tokens, where nothing else fits, it is: tests/unit/test_context_parallel.py)
 
 
-def test_a_new_dimension_reaches_validation(with_cp, compose_cfg):
+def test_cp_reaches_validation(compose_cfg):
     from trainer.validate import ConfigError, build_layout, validate
 
-    cfg = compose_cfg("parallel=ddp", "dp.size=2", "topology.nproc_per_node=4")
-    OmegaConf.set_struct(cfg, False)
-    cfg.cp = {"size": 2}
-    assert build_layout(cfg).sizes == {"dp": 2, "tp": 1, "pp": 1, "cp": 2}
+    cfg = compose_cfg("parallel=ddp", "dp.size=2", "topology.nproc_per_node=4", "cp.size=2")
+    assert build_layout(cfg).sizes == {"dp": 2, "tp": 1, "pp": 1, "cp": 2, "ep": 1}
     with pytest.raises(ConfigError, match="cp.size=2 with parallel=ddp: ddp does not use the cp dimension"):
         validate(cfg)
     cfg.cp.size = 0
@@ -157,7 +144,7 @@ def test_a_new_dimension_reaches_validation(with_cp, compose_cfg):
         validate(cfg)
 
 
-def test_a_new_dimension_reaches_the_device_mesh(with_cp):
+def test_cp_reaches_the_device_mesh():
     """What the worker does (trainer/launch/worker.py), under a fake process group of 16 ranks."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -169,6 +156,7 @@ def test_a_new_dimension_reaches_the_device_mesh(with_cp):
         mesh = init_device_mesh("cpu", layout.mesh_shape, mesh_dim_names=layout.mesh_dim_names)
         assert mesh.mesh_dim_names == ("pp", "dp", "cp", "tp")
         assert {n: mesh[n].size() for n in layout.mesh_dim_names} == {"pp": 2, "dp": 2, "cp": 2, "tp": 2}
-        assert {n: mesh.get_local_rank(n) for n in layout.mesh_dim_names} == layout.coords(5)
+        coords = layout.coords(5)
+        assert {n: mesh.get_local_rank(n) for n in layout.mesh_dim_names} == {n: coords[n] for n in mesh.mesh_dim_names}
     finally:
         dist.destroy_process_group()

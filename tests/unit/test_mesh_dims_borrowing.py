@@ -1,5 +1,5 @@
-"""A dimension that borrows its ranks: a cp row (multiplies the world size, splits the data) and an ep row
-(borrows dp x cp, and tp where the model asks) added to the table by monkeypatch reach the world size, the
+"""A dimension that borrows its ranks: an ep row (borrows dp x cp, and tp where the model asks) added to the table
+(with its cp row, which multiplies the world size and splits the data) by monkeypatch reaches the world size, the
 rank map, the factorizations, the planner's candidates, validation and real DeviceMeshes cut out of the
 world mesh (parallel/core/meshes.py)."""
 
@@ -23,9 +23,9 @@ def with_cp_ep(monkeypatch):
     rows = {d.name: d for d in dims.DIMENSIONS}
     table = (
         rows["dp"],
-        MeshDim("tp", 3, "tp.size", rows["tp"].config, rows["tp"].summary),
+        rows["tp"],
         rows["pp"],
-        MeshDim("cp", 2, "cp.size", "CPConfig", "context parallel: the sequence split", splits_data=True),
+        rows["cp"],
         MeshDim(
             "ep",
             None,
@@ -39,11 +39,13 @@ def with_cp_ep(monkeypatch):
     monkeypatch.setattr(dims, "DIMENSIONS", table)
 
 
-def test_todays_table_borrows_ep_from_dp():
-    assert dims.multiplying() == ("dp", "tp", "pp") and dims.borrowing() == ("ep",)
-    assert dims.data_names() == ("dp",) and dims.coord_names() == (*dims.mesh_names(), "ep")
+def test_todays_table_borrows_ep_from_dp_cp():
+    assert dims.multiplying() == ("dp", "tp", "pp", "cp") and dims.borrowing() == ("ep",)
+    assert dims.data_names() == ("dp", "cp") and dims.coord_names() == (*dims.mesh_names(), "ep")
     assert dims.borrow_problems({"dp": 3, "tp": 2}) == []
-    assert dims.borrow_problems({"dp": 3, "tp": 2, "ep": 2})[0].startswith("ep.size=2 does not divide dp.size=3 = 3")
+    assert dims.borrow_problems({"dp": 3, "tp": 2, "ep": 2})[0].startswith(
+        "ep.size=2 does not divide dp.size=3 = 3"  # cp at 1 is not named
+    )
 
 
 def test_borrowing_adds_no_rank_and_its_coordinate_follows_its_lenders(with_cp_ep):
@@ -101,7 +103,7 @@ def test_validation_refuses_an_ep_that_does_not_divide_dp_cp(with_cp_ep, compose
 
     cfg = compose_cfg("parallel=hybrid", "dp.size=2", "tp.size=1", "pp.size=1", "topology.nproc_per_node=4")
     OmegaConf.set_struct(cfg, False)
-    cfg.cp = {"size": 2}
+    cfg.cp.size = 2
     cfg.ep.size = 4
     layout = build_layout(cfg)
     assert layout.sizes == {"dp": 2, "tp": 1, "pp": 1, "cp": 2, "ep": 4} and layout.world_size == 4
@@ -165,7 +167,7 @@ def test_todays_fsdp_mesh_is_the_dp_mesh():
     for rank in range(layout.world_size):
         got = _meshes_on(rank, layout)
         c = layout.coords(rank)
-        dp_group = sorted(layout.rank_of(pp=c["pp"], dp=d, tp=c["tp"]) for d in range(2))
+        dp_group = sorted(layout.rank_of(pp=c["pp"], dp=d, cp=0, tp=c["tp"]) for d in range(2))
         assert got["fsdp"] == got["loss"] == dp_group and got["fsdp_names"] == ("dp",)
 
 

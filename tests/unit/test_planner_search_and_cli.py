@@ -45,8 +45,8 @@ def test_one_gbe_keeps_dp_off_the_inter_node_link(compose_cfg):
     cfg = compose_cfg("model=gpt_7b", "topology=cluster_1gbe", "planner.global_batch_size=128")
     m, hw, w = specs_from_cfg(cfg)
     best = plan(model=m, hardware=hw, workload=w).best.candidate
-    assert not crosses_nodes(span=best.dp, stride=best.tp, hardware=hw)
-    assert crosses_nodes(span=best.pp, stride=best.dp * best.tp, hardware=hw)
+    assert not crosses_nodes(span=best.dp, stride=best.stride("dp"), hardware=hw)
+    assert crosses_nodes(span=best.pp, stride=best.stride("pp"), hardware=hw)
     # the same model and batch on InfiniBand-class links may run dp across nodes
     fast = compose_cfg(
         "model=gpt_7b",

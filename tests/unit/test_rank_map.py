@@ -1,4 +1,4 @@
-"""The rank map from a layout and stage modules: every rank once, coordinates row-major (pp, dp, tp)."""
+"""The rank map from a layout and stage modules: every rank once, coordinates row-major (pp, dp, cp, tp)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ def test_rank_map_rows_cover_every_rank_once_with_mesh_coordinates():
     seen = {(r["pp"], r["dp"], r["tp"]) for r in rows}
     assert len(seen) == 8  # a bijection onto the mesh
     for r in rows:
-        assert layout.rank_of(pp=r["pp"], dp=r["dp"], tp=r["tp"]) == r["rank"]
+        assert layout.rank_of(pp=r["pp"], dp=r["dp"], cp=r["cp"], tp=r["tp"]) == r["rank"]
         assert (r["node"], r["local_rank"]) == divmod(r["rank"], 4)
     # tp peers are neighbours on one node; pipeline stages span the nodes
     assert [(r["node"], r["pp"]) for r in rows] == [(0, 0)] * 4 + [(1, 1)] * 4

@@ -68,9 +68,10 @@ def test_strategy_names_of_layouts():
     assert strategy_for(dp=1, tp=1, pp=2) == "pp"
     assert strategy_for(dp=1, tp=1, pp=2, micro_batches=1, schedule="gpipe") == "mp"
     assert strategy_for(dp=2, tp=1, pp=2) == "hybrid"
-    assert describe_factorization(2, 1, 2, 1) == "parallel=hybrid dp.size=2 pp.size=2"
-    assert describe_factorization(1, 1, 1, 1) == "parallel=single"
+    assert describe_factorization(2, 1, 2, 1, 1) == "parallel=hybrid dp.size=2 pp.size=2"
+    assert describe_factorization(1, 1, 1, 1, 1) == "parallel=single"
     assert strategy_for(dp=2, ep=2) == "hybrid"  # expert parallel: hybrid composes it
+    assert describe_factorization(1, 1, 1, 2, 1) == "parallel=hybrid cp.size=2"  # cp has no strategy of its own
     assert strategy_of(Candidate(pp=4, micro_batches=8, schedule="1f1b")) == "pp"
     assert strategy_of(Candidate(dp=2, tp=2, zero_stage=3)) == "hybrid"
     found = available_strategies(CONF)

@@ -104,7 +104,11 @@ def test_each_strategy_lists_the_checks_of_the_dimensions_it_uses():
     """A strategy's rules are its ``StrategySpec.checks``: one that uses tp runs the tensor-parallel checks, one that
     pipelines runs the pipeline checks, and a user's own strategy runs every built-in one."""
     from parallel.core.registry import STRATEGIES, checks_for
-    from parallel.core.strategy_checks import expert_parallel_problems, tensor_parallel_problems
+    from parallel.core.strategy_checks import (
+        context_parallel_problems,
+        expert_parallel_problems,
+        tensor_parallel_problems,
+    )
     from parallel.pipeline.checks import fixed_pipeline_problems, pipeline_problems
 
     for name, spec in STRATEGIES.items():
@@ -112,6 +116,7 @@ def test_each_strategy_lists_the_checks_of_the_dimensions_it_uses():
             continue
         assert ("tp" in spec.dims) == (tensor_parallel_problems in spec.checks), name
         assert ("ep" in spec.dims) == (expert_parallel_problems in spec.checks), name
+        assert ("cp" in spec.dims) == (context_parallel_problems in spec.checks), name
         assert (spec.pipeline != "never") == (pipeline_problems in spec.checks), name
         assert (spec.fixed_pipeline is not None) == (fixed_pipeline_problems in spec.checks), name
     assert set(checks_for("mine")) == {
@@ -119,4 +124,5 @@ def test_each_strategy_lists_the_checks_of_the_dimensions_it_uses():
         pipeline_problems,
         fixed_pipeline_problems,
         expert_parallel_problems,
+        context_parallel_problems,
     }

@@ -81,3 +81,8 @@ def check_chat_and_packing(cfg: DictConfig, layout: object, f: Findings) -> None
             "without the documents' positions, so it cannot keep them apart; train packed documents under "
             "single, ddp, fsdp, tp or hybrid with pp.size=1, or set data.packing=none"
         )
+    elif packing == "documents" and int(getattr(layout, "cp", 1)) > 1:
+        f.error(
+            f"data.packing=documents with cp.size={layout.cp}: the documents' attention mask spans the whole "
+            "sequence and context parallel does not split it yet; set data.packing=none, or cp.size=1"
+        )

@@ -44,6 +44,8 @@ class ConsoleSink(Sink):
             extras += f" tp comm {record['tp_comm_fraction']:.0%}"
         if "ep_a2a_fraction" in record:
             extras += f" ep a2a {record['ep_a2a_fraction']:.0%}"
+        if "cp_comm_fraction" in record:
+            extras += f" cp all-to-all {record['cp_comm_fraction']:.0%}"
         if "bubble_fraction" in record:
             extras += f" bubble {record['bubble_fraction']:.0%}"
         if "val_loss" in record:

@@ -42,7 +42,7 @@ _SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rank",
         ),
     ),
-    ("comm", ("comm_", "dp_comm", "tp_comm", "ep_a2a")),
+    ("comm", ("comm_", "dp_comm", "tp_comm", "ep_a2a", "cp_comm", "cp_collectives")),
     ("moe", ("moe_",)),
     ("memory", ("memory", "mem_", "peak_memory")),
     ("eval", ("eval_", "val_")),

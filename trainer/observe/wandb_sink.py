@@ -31,6 +31,8 @@ class WandbSink(Sink):
         w = settings
         self.layout, self.run_dir = layout, run_dir
         tags = [layout.strategy, f"dp{layout.dp}", f"tp{layout.tp}", f"pp{layout.pp}", *list(w.tags)]
+        if layout.cp > 1:
+            tags.append(f"cp{layout.cp}")
         if layout.schedule:
             tags += [layout.schedule, f"m{layout.micro_batches}"]
         # one W&B run per run folder: resume, elastic restart and preemption continue it
