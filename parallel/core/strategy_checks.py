@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 from models.registry import UnknownModel, spec_for
 from parallel.core import dims
-from parallel.pipeline.schedules import SCHEDULES, schedule_spec
 
 if TYPE_CHECKING:
     from parallel.core.run import RunSpec
@@ -86,7 +85,7 @@ def expert_parallel_problems(run: RunSpec, strategy: Any = None) -> list[str]:
 
 def context_parallel_problems(run: RunSpec, strategy: Any = None) -> list[str]:
     """Ulysses gives each cp rank whole heads of its tp rank and each rank an equal contiguous chunk of every
-    sample (nothing when cp.size is 1); under a pipeline only the schedules that reproduced single with cp."""
+    sample (nothing when cp.size is 1)."""
     layout, model = run.layout, run.model
     cp, tp = layout.cp, layout.tp
     if cp == 1:
@@ -113,13 +112,6 @@ def context_parallel_problems(run: RunSpec, strategy: Any = None) -> list[str]:
         out.append(
             f"{per} not divisible by cp.size={cp}: context parallel (ulysses) gives each cp rank whole attention "
             f"heads over the full sequence; use cp.size in {fits}" + (" or a smaller tp.size" if tp > 1 else "")
-        )
-    schedule = layout.schedule
-    if layout.pp > 1 and schedule is not None and not schedule_spec(schedule).context_parallel:
-        ok = [s.name for s in SCHEDULES.values() if s.context_parallel]
-        out.append(
-            f"pp.schedule={schedule} with cp.size={cp}: under context parallel only {', '.join(ok)} reproduced "
-            f"single here (tests/integration/test_cp_parity.py); use pp.schedule={ok[-1]}, or cp.size=1"
         )
     seq = run.batch.seq_len
     split = cp * (tp if run.compose.sequence_parallel else 1)

@@ -92,10 +92,6 @@ class ScheduleSpec:
     splits_backward: bool = False
     """Backward runs as input (I) then weight (W) actions: torch differentiates the weights the stage module holds
     when I starts, so FSDP2 must keep them gathered from forward to backward (``parallel/core/compose.py``)."""
-    # ---- what composes with it
-    context_parallel: bool = False
-    """Reproduces single under context parallel (cp.size > 1; tests/integration/test_cp_parity.py); the others gave
-    other losses or non-finite gradients within 3 steps there (docs/parallelism.md), so validation refuses them."""
 
     @property
     def modeled(self) -> bool:
@@ -148,7 +144,6 @@ SCHEDULES: dict[str, ScheduleSpec] = {
             planned_stages_per_rank=(1,),
             bubble_idle=_fill_drain_idle,
             in_flight=_all_forwards_first,
-            context_parallel=True,
         ),
         ScheduleSpec(
             "1f1b",
@@ -160,7 +155,6 @@ SCHEDULES: dict[str, ScheduleSpec] = {
             planned_min_rounds=1,
             bubble_idle=_fill_drain_idle,
             in_flight=_one_f_one_b_held,
-            context_parallel=True,
         ),
         ScheduleSpec(
             "interleaved_1f1b",

@@ -154,8 +154,6 @@ def enumerate_candidates(*, model: ModelShape, hardware: HardwareSpec, workload:
             continue
         for m in micro_batch_counts(B // dp):
             for schedule, v in schedules_for(pp=pp, m=m, n_layers=model.n_layers):
-                if cp > 1 and pp > 1 and not schedule_spec(schedule).context_parallel:
-                    continue
                 for zero in (0, 3) if dp * cp > 1 else (0,):
                     for sp in (False, True) if tp > 1 and (cp == 1 or workload.seq_len % (cp * tp) == 0) else (False,):
                         for recompute in workload.recompute:

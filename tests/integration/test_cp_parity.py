@@ -6,7 +6,7 @@ One multirun runs every case as its own job (Python, Hydra and torch start once)
 - Llama cp2 with full activation checkpointing (the all-to-alls recomputed in backward), FSDP2 over the cp ranks;
 - Llama dp2 x cp2 with DDP over the 4 data ranks (dp.shard=false);
 - Llama cp2 x tp2 with sequence parallel (the heads of each tp rank split over cp), FSDP2 over cp;
-- Llama cp2 x pp2 under 1F1B and under GPipe (the schedules validation lets cp use: ScheduleSpec.context_parallel);
+- Llama cp2 x pp2 under 1F1B, GPipe, interleaved 1F1B (2 stages per rank) and ZBV (a V with a split backward);
 - the GPT cp2 with DDP.
 Then a run resumes the single run's step-2 checkpoint under cp2 (another cp degree) and continues as single did.
 Qwen3 (Llama's attention path with per-head q/k norms) trains under cp2 from a transformers folder and exports in
@@ -45,6 +45,12 @@ CASES: dict[str, dict] = {
     "llama_cp2_tp2_sp": case("llama_debug", **CP2, tp={"size": 2, "sequence_parallel": True}),
     "llama_cp2_pp2_1f1b": case("llama_debug", **CP2, pp={"size": 2, "schedule": "1f1b", "micro_batches": 2}),
     "llama_cp2_pp2_gpipe": case("llama_debug", **CP2, pp={"size": 2, "schedule": "gpipe", "micro_batches": 2}),
+    "llama_cp2_pp2_interleaved": case(
+        "llama_debug", **CP2, pp={"size": 2, "schedule": "interleaved_1f1b", "micro_batches": 4, "stages_per_rank": 2}
+    ),
+    "llama_cp2_pp2_zbv": case(
+        "llama_debug", **CP2, pp={"size": 2, "schedule": "zbv", "micro_batches": 4, "stages_per_rank": 2}
+    ),
     "gpt_single": case("gpt_small", "single"),
     "gpt_cp2_ddp": case("gpt_small", **CP2, dp={"size": 1, "shard": False}),
 }
