@@ -12,7 +12,6 @@ base weights (``--merge`` exports); ``trainer/export.py`` writes them as a PEFT 
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import math
 from collections.abc import Iterable, Mapping
@@ -22,6 +21,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from models.shape import targeted
 
 #: the adapters' parameter names inside a ``LoRALinear`` (PEFT's, without its adapter name)
 ADAPTERS = ("lora_A", "lora_B")
@@ -67,12 +68,6 @@ class LoRALinear(nn.Linear):
 def is_adapter(fqn: str) -> bool:
     """Whether ``fqn`` names an adapter tensor (``....lora_A.weight``)."""
     return any(f".{name}." in f".{fqn}" for name in ADAPTERS)
-
-
-def targeted(fqn: str, targets: Iterable[str]) -> bool:
-    """A module FQN matches a target by its last name (``wq``) or as an ``fnmatch`` pattern over the whole FQN."""
-    last = fqn.rsplit(".", 1)[-1]
-    return any(t == last or fnmatch.fnmatchcase(fqn, t) for t in targets)
 
 
 def apply_lora(model: nn.Module, lora: LoRA) -> list[str]:

@@ -12,6 +12,7 @@ Validation, the strategies and the planner find a model config's spec with ``spe
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from models.shape import ModelShape, PlanError
@@ -93,4 +94,9 @@ def model_shape(model: Any) -> ModelShape:
             "formulas (ModelSpec.shape), so the planner cannot describe it; choose model=gpt_small, "
             "model=llama_debug or another transformer, or give its ModelSpec a shape function"
         )
-    return spec.shape(model)
+    shape = spec.shape(model)
+    lora = model.get("lora")
+    rank = int(lora.get("rank") or 0) if lora else 0
+    if rank <= 0:
+        return shape
+    return replace(shape, lora_rank=rank, lora_targets=tuple(str(t) for t in lora.get("targets") or ()))

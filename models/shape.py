@@ -16,6 +16,8 @@ the formulas are written once here and the family says only how its config maps 
 
 from __future__ import annotations
 
+import fnmatch
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +32,13 @@ def count_text(n: float) -> str:
         if abs(round(n / scale, 1)) >= 1:  # rounded first: 999,950 is 1M, not 1000K
             return f"{n / scale:.1f}".removesuffix(".0") + suffix
     return f"{n:.0f}"
+
+
+def targeted(fqn: str, targets: Iterable[str]) -> bool:
+    """A module FQN matches a LoRA target (``model.lora.targets``) by its last name (``wq``) or as an ``fnmatch``
+    pattern over the whole FQN (``layers.*.attention.wq``)."""
+    last = fqn.rsplit(".", 1)[-1]
+    return any(t == last or fnmatch.fnmatchcase(fqn, t) for t in targets)
 
 
 class PlanError(ValueError):
@@ -74,6 +83,11 @@ class ModelShape:
     sparse: tuple[bool, ...] = ()
     """Per layer: a mixture of experts (True) or a dense MLP of ``layer_d_ff`` (False); empty: all dense. A sparse
     layer's ``layer_d_ff`` is its active width per token, (top_k + n_shared_experts) x moe_d_ff."""
+    lora_rank: int = 0
+    """``model.lora.rank``: 0 trains every weight; above, only the adapters of ``lora_targets`` train (the weights
+    are frozen: no gradients, no optimizer state)."""
+    lora_targets: tuple[str, ...] = ()
+    """``model.lora.targets``: the linear layers that get adapters (``targeted``)."""
 
     def __post_init__(self) -> None:
         if not self.layer_d_ff:
@@ -160,6 +174,44 @@ class ModelShape:
         """The parameters one token runs through (a dense model: ``params``), the "A3B" of Qwen3-30B-A3B."""
         idle = sum(self.layer_matmul_params(i) - self.layer_active_matmul_params(i) for i in range(self.n_layers))
         return self.params - idle
+
+    # ---- what trains (LoRA: only the adapters) -------------------------------------------------------
+
+    def layer_linears(self, i: int) -> tuple[tuple[str, int, int], ...]:
+        """The block's ``nn.Linear`` layers as (FQN, in, out), named as meshtrain's models name them
+        (``layers.N.attention.wq``, ``layers.N.feed_forward.w1``; a sparse layer's shared experts
+        ``layers.N.feed_forward.shared.w1``; its routed experts and router are not linear layers)."""
+        h, a, f = self.d_model, f"layers.{i}.attention", f"layers.{i}.feed_forward"
+        out = [(f"{a}.wq", h, self.q_dim), (f"{a}.wk", h, self.kv_dim), (f"{a}.wv", h, self.kv_dim)]
+        out.append((f"{a}.wo", self.q_dim, h))
+        if self.sparse[i]:
+            shared = self.moe_d_ff * self.n_shared_experts
+            mlp = ((f"{f}.shared.w1", h, shared), (f"{f}.shared.w2", shared, h), (f"{f}.shared.w3", h, shared))
+            return tuple(out) + (mlp if shared else ())
+        d = self.layer_d_ff[i]
+        out += [(f"{f}.w1", h, d), (f"{f}.w2", d, h)] + ([(f"{f}.w3", h, d)] if self.gated_mlp else [])
+        return tuple(out)
+
+    def _adapters(self, linears: Iterable[tuple[str, int, int]]) -> int:
+        """LoRA's ``lora_A`` (rank x in) and ``lora_B`` (out x rank) of every targeted linear layer."""
+        return sum(self.lora_rank * (n_in + n_out) for fqn, n_in, n_out in linears if targeted(fqn, self.lora_targets))
+
+    def layer_trainable_params(self, i: int) -> int:
+        """Parameters of block ``i`` that have gradients and optimizer state: all of them, or with LoRA its adapters."""
+        return self._adapters(self.layer_linears(i)) if self.lora_rank > 0 else self.layer_params(i)
+
+    @property
+    def head_trainable_params(self) -> int:
+        """With LoRA: the output projection's adapters when it is targeted (``output``) and not tied; else 0."""
+        untied = () if self.tied_embeddings else (("output", self.d_model, self.vocab_size),)
+        return self._adapters(untied)
+
+    @property
+    def trainable_params(self) -> int:
+        """Parameters with gradients and optimizer state (``params`` without LoRA)."""
+        if self.lora_rank <= 0:
+            return self.params
+        return sum(self.layer_trainable_params(i) for i in range(self.n_layers)) + self.head_trainable_params
 
     # ---- FLOPs -----------------------------------------------------------------------------------
 

@@ -154,6 +154,13 @@ def last_chunk_rank(*, pp: int, schedule: str, stages_per_rank: int) -> int:
 # ---- memory terms -----------------------------------------------------------------------------
 
 
+def rank_trainable_params(model: ModelShape, layers: list[int], *, last: bool, tp: int) -> float:
+    """Parameters with gradients and optimizer state on one tensor-parallel rank of a pipeline rank: with LoRA
+    (``model.lora_rank``) only the adapters of its blocks (and of the head on the last rank), counted as split over
+    t like their base matrices (each adapter keeps one factor whole: a slight underestimate at t > 1)."""
+    return (sum(model.layer_trainable_params(i) for i in layers) + (model.head_trainable_params if last else 0)) / tp
+
+
 def rank_params(model: ModelShape, layers: list[int], *, first: bool, last: bool, tp: int, meshtrain: bool) -> float:
     """Parameters one tensor-parallel rank of a pipeline rank holds (before data-parallel sharding).
 
@@ -376,6 +383,12 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
     for r, layers in enumerate(layers_of):
         params = rank_params(model, layers, first=r == 0, last=r == last, tp=c.tp, meshtrain=meshtrain)
         w, g, o = model_state_bytes(params, bytes_per_param=workload.bytes_per_param, zero_stage=c.zero_stage, dp=data)
+        if model.lora_rank > 0:  # frozen weights held in full; the adapters alone have gradients and states
+            trainable = rank_trainable_params(model, layers, last=r == last, tp=c.tp)
+            adapters, g, o = model_state_bytes(
+                trainable, bytes_per_param=workload.bytes_per_param, zero_stage=c.zero_stage, dp=data
+            )
+            w += adapters
         case = ActivationCase(
             seq_len=s,
             micro_batch=b,
@@ -449,6 +462,10 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
     # ---- once per step: data-parallel gradient reduction and the optimizer
     grad_bytes = worst.grads * (data if c.zero_stage >= 2 else 1)  # full local gradient before reduce-scatter
     volume = grad_bytes * (1.5 if c.zero_stage >= 3 else 1.0)  # ZeRO section 7: P_os+g+p moves 3Ψ vs 2Ψ
+    if c.zero_stage >= 3 and model.lora_rank > 0:
+        # frozen weights are still all-gathered (forward and backward: Ψ in all-reduce units) and only the
+        # adapters' gradients reduce-scattered (half an all-reduce)
+        volume = 0.5 * grad_bytes + worst.params * data
     # the gradient reduction spans dp x cp (cp inside dp in the mesh: its stride is the group's innermost)
     dp_link = hardware.link_for(span=data, stride=c.stride("cp" if c.cp > 1 else "dp"))
     buckets = max(1, math.ceil(grad_bytes / DDP_BUCKET_BYTES))
