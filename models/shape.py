@@ -192,19 +192,29 @@ class ModelShape:
         out += [(f"{f}.w1", h, d), (f"{f}.w2", d, h)] + ([(f"{f}.w3", h, d)] if self.gated_mlp else [])
         return tuple(out)
 
-    def _adapters(self, linears: Iterable[tuple[str, int, int]]) -> int:
-        """LoRA's ``lora_A`` (rank x in) and ``lora_B`` (out x rank) of every targeted linear layer."""
-        return sum(self.lora_rank * (n_in + n_out) for fqn, n_in, n_out in linears if targeted(fqn, self.lora_targets))
+    def layer_adapted_linears(self, i: int) -> list[tuple[str, int, int]]:
+        """Block ``i``'s linear layers that LoRA adapts (none without LoRA)."""
+        return [x for x in self.layer_linears(i) if self.lora_rank > 0 and targeted(x[0], self.lora_targets)]
+
+    @property
+    def head_adapted_linears(self) -> list[tuple[str, int, int]]:
+        """The output projection (``output``) when LoRA adapts it; a tied head is the embedding, never adapted."""
+        head = ("output", self.d_model, self.vocab_size)
+        return (
+            [head] if self.lora_rank > 0 and not self.tied_embeddings and targeted("output", self.lora_targets) else []
+        )
 
     def layer_trainable_params(self, i: int) -> int:
-        """Parameters of block ``i`` that have gradients and optimizer state: all of them, or with LoRA its adapters."""
-        return self._adapters(self.layer_linears(i)) if self.lora_rank > 0 else self.layer_params(i)
+        """Parameters of block ``i`` that have gradients and optimizer state: all of them, or with LoRA its adapters
+        (``lora_A``, rank x in, and ``lora_B``, out x rank, per adapted linear layer)."""
+        if self.lora_rank <= 0:
+            return self.layer_params(i)
+        return sum(self.lora_rank * (n_in + n_out) for _, n_in, n_out in self.layer_adapted_linears(i))
 
     @property
     def head_trainable_params(self) -> int:
-        """With LoRA: the output projection's adapters when it is targeted (``output``) and not tied; else 0."""
-        untied = () if self.tied_embeddings else (("output", self.d_model, self.vocab_size),)
-        return self._adapters(untied)
+        """With LoRA: the output projection's adapters when it is adapted; else 0."""
+        return sum(self.lora_rank * (n_in + n_out) for _, n_in, n_out in self.head_adapted_linears)
 
     @property
     def trainable_params(self) -> int:

@@ -154,11 +154,25 @@ def last_chunk_rank(*, pp: int, schedule: str, stages_per_rank: int) -> int:
 # ---- memory terms -----------------------------------------------------------------------------
 
 
-def rank_trainable_params(model: ModelShape, layers: list[int], *, last: bool, tp: int) -> float:
+#: meshtrain's row-wise projections (input dimension split over t); the other linear layers are column-wise
+ROWWISE_LINEARS = ("wo", "w2")
+
+
+def rank_trainable_params(model: ModelShape, layers: list[int], *, last: bool, tp: int, meshtrain: bool) -> float:
     """Parameters with gradients and optimizer state on one tensor-parallel rank of a pipeline rank: with LoRA
-    (``model.lora_rank``) only the adapters of its blocks (and of the head on the last rank), counted as split over
-    t like their base matrices (each adapter keeps one factor whole: a slight underestimate at t > 1)."""
-    return (sum(model.layer_trainable_params(i) for i in layers) + (model.head_trainable_params if last else 0)) / tp
+    (``model.lora_rank``) only the adapters of its blocks (and of the head on the last rank). meshtrain shards each
+    adapter as its base (``models/tensor_parallel.py``): a column-wise layer's ``lora_B`` (out x r) over t, its
+    ``lora_A`` whole; a row-wise layer's ``lora_A`` (r x in) over t, its ``lora_B`` whole (measured by the dry run)."""
+    if model.lora_rank <= 0 or not meshtrain or tp == 1:
+        return (
+            sum(model.layer_trainable_params(i) for i in layers) + (model.head_trainable_params if last else 0)
+        ) / tp
+    linears = [x for i in layers for x in model.layer_adapted_linears(i)] + (model.head_adapted_linears if last else [])
+    r = model.lora_rank
+    return sum(
+        r * (n_in / tp + n_out) if fqn.rsplit(".", 1)[-1] in ROWWISE_LINEARS else r * (n_in + n_out / tp)
+        for fqn, n_in, n_out in linears
+    )
 
 
 def rank_params(model: ModelShape, layers: list[int], *, first: bool, last: bool, tp: int, meshtrain: bool) -> float:
@@ -384,7 +398,7 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
         params = rank_params(model, layers, first=r == 0, last=r == last, tp=c.tp, meshtrain=meshtrain)
         w, g, o = model_state_bytes(params, bytes_per_param=workload.bytes_per_param, zero_stage=c.zero_stage, dp=data)
         if model.lora_rank > 0:  # frozen weights held in full; the adapters alone have gradients and states
-            trainable = rank_trainable_params(model, layers, last=r == last, tp=c.tp)
+            trainable = rank_trainable_params(model, layers, last=r == last, tp=c.tp, meshtrain=meshtrain)
             adapters, g, o = model_state_bytes(
                 trainable, bytes_per_param=workload.bytes_per_param, zero_stage=c.zero_stage, dp=data
             )

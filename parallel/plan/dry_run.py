@@ -80,14 +80,19 @@ def sample_ranks(**sizes: int) -> list[int]:
 def build_meta_model(model_config: Any):
     """The configured model on the meta device, built by its family's builder (``ModelSpec.builder``) from
     ``ModelSpec.resized`` at its own sizes: a planner-only description (numbers, a ``_target_`` that refuses to
-    build) is the model of its family it describes."""
+    build) is the model of its family it describes. With ``model.lora`` its adapters are added and the rest frozen."""
     import torch
 
+    from models.lora import LoRA, apply_lora
     from parallel.plan.calibrate import build_family, family_kwargs
 
     family, kwargs = family_kwargs(model_config, {})
     with torch.device("meta"):
-        return build_family(family, kwargs)
+        model = build_family(family, kwargs)
+    lora = LoRA.of(model_config)
+    if lora is not None:  # as the trainer builds it (parallel/core/base.py): adapters beside frozen weights
+        apply_lora(model, lora)
+    return model
 
 
 def _stage_plan(model, c: Candidate, *, split_points: tuple[int, ...] | None):
@@ -291,9 +296,10 @@ def _measure_rank(
         )
         on_step("optimizer")
         params = [p for part in composed.parts for p in part.module.parameters()]
-        for p in params:
+        trainable = [p for p in params if p.requires_grad]  # LoRA: frozen weights get no gradient, no state
+        for p in trainable:
             p.grad = torch.zeros_like(p)
-        opt = torch.optim.AdamW(params, lr=1e-4, foreach=False)
+        opt = torch.optim.AdamW(trainable, lr=1e-4, foreach=False)
         opt.step()  # creates the moments, on meta tensors
         measured: dict[str, float] = {k: float(v) for k, v in model_state_bytes(params, opt).items()}
         measured["activations_per_micro_batch"] = float(acts)

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from models.lora import LoRA, apply_lora
+from models.lora import LoRA, LoRALinear
 from parallel.plan.cli import specs_from_cfg, typed_model
 from parallel.plan.cost_model import Candidate, estimate
-from parallel.plan.dry_run import build_meta_model
+from parallel.plan.dry_run import build_meta_model, dry_run
 
 CASES = [
     ("model=llama_debug", "[wq,wv,w2]"),
@@ -19,12 +19,11 @@ CASES = [
 
 
 def _built_trainable(cfg) -> tuple[int, int]:
-    """(trainable, all) parameters of the built model with its adapters (``requires_grad``)."""
+    """(trainable, all) parameters of the built model with its adapters (``requires_grad``): built on the meta
+    device by its family's builder, adapters added by the trainer's ``apply_lora``."""
     typed = typed_model(cfg.model)
     model = build_meta_model(typed)
-    lora = LoRA.of(typed)
-    if lora is not None:
-        apply_lora(model, lora)
+    assert (LoRA.of(typed) is not None) == any(isinstance(m, LoRALinear) for m in model.modules())
     params = list(model.parameters())
     return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
 
@@ -69,3 +68,25 @@ def test_without_lora_every_parameter_trains(compose_cfg):
     w, g, k = workload.bytes_per_param
     one = estimate(Candidate(dp=1), model=shape, hardware=hardware, workload=workload)
     assert (one.memory.params, one.memory.grads, one.memory.optimizer) == (total * w, total * g, total * k)
+
+
+def test_lora_dry_run_measures_the_planned_bytes(compose_cfg):
+    """The dry run builds the adapters as the trainer does and gives only them gradients and AdamW states: every
+    sampled rank of dp2 x tp2 (sequence parallel, adapters sharded as their base) x pp2 with FSDP2 measures the
+    planner's parameter, gradient and optimizer bytes."""
+    from parallel.plan.cli import compose
+
+    cfg = compose(
+        ["model=gpt_small", "data.seq_len=64", "data.global_batch_size=16", "topology.nproc_per_node=8"]
+        + ["model.lora.rank=4", "model.lora.targets=[wq,wv,w2]"]
+    )
+    model, hardware, workload = specs_from_cfg(cfg, calibrate=False)
+    c = Candidate(dp=2, tp=2, pp=2, micro_batches=4, schedule="1f1b", zero_stage=3, sequence_parallel=True)
+    report = dry_run(
+        model_config=typed_model(cfg.model), candidate=c, model=model, hardware=hardware, workload=workload
+    )
+    for r in report.ranks:
+        assert r.error is None, r.error
+        assert 0 < r.measured["grads"] < r.measured["params"] / 20
+        for key in ("params", "grads", "optimizer"):
+            assert r.ratio(key) == pytest.approx(1.0, rel=1e-9), (key, r)
