@@ -113,6 +113,7 @@ def plan_json(p: Plan, *, top: int) -> dict:
         "model": {
             "name": m.name,
             "params": m.params,
+            "trainable_params": m.trainable_params,
             "n_layers": m.n_layers,
             "d_model": m.d_model,
             "n_heads": m.n_heads,
@@ -171,7 +172,9 @@ def print_table(p: Plan, *, top: int, elapsed_s: float, file=None) -> None:
     console = Console(file=file or sys.stdout, width=160)
     m, h, w = p.model, p.hardware, p.workload
     console.print(
-        f"[bold]{m.name}[/]: {count_text(m.params)} params, {m.training_flops_per_token(w.seq_len):.3g} FLOPs/token, "
+        f"[bold]{m.name}[/]: {count_text(m.params)} params"
+        f"{f' ({count_text(m.trainable_params)} trainable: LoRA)' if m.lora_rank > 0 else ''}, "
+        f"{m.training_flops_per_token(w.seq_len):.3g} FLOPs/token, "
         f"batch {w.global_batch_size} x {w.seq_len} tokens, {w.precision} (trainer.precision="
         f"{TRAINER_PRECISION[w.precision]}) | [bold]{h.name}[/]: {h.world_size} devices "
         f"({h.nnodes} x {h.devices_per_node}), {h.memory_bytes / GB:g} GB, {h.flops / 1e12:.3g} TFLOP/s, "
