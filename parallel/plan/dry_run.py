@@ -77,7 +77,7 @@ def sample_ranks(**sizes: int) -> list[int]:
     return sorted(ranks)
 
 
-def build_meta_model(model_config: Any):
+def build_meta_model(model_config: Any, *, seq_len: int | None = None):
     """The configured model on the meta device, built by its family's builder (``ModelSpec.builder``) from
     ``ModelSpec.resized`` at its own sizes: a planner-only description (numbers, a ``_target_`` that refuses to
     build) is the model of its family it describes. With ``model.lora`` its adapters are added and the rest frozen."""
@@ -86,7 +86,10 @@ def build_meta_model(model_config: Any):
     from models.lora import LoRA, apply_lora
     from parallel.plan.calibrate import build_family, family_kwargs
 
-    family, kwargs = family_kwargs(model_config, {})
+    configured = int(model_config.get("max_seq_len") or 0)
+    # a plan longer than the description's own sequence (llama3_8b at 128k): position tables that long
+    longer = {"max_seq_len": seq_len} if seq_len and configured and seq_len > configured else {}
+    family, kwargs = family_kwargs(model_config, longer)
     with torch.device("meta"):
         model = build_family(family, kwargs)
     lora = LoRA.of(model_config)
@@ -332,7 +335,7 @@ def dry_run(
     from parallel.plan.calibrate import family_kwargs
 
     family = family_kwargs(model_config, {})[0]
-    meta_model = build_meta_model(model_config)
+    meta_model = build_meta_model(model_config, seq_len=workload.seq_len)
     tp_plan = family.parallelize_fn() if c.tp > 1 else None
     split_points, specs = _stage_plan(meta_model, c, split_points=c.split_points)
     from dataclasses import replace
