@@ -20,7 +20,7 @@ train: $(VENV)/.installed
 	$(PY) train.py $(ARGS)
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -n 2 --dist loadgroup $(ARGS)
+	$(PY) -m pytest -n 2 --dist loadfile $(ARGS)
 
 # the fast tier (in-process tests) on both cores
 test-unit: $(VENV)/.installed

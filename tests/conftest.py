@@ -79,24 +79,3 @@ def default_job(tmp_path_factory):
     """The README's default job, ``make train`` as printed (DDP on 2 processes, 200 steps), run once per session:
     test_default_job_outputs reads its outputs back, test_readme_commands exports it and decodes with it."""
     return make_train(run_dir=tmp_path_factory.mktemp("default_job") / "run")
-
-
-def pytest_collection_modifyitems(config, items):
-    """`make test` runs the suite on two xdist workers with ``--dist loadgroup``: one run at a time leaves one of
-    the two cores idle for most of the suite (measured: 15.5 CPU minutes in 14.6 wall minutes serially). Tests
-    that share a session fixture stay in one worker, so what it holds is built once: every parity test that
-    compares against the shared ``reference`` runs, every test of the README's ``default_job`` (one `make train`),
-    and every ``slurm`` test (one one-node Slurm). Each other integration module stays whole in one worker (its
-    module fixtures built once); unit tests spread freely."""
-    for item in items:
-        if "reference" in getattr(item, "fixturenames", ()):
-            group = "reference-runs"
-        elif "default_job" in getattr(item, "fixturenames", ()):  # `make train`'s 200 steps, run once
-            group = "default-job"
-        elif item.get_closest_marker("slurm") is not None:
-            group = "slurm"
-        elif "integration" in item.path.parts:
-            group = item.path.stem
-        else:
-            continue
-        item.add_marker(pytest.mark.xdist_group(group))

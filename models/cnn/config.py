@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List
 
-from models.spec import ModelArgs
+from models.spec import ModelArgs, hydra_schema
 
 
 @dataclass(frozen=True)
@@ -17,3 +17,8 @@ class CNNConfig(ModelArgs):
     channels: List[int] = field(default_factory=lambda: [16, 32, 64])
     num_classes: int = 10
     batch_norm: bool = True
+
+
+# The mutable twins Hydra composes (models.spec.hydra_schema), made at import: a composed config holds them by
+# name, and a submitit or Slurm job unpickles it in a fresh interpreter that imports only this module.
+CNNConfigSchema = hydra_schema(CNNConfig)

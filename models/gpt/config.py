@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List
 
-from models.spec import ModelArgs
+from models.spec import ModelArgs, hydra_schema
 
 
 @dataclass(frozen=True)
@@ -45,3 +45,9 @@ class GPTDescriptionConfig(GPTConfig):
     """The batch the published run used (samples of max_seq_len tokens)."""
     source: str = ""
     """Where the shape comes from."""
+
+
+# The mutable twins Hydra composes (models.spec.hydra_schema), made at import: a composed config holds them by
+# name, and a submitit or Slurm job unpickles it in a fresh interpreter that imports only this module.
+GPTConfigSchema = hydra_schema(GPTConfig)
+GPTDescriptionConfigSchema = hydra_schema(GPTDescriptionConfig)

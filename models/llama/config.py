@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from models.spec import ConfigReads, ModelArgs
+from models.spec import ConfigReads, ModelArgs, hydra_schema
 
 
 @dataclass(frozen=True)
@@ -50,3 +50,9 @@ class LlamaConfig(ModelArgs):
     """Planner: the published run's batch (samples of max_seq_len tokens); null = data.global_batch_size."""
     source: str = ""
     """Where the published dimensions come from."""
+
+
+# The mutable twins Hydra composes (models.spec.hydra_schema), made at import: a composed config holds them by
+# name, and a submitit or Slurm job unpickles it in a fresh interpreter that imports only this module.
+RopeScalingSchema = hydra_schema(RopeScaling)
+LlamaConfigSchema = hydra_schema(LlamaConfig)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from models.llama.config import LlamaConfig
+from models.spec import hydra_schema
 
 
 @dataclass(frozen=True)
@@ -18,3 +19,8 @@ class Qwen3Config(LlamaConfig):
     """Width of one attention head, set on its own (Qwen3: 128 at every size); 0 means d_model / n_heads."""
     rope_theta: float = 1000000.0
     norm_eps: float = 1e-6
+
+
+# The mutable twins Hydra composes (models.spec.hydra_schema), made at import: a composed config holds them by
+# name, and a submitit or Slurm job unpickles it in a fresh interpreter that imports only this module.
+Qwen3ConfigSchema = hydra_schema(Qwen3Config)

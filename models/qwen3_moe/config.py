@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from models.qwen3.config import Qwen3Config
+from models.spec import hydra_schema
 
 
 @dataclass(frozen=True)
@@ -39,3 +40,8 @@ class Qwen3MoeConfig(Qwen3Config):
     the rest."""
     expert_impl: str = "auto"
     """auto (``torch._grouped_mm`` on CUDA, a per-expert loop elsewhere), grouped_mm, loop."""
+
+
+# The mutable twins Hydra composes (models.spec.hydra_schema), made at import: a composed config holds them by
+# name, and a submitit or Slurm job unpickles it in a fresh interpreter that imports only this module.
+Qwen3MoeConfigSchema = hydra_schema(Qwen3MoeConfig)

@@ -68,7 +68,7 @@ def gather_rank_map(
     """Every rank's row (collective: call on all ranks).
 
     Coordinates come from the layout; each rank also reports where the DeviceMesh actually put it
-    (``mesh_coordinate``, in (pp, dp, tp) order), so a disagreement is visible in summary.json.
+    (``mesh_coordinate``, in the mesh's order: ``parallel.core.dims.mesh_names()``), so a disagreement is visible in summary.json.
     """
     coordinate = mesh.get_coordinate() if mesh is not None else None
     mine = {

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from parallel.core.dims import mesh_names
 from tests.helpers import FAST, assert_losses_close, assert_parity, run_train
 from trainer.validate import validate
 
@@ -172,7 +173,7 @@ def test_headline_dp2_tp2_pp2_eight_workers(tmp_path):
     assert sorted(r["rank"] for r in rows) == list(range(8))  # every rank once
     for r in rows:
         # the layout's coordinates are where the real DeviceMesh put each rank
-        assert r["mesh_coordinate"] == [r["pp"], r["dp"], r["tp"]]
+        assert r["mesh_coordinate"] == [r[name] for name in mesh_names()]  # (pp, dp, cp, tp): the mesh's order
         assert r["rank"] == (r["pp"] * 2 + r["dp"]) * 2 + r["tp"] and r["node"] == 0 and r["local_rank"] == r["rank"]
         assert r["stages"] == [r["pp"]]
     held = {r["pp"]: r["layers"] for r in rows}
