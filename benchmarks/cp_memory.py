@@ -58,13 +58,13 @@ def predicted_activation_bytes(*, seq_len: int, cp: int) -> float:
     """The cost model's saved activations of one rank for one micro-batch (one sample), fp32, no recomputation."""
     from hydra import compose, initialize_config_dir
 
+    from conf.resolvers import register_resolvers
     from conf.schema import register_configs
-    from parallel.core.registry import register_resolver
     from parallel.plan.cli import specs_from_cfg
     from parallel.plan.cost_model import Candidate, estimate
 
     register_configs()
-    register_resolver()
+    register_resolvers()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose(
             "config",
