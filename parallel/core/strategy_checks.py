@@ -24,6 +24,14 @@ def nearest_multiples(value: int, base: int) -> str:
     return str(hi) if lo < base else f"{lo} or {hi}"
 
 
+def _spec_or_none(model: Any) -> Any:
+    """The model's family spec, or None for a name the registry does not know (validation's model check says so)."""
+    try:
+        return spec_for(model)
+    except UnknownModel:
+        return None
+
+
 def tensor_parallel_problems(run: RunSpec, strategy: Any = None) -> list[str]:
     """The model's plan splits heads and widths by tp; loss and sequence parallelism split the vocabulary and
     the sequence (nothing when tp.size is 1)."""
@@ -31,9 +39,8 @@ def tensor_parallel_problems(run: RunSpec, strategy: Any = None) -> list[str]:
     tp = layout.tp
     if tp == 1:
         return []
-    try:
-        spec = spec_for(model)
-    except UnknownModel:
+    spec = _spec_or_none(model)
+    if spec is None:
         return []  # validation's model check says so
     out = spec.tp_problems(model, tp)
     if spec.parallelize is None:
@@ -64,9 +71,8 @@ def expert_parallel_problems(run: RunSpec, strategy: Any = None) -> list[str]:
     ep = layout.sizes.get("ep", 1)
     if ep == 1:
         return []
-    try:
-        spec = spec_for(model)
-    except UnknownModel:
+    spec = _spec_or_none(model)
+    if spec is None:
         return []  # validation's model check says so
     if spec.moe is None or spec.moe.n_experts is None:
         return [
@@ -90,9 +96,8 @@ def context_parallel_problems(run: RunSpec, strategy: Any = None) -> list[str]:
     cp, tp = layout.cp, layout.tp
     if cp == 1:
         return []
-    try:
-        spec = spec_for(model)
-    except UnknownModel:
+    spec = _spec_or_none(model)
+    if spec is None:
         return []  # validation's model check says so
     name = model.get("name") or spec.family
     if not spec.context_parallel or spec.shape is None:
