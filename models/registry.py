@@ -94,7 +94,7 @@ def model_shape(model: Any) -> ModelShape:
             "formulas (ModelSpec.shape), so the planner cannot describe it; choose model=gpt_small, "
             "model=llama_debug or another transformer, or give its ModelSpec a shape function"
         )
-    shape = spec.shape(model)
+    shape = replace(spec.shape(model), context_parallel=spec.context_parallel)
     lora = model.get("lora")
     rank = int(lora.get("rank") or 0) if lora else 0
     if rank <= 0:

@@ -83,6 +83,9 @@ class ModelShape:
     sparse: tuple[bool, ...] = ()
     """Per layer: a mixture of experts (True) or a dense MLP of ``layer_d_ff`` (False); empty: all dense. A sparse
     layer's ``layer_d_ff`` is its active width per token, (top_k + n_shared_experts) x moe_d_ff."""
+    context_parallel: bool = True
+    """The family splits sequences over cp (``ModelSpec.context_parallel``, set by ``models.registry.model_shape``):
+    when False the planner ranks no cp > 1, which validation would refuse."""
     lora_rank: int = 0
     """``model.lora.rank``: 0 trains every weight; above, only the adapters of ``lora_targets`` train (the weights
     are frozen: no gradients, no optimizer state)."""
@@ -125,12 +128,27 @@ class ModelShape:
 
     def layer_matmul_params(self, i: int) -> int:
         """Weights of the block's matrices: wq, wo (h·q_dim, h² by default) + wk, wv (h·kv_dim) + the MLP (2 or 3
-        of h·d_ff); a sparse layer: every expert's 3·h·moe_d_ff, the shared experts' and the router's E·h."""
-        h = self.d_model
+        of h·d_ff); a sparse layer: its mixture of experts (``layer_moe_params``)."""
         if self.sparse[i]:
-            experts = 3 * h * self.moe_d_ff * (self.n_experts + self.n_shared_experts) + h * self.n_experts
-            return self.attention_matmul_params + experts
-        return self.attention_matmul_params + (3 if self.gated_mlp else 2) * h * self.layer_d_ff[i]
+            return self.attention_matmul_params + self.layer_moe_params(i)
+        return self.attention_matmul_params + (3 if self.gated_mlp else 2) * self.d_model * self.layer_d_ff[i]
+
+    def layer_expert_params(self, i: int) -> int:
+        """A sparse layer's routed experts, E x 3·h·moe_d_ff: what expert parallel splits over ep (0 when dense)."""
+        return 3 * self.d_model * self.moe_d_ff * self.n_experts if self.sparse[i] else 0
+
+    def layer_moe_params(self, i: int) -> int:
+        """A sparse layer's whole feed-forward: routed experts, shared experts (3·h·moe_d_ff each) and the router's
+        E·h (0 when dense). meshtrain runs it whole on every tensor-parallel rank."""
+        if not self.sparse[i]:
+            return 0
+        shared = 3 * self.d_model * self.moe_d_ff * self.n_shared_experts
+        return self.layer_expert_params(i) + shared + self.d_model * self.n_experts
+
+    def layer_moe_active_params(self, i: int) -> int:
+        """The feed-forward matrices of a sparse layer one token runs through: its top-k and shared experts
+        (``layer_d_ff`` wide) and the router (0 when dense)."""
+        return 3 * self.d_model * self.layer_d_ff[i] + self.d_model * self.n_experts if self.sparse[i] else 0
 
     @property
     def attention_matmul_params(self) -> int:
@@ -140,8 +158,7 @@ class ModelShape:
         """The matrices one token runs through: a sparse layer's top-k and shared experts and the router only."""
         if not self.sparse[i]:
             return self.layer_matmul_params(i)
-        h = self.d_model
-        return self.attention_matmul_params + 3 * h * self.layer_d_ff[i] + h * self.n_experts
+        return self.attention_matmul_params + self.layer_moe_active_params(i)
 
     def layer_params(self, i: int) -> int:
         """Matrices + two norms (+ biases): for the GPT Megatron's 12h² + 13h."""

@@ -117,15 +117,25 @@ class SavedActivationMeter:
     @contextmanager
     def step(self) -> Iterator[SavedActivationMeter]:
         """Measure one training step; ``peak`` afterwards holds its peak live saved bytes."""
-        global _ACTIVE
         self.peak = self.live
-        previous, _ACTIVE = _ACTIVE, self
         try:
-            with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack):
+            with metering(self), torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack):
                 yield self
         finally:
-            _ACTIVE = previous
             self.run_peak = max(self.run_peak, self.peak)
+
+
+@contextmanager
+def metering(meter: Any) -> Iterator[None]:
+    """Make ``meter`` the active one while inside: what checkpointed regions keep outside autograd's saved tensors
+    (``hold_inputs``, a selective policy's cache) goes to its ``hold(tensor)`` (the planner's dry run passes a
+    counter of fake tensors' storages)."""
+    global _ACTIVE
+    previous, _ACTIVE = _ACTIVE, meter
+    try:
+        yield
+    finally:
+        _ACTIVE = previous
 
 
 class _KeepForBackward(torch.autograd.Function):

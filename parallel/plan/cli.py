@@ -147,12 +147,17 @@ def plan_json(p: Plan, *, top: int) -> dict:
     }
 
 
-def _row(i: int, e: Estimate) -> list[str]:
+def table_dims(model: ModelShape) -> tuple[str, ...]:
+    """The degree columns of the table: the multiplying dimensions, and ep for a mixture of experts."""
+    return (*dims.multiplying(), *(("ep",) if model.n_experts else ()))
+
+
+def _row(i: int, e: Estimate, *, columns: tuple[str, ...]) -> list[str]:
     c, mem = e.candidate, e.memory
     return [
         str(i),
         strategy_of(c),
-        *(str(c.size(n)) for n in dims.multiplying()),
+        *(str(c.size(n)) for n in columns),
         str(c.micro_batches),
         describe(c).split(f"m={c.micro_batches}", 1)[1].replace(f"recompute={c.recompute}", "").strip() or "-",
         TRAINER_AC[c.recompute],
@@ -187,7 +192,7 @@ def print_table(p: Plan, *, top: int, elapsed_s: float, file=None) -> None:
     for col in (
         "#",
         "strategy",
-        *dims.multiplying(),
+        *table_dims(m),
         "m",
         "schedule/sharding",
         "AC",
@@ -200,7 +205,7 @@ def print_table(p: Plan, *, top: int, elapsed_s: float, file=None) -> None:
     ):
         table.add_column(col, justify="right" if col not in ("strategy", "schedule/sharding") else "left")
     for i, e in enumerate(p.ranked[:top], start=1):
-        table.add_row(*_row(i, e))
+        table.add_row(*_row(i, e, columns=table_dims(m)))
     console.print(table)
     console.print(f"[bold]reason:[/] {p.reason}")
     for line in plan_pitfalls(p):
@@ -236,12 +241,15 @@ def print_dry_run(report, *, file=None) -> None:
 
     console = Console(file=file or sys.stdout, width=160)
     lay = report.layout
+    # dp, tp, pp always; cp and ep where used
+    shown = [n for n in dims.names() if n in ("dp", "tp", "pp") or int(lay.get(n, 1)) > 1]
     table = Table(
-        title=f"dry run: dp{lay['dp']} tp{lay['tp']} pp{lay['pp']} m={lay['micro_batches']} {lay['schedule']} "
+        title=f"dry run: {' '.join(f'{n}{lay[n]}' for n in shown)} m={lay['micro_batches']} {lay['schedule']} "
         f"(v{lay['stages_per_rank']}, zero{lay['zero_stage']}, {lay['precision']}) on {report.world_size} ranks, "
         f"fake process group, {len(report.ranks)} sampled, {report.seconds:.1f} s"
     )
-    mesh = "/".join(dims.mesh_names())
+    coord_names = dims.coord_names() if int(lay.get("ep", 1)) > 1 else dims.mesh_names()
+    mesh = "/".join(coord_names)
     for col in (
         "rank",
         mesh,
@@ -254,7 +262,7 @@ def print_dry_run(report, *, file=None) -> None:
     ):
         table.add_column(col, justify="left" if col in (mesh, "stages") else "right")
     for r in report.ranks:
-        coords = "/".join(str(r.coords[k]) for k in dims.mesh_names())
+        coords = "/".join(str(r.coords[k]) for k in coord_names)
         if r.error:
             table.add_row(str(r.rank), coords, ",".join(map(str, r.stages)), f"[red]{r.error}[/]", "", "", "", "")
             continue

@@ -3,7 +3,8 @@
 Every term is a closed formula from a paper, named in its docstring; ``estimate`` adds them up. Notation
 as in Megatron-LM: s sequence length, b micro-batch size (samples), h hidden size, a heads, L layers,
 V vocabulary, t tensor-parallel size, p pipeline size, v virtual stages per rank, m micro-batches, n
-data-parallel size, c context-parallel size (each rank holds s/c tokens of every sample), Ψ parameters. No torch import: ``python -m parallel.plan`` plans for a 1024-GPU
+data-parallel size, c context-parallel size (each rank holds s/c tokens of every sample), ep expert-parallel size
+(each MoE layer's E experts split into ep sets; ep borrows its ranks from n x c), k experts per token, Ψ parameters. No torch import: ``python -m parallel.plan`` plans for a 1024-GPU
 cluster on a laptop.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from parallel.core.dims import Sized, with_dim_kwargs
+from parallel.core.dims import Sized, lenders, with_dim_kwargs
 from parallel.pipeline.schedules import SCHEDULES, schedule_spec, stage_to_rank
 from parallel.plan.specs import HardwareSpec, Link, ModelShape, Workload
 
@@ -70,6 +71,9 @@ class Estimate:
     budget_bytes: float
     cp_comm_s: float = 0.0
     """Context parallel's all-to-alls (``cp_all_to_all_s``) on the bottleneck stage, per step."""
+    ep_comm_s: float = 0.0
+    """Expert parallel's all-to-alls (dispatch and combine, ``ep_all_to_alls_per_layer``) on the bottleneck stage,
+    per step."""
     rank_memory: tuple[Memory, ...] = ()
     """Memory of every pipeline rank (``memory`` is the fullest)."""
     rank_activation_per_micro_batch: tuple[float, ...] = ()
@@ -80,7 +84,7 @@ class Estimate:
 
     @property
     def comm_fraction(self) -> float:
-        comm = self.tp_comm_s + self.cp_comm_s + self.pp_comm_s + self.dp_comm_s
+        comm = self.tp_comm_s + self.cp_comm_s + self.ep_comm_s + self.pp_comm_s + self.dp_comm_s
         return comm / self.step_time_s if self.step_time_s else 0.0
 
     @property
@@ -101,6 +105,7 @@ class Estimate:
                 "compute": self.compute_s,
                 "tp_comm": self.tp_comm_s,
                 "cp_comm": self.cp_comm_s,
+                "ep_comm": self.ep_comm_s,
                 "pp_comm": self.pp_comm_s,
                 "dp_comm": self.dp_comm_s,
                 "optimizer": self.optimizer_s,
@@ -181,7 +186,9 @@ def rank_params(model: ModelShape, layers: list[int], *, first: bool, last: bool
     Megatron-LM shards every block's matrices, the vocabulary-parallel embedding and the head over t
     (norms are small and counted as sharded). meshtrain's tensor-parallel plans (``models/*/parallelize.py``)
     shard the blocks' projections and the output head, and replicate norms and embeddings, except a tied token
-    embedding, which is split over the vocabulary as its head is (``models/tensor_parallel.py``).
+    embedding, which is split over the vocabulary as its head is (``models/tensor_parallel.py``), and a sparse
+    layer's mixture of experts, which runs whole on every tp rank (router, experts, shared experts: its experts
+    are split by expert parallel instead, ``rank_expert_params``).
     """
     params = sum(model.layer_params(i) for i in layers)
     embedding = model.embedding_params if first else 0
@@ -190,10 +197,19 @@ def rank_params(model: ModelShape, layers: list[int], *, first: bool, last: bool
         head += model.vocab_size * model.d_model
     if not meshtrain or tp == 1:
         return (params + embedding + head) / tp
-    norms = sum(model.layer_norm_params(i) for i in layers)
+    whole = sum(model.layer_norm_params(i) + model.layer_moe_params(i) for i in layers)  # not split over tp
     head_norm = model.head_params - (0 if model.tied_embeddings else model.vocab_size * model.d_model) if last else 0
     tied = model.vocab_size * model.d_model if first and model.tied_embeddings else 0
-    return (params - norms + head - head_norm + tied) / tp + norms + embedding - tied + head_norm
+    return (params - whole + head - head_norm + tied) / tp + whole + embedding - tied + head_norm
+
+
+def rank_expert_params(model: ModelShape, layers: list[int], *, tp: int, meshtrain: bool) -> float:
+    """The routed experts among ``rank_params`` (one tp rank of a pipeline rank, before expert and data parallel):
+    whole on every tp rank in meshtrain, split over t as Megatron-LM's expert tensor parallel does otherwise.
+    Expert parallel divides them by ep, then FSDP2 shards them over the experts' own mesh, the n·c/ep ranks that
+    hold the same experts (``parallel/core/meshes.py`` ``expert_meshes``; torchtitan's ``dp_shard_mod_ep``)."""
+    experts = sum(model.layer_expert_params(i) for i in layers)
+    return experts if meshtrain else experts / tp
 
 
 def model_state_bytes(
@@ -214,6 +230,21 @@ def model_state_bytes(
     )
 
 
+def rank_state_bytes(
+    model: ModelShape, layers: list[int], *, params: float, c: Candidate, workload: Workload, meshtrain: bool
+) -> tuple[float, float, float]:
+    """Weights, gradients, optimizer states of a pipeline rank holding ``params`` (``rank_params``): its routed
+    experts divided by ep and then sharded (ZeRO) over the experts' own n·c/ep ranks, the rest over n·c. Under
+    ZeRO-3 an expert therefore costs Ψ/(n·c) bytes per rank whatever ep is; expert parallel saves the experts'
+    all-gathers and reduce-scatters instead (each rank gathers 1/ep of them: ``estimate``'s data-parallel time)."""
+    data = c.dp * c.cp
+    experts = rank_expert_params(model, layers, tp=c.tp, meshtrain=meshtrain)
+    kw = {"bytes_per_param": workload.bytes_per_param, "zero_stage": c.zero_stage}
+    dense = model_state_bytes(params - experts, dp=data, **kw)
+    routed = model_state_bytes(experts / c.ep, dp=data // c.ep, **kw)
+    return dense[0] + routed[0], dense[1] + routed[1], dense[2] + routed[2]
+
+
 @dataclass(frozen=True)
 class ActivationCase:
     """What a block's saved activations depend on besides the model: one micro-batch's shape, the tp degree,
@@ -228,6 +259,8 @@ class ActivationCase:
     element_bytes: int
     cp: int = 1
     """Context-parallel degree: attention scores span the whole sequence, seq_len x cp."""
+    ep: int = 1
+    """Expert-parallel degree: above 1 a MoE block also keeps the all-to-all's reordering indices."""
 
 
 def layer_activation_bytes(model: ModelShape, layer: int, case: ActivationCase) -> float:
@@ -278,9 +311,45 @@ def saved_layer_activation_bytes(model: ModelShape, layer: int, case: Activation
     normed = 2 * s * b * h * element_bytes
     attention = 4 * s * b * h / tp * element_bytes + s * b * a / tp * 4
     mlp = 2 * s * b * f / tp * element_bytes
+    if model.sparse[layer]:  # a mixture of experts instead of the MLP: its own terms and recomputation rule
+        mlp = moe_saved_activation_bytes(model, layer, case)
     if recompute == "selective":
-        return norm_in + attention + mlp / 2
+        return norm_in + attention + (mlp if model.sparse[layer] else mlp / 2)
     return norm_in + normed + attention + mlp
+
+
+def moe_saved_activation_bytes(model: ModelShape, layer: int, case: ActivationCase) -> float:
+    """What a sparse layer's mixture of experts (``models/moe.py``) keeps for backward after its normed input (the
+    layer's formula counts that), for one micro-batch (bytes). Counted from the tensors autograd saves in
+    ``MoE.forward`` and checked by the dry run on fake tensors; T = s·b tokens of this rank (the block runs whole
+    on every tp rank: not divided by t), k experts per token, so T·k routed rows of h channels:
+
+    - router: the softmax probabilities T·E fp32, the top-k ids T·k int64, the top-k weights T·k fp32 and their
+      sum T fp32 (``norm_topk_prob``);
+    - dispatch: each row's token and the sort order, 2·T·k int64 (under expert parallel also the received rows'
+      reordering and its inverse, 2·T·k int64);
+    - experts: their input rows T·k·h, and per row the SwiGLU's two projections, the SiLU output and the product,
+      4·T·k·moe_d_ff; shared experts 4·T·(shared width) likewise;
+    - combine: the rows' router weights T·k, the experts' outputs T·k·h and the weighted rows T·k·h (index_add's
+      source);
+    - the load-balancing loss: the expert fractions, E fp32.
+
+    Selective recomputation (the trainer's op-level policy keeps matmul outputs only) keeps the router logits T·E,
+    the experts' two input projections and output, 2·T·k·moe_d_ff + T·k·h. Full recomputation keeps the block
+    input, which the layer's formula counts. Each mode matched exactly on one block, with and without ep
+    (``tests/unit/test_planner_expert_parallel.py``).
+    """
+    tokens, k, n_experts, e = case.seq_len * case.micro_batch, model.top_k, model.n_experts, case.element_bytes
+    rows, h, f, shared = tokens * k, model.d_model, model.moe_d_ff, model.moe_d_ff * model.n_shared_experts
+    if case.recompute == "full":
+        return 0.0
+    if case.recompute == "selective":
+        return tokens * n_experts * e + rows * (2 * f + h) * e + tokens * (2 * shared + h * (shared > 0)) * e
+    router = tokens * n_experts * 4 + rows * (8 + 4) + tokens * 4
+    dispatch = 2 * rows * 8 * (2 if case.ep > 1 else 1)
+    experts = rows * (h + 4 * f) * e + 4 * tokens * shared * e
+    combine = rows * e + 2 * rows * h * e
+    return router + dispatch + experts + combine + n_experts * 4
 
 
 def logits_bytes(model: ModelShape, *, seq_len: int, micro_batch: int, tp: int, element_bytes: int) -> float:
@@ -338,10 +407,29 @@ def all_to_all_s(nbytes: float, *, n: int, link: Link) -> float:
     return (n - 1) / n * nbytes / link.bytes_per_s + (n - 1) * link.latency_s
 
 
+def ep_stride(c: Candidate) -> int:
+    """Ranks between neighbours of an ep group: ep is the inner factor of its lenders (dp x cp) flattened in mesh
+    order (``parallel/core/meshes.py`` ``expert_meshes``), so its stride is the innermost lender's (t)."""
+    return c.stride(lenders("ep")[-1])
+
+
 def cp_all_to_alls_per_layer(*, recompute: str = "none") -> int:
     """Ulysses' all-to-alls of one block per micro-batch: q, k, v in and the output back forward, the same four
     in backward; full recomputation repeats the forward's four (``parallel/techniques/cp.py``)."""
     return 8 + (4 if recompute == "full" else 0)
+
+
+def ep_all_to_alls_per_layer(*, recompute: str = "none") -> int:
+    """Expert parallel's all-to-alls of the routed rows in one MoE block per micro-batch (``parallel/techniques/ep.py``):
+    dispatch and combine forward, their reverse exchanges in backward; a recomputed forward (full, and selective,
+    whose op-level policy saves matmul outputs only) sends its two again. Each forward dispatch also exchanges the
+    E row counts first (``ep_counts_exchanges_per_layer``)."""
+    return 4 + (2 if recompute in ("full", "selective") else 0)
+
+
+def ep_counts_exchanges_per_layer(*, recompute: str = "none") -> int:
+    """The small all-to-all of the per-expert row counts before each forward dispatch (uneven splits)."""
+    return 1 + (1 if recompute in ("full", "selective") else 0)
 
 
 def ring_allreduce_s(nbytes: float, *, n: int, link: Link, messages: int = 1) -> float:
@@ -353,12 +441,18 @@ def ring_allreduce_s(nbytes: float, *, n: int, link: Link, messages: int = 1) ->
     return 2 * (n - 1) / n * nbytes / link.bytes_per_s + 2 * (n - 1) * link.latency_s * messages
 
 
-def tp_collectives_per_layer(model: ModelShape, *, meshtrain: bool, recompute: str = "none") -> int:
+def tp_collectives_per_layer(
+    model: ModelShape, *, meshtrain: bool, recompute: str = "none", sparse: bool = False
+) -> int:
     """Tensor-parallel all-reduces of one block per micro-batch. Megatron-LM (arXiv 2104.04473 section 3.2):
     2 forward (attention and MLP outputs) + 2 backward (their inputs' gradients, one fused f operator each).
     meshtrain's DTensor plan all-reduces the input gradient of every column-wise projection on its own: wq,
     wk, wv and the MLP's input projections (w1; w1 and w3 when gated): 2 + 4 = 6 for the GPT, 7 for Llama
-    (the ``tp_collectives`` a tp run reports). Full recomputation repeats the forward's 2."""
+    (the ``tp_collectives`` a tp run reports). Full recomputation repeats the forward's 2. A ``sparse`` block in
+    meshtrain runs its mixture of experts whole on every tp rank: the attention's 1 + 3 only (its collectives
+    under sequence parallel are not counted)."""
+    if sparse and meshtrain:
+        return 1 + 3 + (1 if recompute == "full" else 0)
     backward = (3 + (2 if model.gated_mlp else 1)) if meshtrain else 2
     return 2 + backward + (2 if recompute == "full" else 0)
 
@@ -396,7 +490,7 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
     rank_per_mb: list[float] = []
     for r, layers in enumerate(layers_of):
         params = rank_params(model, layers, first=r == 0, last=r == last, tp=c.tp, meshtrain=meshtrain)
-        w, g, o = model_state_bytes(params, bytes_per_param=workload.bytes_per_param, zero_stage=c.zero_stage, dp=data)
+        w, g, o = rank_state_bytes(model, layers, params=params, c=c, workload=workload, meshtrain=meshtrain)
         if model.lora_rank > 0:  # frozen weights held in full; the adapters alone have gradients and states
             trainable = rank_trainable_params(model, layers, last=r == last, tp=c.tp, meshtrain=meshtrain)
             adapters, g, o = model_state_bytes(
@@ -411,6 +505,7 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
             recompute=c.recompute,
             element_bytes=e,
             cp=c.cp,
+            ep=c.ep,
         )
         per_mb = sum(layer_bytes(model, i, case) for i in layers)
         held = micro_batches_in_flight(c.schedule, pp=c.pp, m=c.micro_batches, v=v, stage=r)
@@ -429,14 +524,24 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
     tokens = b * s
     passes = {"none": 3.0, "selective": 3.0, "full": 4.0}[c.recompute]
     tp_link = hardware.link_for(span=c.tp, stride=c.stride("tp"))
-    ar_per_layer = tp_collectives_per_layer(model, meshtrain=meshtrain, recompute=c.recompute)
+    ar_per_layer = [
+        tp_collectives_per_layer(model, meshtrain=meshtrain, recompute=c.recompute, sparse=model.sparse[i])
+        for i in range(model.n_layers)
+    ]
     tp_ar = ring_allreduce_s(tokens * model.d_model * e, n=c.tp, link=tp_link)
     tp_ar += hardware.tp_collective_s if c.tp > 1 else 0.0
     # Ulysses: each all-to-all moves one of q, k, v or the output, this rank's b·s/c tokens x h/t channels
     cp_link = hardware.link_for(span=c.cp, stride=c.stride("cp"))
     cp_a2a = all_to_all_s(tokens * model.q_dim / c.tp * e, n=c.cp, link=cp_link)
     cp_per_layer = cp_all_to_alls_per_layer(recompute=c.recompute) * cp_a2a
-    stage_compute, stage_tp, stage_tp_calls, stage_cp = [], [], [], []
+    # expert parallel: each all-to-all moves this rank's T·k routed rows of h channels among the ep ranks of its group
+    # (balanced routing), on the link the ep group spans; the row counts go first (E int64 values)
+    ep_link = hardware.link_for(span=c.ep, stride=ep_stride(c))
+    ep_rows = all_to_all_s(tokens * model.top_k * model.d_model * e, n=c.ep, link=ep_link)
+    ep_counts = all_to_all_s(model.n_experts * 8, n=c.ep, link=ep_link)
+    ep_per_layer = ep_all_to_alls_per_layer(recompute=c.recompute) * ep_rows
+    ep_per_layer += ep_counts_exchanges_per_layer(recompute=c.recompute) * ep_counts
+    stage_compute, stage_tp, stage_tp_calls, stage_cp, stage_ep = [], [], [], [], []
     # ranks sharing a node slow each other down (memory bandwidth, caches): measured, see calibrate.py
     on_node = min(c.world_size, hardware.devices_per_node)
     busy = hardware.busy_node_slowdown if on_node > 1 else 1.0
@@ -447,12 +552,16 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
             flops += 4 * s_full * model.d_model * len(layers)
         if r == last:
             flops += 3 * model.logit_forward_flops_per_token()
+        # meshtrain runs a mixture of experts whole on every tp rank: its FLOPs are not divided by t
+        whole = sum(passes * 2 * model.layer_moe_active_params(i) for i in layers) if meshtrain else 0.0
         share = (len(layers) + (r == 0) + (r == last)) / (model.n_layers + 2)
-        stage_compute.append((flops * tokens / c.tp / hardware.flops + hardware.microbatch_overhead_s * share) * busy)
+        rank_flops = (flops - whole) / c.tp + whole
+        stage_compute.append((rank_flops * tokens / hardware.flops + hardware.microbatch_overhead_s * share) * busy)
         head = TP_HEAD_COLLECTIVES if meshtrain and r == last else 0
-        stage_tp_calls.append(len(layers) * ar_per_layer + head if c.tp > 1 else 0)
+        stage_tp_calls.append(sum(ar_per_layer[i] for i in layers) + head if c.tp > 1 else 0)
         stage_tp.append(stage_tp_calls[-1] * tp_ar)
         stage_cp.append(len(layers) * cp_per_layer if c.cp > 1 else 0.0)
+        stage_ep.append(sum(model.sparse[i] for i in layers) * ep_per_layer if c.ep > 1 else 0.0)
     pp_link = hardware.link_for(span=c.pp, stride=c.stride("pp")) if c.pp > 1 else hardware.p2p
     if pp_link is hardware.intra:
         pp_link = hardware.p2p
@@ -462,7 +571,8 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
     # every stage of a rank runs F and B (and W where the schedule splits the backward) per micro-batch
     pp_per_mb += actions_per_micro_batch(c.schedule, v=v) * hardware.pipeline_action_s if c.pp > 1 else 0.0
     stage_times = tuple(
-        comp + tp_ + cp_ + pp_per_mb for comp, tp_, cp_ in zip(stage_compute, stage_tp, stage_cp, strict=True)
+        comp + tp_ + cp_ + ep_ + pp_per_mb
+        for comp, tp_, cp_, ep_ in zip(stage_compute, stage_tp, stage_cp, stage_ep, strict=True)
     )
     bubble = bubble_fraction(c.schedule, pp=c.pp, m=c.micro_batches, v=v)
     pipeline_s = c.micro_batches * max(stage_times) / (1 - bubble)
@@ -471,11 +581,21 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
     compute_s = c.micro_batches * stage_compute[bottleneck] * scale
     tp_comm_s = c.micro_batches * stage_tp[bottleneck] * scale
     cp_comm_s = c.micro_batches * stage_cp[bottleneck] * scale
+    ep_comm_s = c.micro_batches * stage_ep[bottleneck] * scale
     pp_comm_s = c.micro_batches * pp_per_mb * scale
 
     # ---- once per step: data-parallel gradient reduction and the optimizer
-    grad_bytes = worst.grads * (data if c.zero_stage >= 2 else 1)  # full local gradient before reduce-scatter
-    volume = grad_bytes * (1.5 if c.zero_stage >= 3 else 1.0)  # ZeRO section 7: P_os+g+p moves 3Ψ vs 2Ψ
+    # under expert parallel a rank's experts (1/ep of each layer's) are gathered and reduced over their own mesh, the
+    # n·c/ep ranks holding the same experts (ep x the ep stride apart), the rest over n·c as without
+    expert_local = 0.0  # this rank's whole expert gradients (its 1/ep) before they are reduce-scattered
+    if c.ep > 1 and model.lora_rank <= 0:
+        experts = rank_expert_params(model, layers_of[rank_memory.index(worst)], tp=c.tp, meshtrain=meshtrain)
+        expert_local = experts / c.ep * workload.bytes_per_param[1]
+    expert_held = expert_local / (data // c.ep) if c.zero_stage >= 2 else expert_local
+    dense_local = (worst.grads - expert_held) * (data if c.zero_stage >= 2 else 1)
+    grad_bytes = dense_local + expert_local  # full local gradient before reduce-scatter
+    gathered = 1.5 if c.zero_stage >= 3 else 1.0  # ZeRO section 7: P_os+g+p moves 3Ψ vs 2Ψ
+    volume = dense_local * gathered
     if c.zero_stage >= 3 and model.lora_rank > 0:
         # frozen weights are still all-gathered (forward and backward: Ψ in all-reduce units) and only the
         # adapters' gradients reduce-scattered (half an all-reduce)
@@ -484,6 +604,8 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
     dp_link = hardware.link_for(span=data, stride=c.stride("cp" if c.cp > 1 else "dp"))
     buckets = max(1, math.ceil(grad_bytes / DDP_BUCKET_BYTES))
     dp_total = ring_allreduce_s(volume, n=data, link=dp_link, messages=buckets)
+    expert_link = hardware.link_for(span=data // c.ep, stride=c.ep * ep_stride(c))
+    dp_total += ring_allreduce_s(expert_local * gathered, n=data // c.ep, link=expert_link)
     # bucketed all-reduce overlaps the backward pass (PyTorch DDP, Li et al., VLDB 2020): it hides at most
     # dp_comm_overlap of itself, and never more than the step's backward compute (2/3 of the compute)
     hidden = min(hardware.dp_comm_overlap * dp_total, (2 / 3) * compute_s)
@@ -501,7 +623,8 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
     if c.zero_stage >= 3 and data > 1:
         # FSDP2 units (each block, and the root): all-gather for forward and again for backward on every
         # micro-batch, reduce-scatter once per step (meshtrain skips it on the others); each pays a fixed cost
-        units = max(len(layers) for layers in layers_of) + 1
+        # expert parallel: each MoE block's experts are a unit of their own (on the experts' mesh)
+        units = max(len(layers) + (sum(model.sparse[i] for i in layers) if c.ep > 1 else 0) for layers in layers_of) + 1
         fixed_calls["fsdp_collective_s"] = units * (2 * c.micro_batches + 1)
         dp_comm_s += fixed_calls["fsdp_collective_s"] * hardware.fsdp_collective_s
     w, g, k = workload.bytes_per_param
@@ -533,6 +656,7 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
         bubble_fraction=bubble,
         tp_comm_s=tp_comm_s * t,
         cp_comm_s=cp_comm_s * t,
+        ep_comm_s=ep_comm_s * t,
         pp_comm_s=pp_comm_s * t,
         dp_comm_s=dp_comm_s * t,
         optimizer_s=optimizer_s * t,

@@ -5,7 +5,8 @@ sample of ranks (first and last rank of every pipeline stage, one in the middle 
 
 1. ``init_process_group("fake")`` with that rank and the full world size, then the (pp, dp, tp) DeviceMesh;
 2. the model on the meta device (no memory), the rank's pipeline stages cut from it as the trainer cuts them
-   (``parallel/pipeline``), the model's tensor-parallel plan, FSDP2 ``fully_shard`` over dp for ZeRO-3 layouts;
+   (``parallel/pipeline``), the model's tensor-parallel plan, expert parallel (the experts sharded over ep), FSDP2
+   ``fully_shard`` over dp for ZeRO-3 layouts (the experts over their own mesh);
 3. parameter, gradient and AdamW state bytes read from the local shards (``DTensor.to_local``), the optimizer
    state created by a real ``AdamW.step`` on meta tensors;
 4. the saved-activation bytes of one micro-batch: a tensor-parallel copy of each stage runs forward (and the
@@ -138,10 +139,16 @@ def _fake_parameters(module, *, dtype) -> None:
 def _saved_activation_bytes(
     module, *, first: bool, last: bool, micro_batch: int, seq_len: int, d_model: int, vocab_size: int, dtype, loss
 ) -> int:
-    """Bytes autograd saves for one micro-batch through ``module`` (fake tensors: nothing is allocated)."""
+    """Bytes autograd saves for one micro-batch through ``module`` (fake tensors: nothing is allocated), and under
+    activation checkpointing what its regions keep instead: their inputs and the selective policy's matmul outputs
+    (``parallel/core/activations.py``: the trainer's meter counts the same)."""
+    from types import SimpleNamespace
+
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed.tensor import DTensor
+
+    from parallel.core.activations import metering
 
     def local(t):
         return t._local_tensor if isinstance(t, DTensor) else t
@@ -157,11 +164,15 @@ def _saved_activation_bytes(
                 storages[st._cdata] = st.nbytes()
             return t
 
+        def hold(t):  # a checkpointed region's input or a kept op output
+            if isinstance(t, torch.Tensor):
+                pack(t)
+
         if first:
             x = torch.randint(0, vocab_size, (micro_batch, seq_len))
         else:
             x = torch.randn(micro_batch, seq_len, d_model, dtype=dtype, requires_grad=True)
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with metering(SimpleNamespace(hold=hold)), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = module(x)
             if last:
                 targets = torch.randint(0, vocab_size, (micro_batch, seq_len))
@@ -230,6 +241,9 @@ def _measure_rank(
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    from parallel.core.meshes import expert_meshes
+    from parallel.techniques.ep import apply_ep
+
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     phase = ["device mesh"]
 
@@ -257,6 +271,13 @@ def _measure_rank(
                 parallelize=tp_plan,
                 on_step=on_step,
             )
+            if c.ep > 1:
+                # expert parallel as compose applies it (after tp and cp), without the FSDP2 it needs for training:
+                # the experts sharded over ep, the tokens dispatched by all-to-all. Under FakeTensorMode the
+                # routing counts have no values, so the dispatch splits the rows evenly (balanced routing:
+                # ``AllToAllDispatch.dispatch``), which is what the planner assumes
+                on_step("expert parallel")
+                apply_ep(copy.module, ep_mesh=expert_meshes(mesh, c.sizes)[0])
             on_step("activations")
             acts += _saved_activation_bytes(
                 copy.module,
@@ -273,6 +294,7 @@ def _measure_rank(
             tp=c.tp > 1,
             cp=c.cp > 1,
             dp="fsdp" if c.zero_stage >= 3 and c.dp * c.cp > 1 else "none",
+            ep=c.ep > 1,
             pipeline=c.pp > 1,
         )
         composed = compose(
@@ -367,7 +389,9 @@ def dry_run(
                 model=model,
                 workload=workload,
                 settings=ComposeSettings(
-                    precision=PLANNER_PRECISIONS[workload.precision].trains_as, sequence_parallel=sp
+                    precision=PLANNER_PRECISIONS[workload.precision].trains_as,
+                    sequence_parallel=sp,
+                    activation_checkpointing=c.recompute,  # the planner's modes are the trainer's
                 ),
                 tp_plan=tp_plan,
                 loss=family.loss_fn(),

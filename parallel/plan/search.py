@@ -19,7 +19,7 @@ from parallel.core.layout import factorizations
 from parallel.core.precision import planner_precision
 from parallel.core.registry import TRAINABLE_RECOMPUTE, TRAINABLE_ZERO_STAGES, plannable, strategy_for
 from parallel.pipeline.schedules import SCHEDULES, schedule_spec
-from parallel.plan.cost_model import Candidate, Estimate, estimate
+from parallel.plan.cost_model import Candidate, Estimate, ep_stride, estimate
 from parallel.plan.specs import GB, HardwareSpec, ModelShape, PlanError, Workload
 
 if TYPE_CHECKING:
@@ -145,16 +145,17 @@ def enumerate_candidates(*, model: ModelShape, hardware: HardwareSpec, workload:
     B = workload.global_batch_size
     for degrees in factorizations(hardware.world_size):
         sizes = dict(zip(dims.names(), degrees, strict=True))
-        dp, tp, pp, cp = sizes["dp"], sizes["tp"], sizes["pp"], sizes.get("cp", 1)
-        if sizes.get("ep", 1) > 1:  # the cost model has no expert-parallel terms yet (issue 35, planner)
+        dp, tp, pp, cp, ep = sizes["dp"], sizes["tp"], sizes["pp"], sizes.get("cp", 1), sizes.get("ep", 1)
+        if ep > 1 and (not model.n_experts or model.n_experts % ep):  # whole experts per rank, MoE models only
             continue
         if B % dp or not model.tp_divides(tp) or tp > hardware.devices_per_node or pp > model.n_layers:
             continue
-        if cp > 1 and ((model.n_heads // tp) % cp or workload.seq_len % cp):  # ulysses: whole heads, equal chunks
-            continue
+        if cp > 1 and (not model.context_parallel or (model.n_heads // tp) % cp or workload.seq_len % cp):
+            continue  # a family with context-parallel attention; ulysses: whole heads, equal chunks
         for m in micro_batch_counts(B // dp):
             for schedule, v in schedules_for(pp=pp, m=m, n_layers=model.n_layers):
-                for zero in (0, 3) if dp * cp > 1 else (0,):
+                # expert parallel shards with FSDP2 (the experts on their own mesh): ZeRO-3 only
+                for zero in (3,) if ep > 1 else (0, 3) if dp * cp > 1 else (0,):
                     for sp in (False, True) if tp > 1 and (cp == 1 or workload.seq_len % (cp * tp) == 0) else (False,):
                         for recompute in workload.recompute:
                             yield Candidate(
@@ -249,11 +250,54 @@ def seed_reason(ranked: tuple[Estimate, ...], *, model: ModelShape, hardware: Ha
             f"long sequence ({workload.seq_len} tokens): no layout without context parallel fits → cp "
             f"(each rank holds {workload.seq_len // c.cp} tokens of every sample, its activations / {c.cp})"
         )
+    if model.n_experts:
+        parts.append(expert_reason(best, ranked, model=model, hardware=hardware, workload=workload))
     others = [e for e in ranked[1:] if strategy_of(e.candidate) != strategy_of(c)]
     tail = f"chosen {describe(c)}: {best.memory.total / GB:.3g} GB per rank, {best.step_time_s:.3g} s/step"
     if others:
         tail += f", {others[0].step_time_s / best.step_time_s:.2f}x faster than the best {strategy_of(others[0].candidate)} ({describe(others[0].candidate)})"
     return "; ".join(parts) + "; " + tail
+
+
+def with_ep(c: Candidate, ep: int) -> Candidate:
+    """``c`` with expert-parallel degree ``ep`` (everything else kept)."""
+    return replace(c, sizes={**c.sizes, "ep": ep})
+
+
+def expert_reason(
+    best: Estimate, ranked: tuple[Estimate, ...], *, model: ModelShape, hardware: HardwareSpec, workload: Workload
+) -> str:
+    """Why the first choice of a mixture of experts has its ep degree, in the cost model's numbers: under ZeRO-3 an
+    expert costs the same memory at any ep (its states are sharded over every data-parallel rank either way), but
+    with ep each rank all-gathers and reduce-scatters only its n_experts / ep experts per layer, over the ep-fewer
+    ranks that hold them, for the all-to-alls of the routed tokens."""
+    c = best.candidate
+    experts = sum(model.layer_expert_params(i) for i in range(model.n_layers))
+    what = (
+        f"mixture of experts ({experts / model.params:.0%} of the {model.params / 1e9:.3g}B parameters in "
+        f"{model.n_experts} routed experts per sparse layer, {model.top_k} per token)"
+    )
+    if c.ep == 1:
+        alt = next((e for e in ranked if e.candidate.ep > 1), None)
+        return f"{what}: ep=1" + (
+            f" (the best layout with ep, {describe(alt.candidate)}, is {alt.step_time_s / best.step_time_s:.2f}x slower)"
+            if alt is not None
+            else ""
+        )
+    inside = "inside a node" if not crosses_nodes(span=c.ep, stride=ep_stride(c), hardware=hardware) else "across nodes"
+    flat = estimate(with_ep(c, 1), model=model, hardware=hardware, workload=workload)
+    out = (
+        f"{what} → ep={c.ep} ({inside}): each rank gathers and reduces {model.n_experts // c.ep} of each layer's "
+        f"{model.n_experts} experts, data-parallel time {best.dp_comm_s:.3g} s against {flat.dp_comm_s:.3g} s at ep=1 in "
+        f"the same layout ({flat.step_time_s:.3g} s/step), for {best.ep_comm_s:.3g} s of all-to-alls"
+    )
+    without = next((e for e in ranked if e.candidate.ep == 1), None)
+    if without is not None:
+        out += (
+            f"; {without.step_time_s / best.step_time_s:.2f}x faster than the best layout without ep "
+            f"({describe(without.candidate)})"
+        )
+    return out
 
 
 # ---- from the typed run ----------------------------------------------------------------------
@@ -296,7 +340,8 @@ def pitfalls(
 ) -> list[str]:
     """The seed's three traps for one layout, each with the numbers that trigger it (the cost model's terms):
     data parallel over slow inter-node links, unbalanced pipeline stages, and activation memory that grows
-    with the micro-batches a schedule keeps in flight."""
+    with the micro-batches a schedule keeps in flight; and expert parallel's classic rule, keep ep inside a node
+    (its all-to-alls over the inter-node links)."""
     out = []
     if crosses_nodes(span=c.dp, stride=c.stride("dp"), hardware=hardware) and est.dp_comm_s > 0.25 * est.step_time_s:
         spanned = min(hardware.nnodes, -(-c.dp * c.stride("dp") // hardware.devices_per_node))
@@ -324,6 +369,25 @@ def pitfalls(
                 f"stage: {est.memory.activations / GB:.3g} GB of a {est.budget_bytes / GB:.3g} GB budget, growing "
                 f"with pp.micro_batches; 1f1b holds at most {c.pp}: {ofob.memory.activations / GB:.3g} GB"
             )
+    if c.ep > 1 and crosses_nodes(span=c.ep, stride=ep_stride(c), hardware=hardware):
+        inside = [
+            d
+            for d in range(c.ep - 1, 0, -1)
+            if model.n_experts % d == 0 and (c.dp * c.cp) % d == 0 and d * ep_stride(c) <= hardware.devices_per_node
+        ]
+        spanned = min(hardware.nnodes, -(-c.ep * ep_stride(c) // hardware.devices_per_node))
+        line = (
+            f"ep.size={c.ep} spans {spanned} nodes over {hardware.inter.gbps:g} Gbit/s links per device "
+            f"(topology.inter_node_gbps): the routed tokens' all-to-alls take {est.ep_comm_s:.3g} s of a predicted "
+            f"{est.step_time_s:.3g} s step"
+        )
+        if inside:
+            alt = estimate(with_ep(c, inside[0]), model=model, hardware=hardware, workload=workload)
+            line += f" ({alt.ep_comm_s:.3g} s of {alt.step_time_s:.3g} s at ep.size={inside[0]} inside a node)"
+        out.append(
+            line + f"; keep ep inside a node (ep.size x tp.size <= {hardware.devices_per_node}: its group is ep "
+            "neighbouring ranks of dp x cp, tp apart)"
+        )
     if est.memory.activations > est.budget_bytes or not est.fits:
         key = "pp.micro_batches" if c.pp > 1 else "data.micro_batch_size"
         out.append(
