@@ -1,6 +1,7 @@
 """What every hand-written baseline loop (``benchmarks/bare_*.py``) shares with ``python train.py``'s defaults.
 
-The model (``--model``: gpt_small, llama_debug or qwen3_debug, each its ``conf/model/<name>.yaml`` shape), the byte data (``TextCorpus``, the same global batch per step
+The model (``--model``: gpt_small, llama_debug, qwen3_debug or the MoE qwen3_moe_debug, each its
+``conf/model/<name>.yaml`` shape), the byte data (``TextCorpus``, the same global batch per step
 as meshtrain's), AdamW with ``conf/optim/adamw.yaml``'s lr and betas, clipping at ``trainer.grad_clip``'s 1.0,
 one thread per rank, and the timing each loop prints: one JSON line with the median steady-state tokens/s
 (steps 3 on, as meshtrain's summary), each rank's median process CPU seconds per step, the time from launch
@@ -28,17 +29,24 @@ from torch import nn
 from models.gpt.model import GPT
 from models.llama.model import Llama
 from models.qwen3.model import Qwen3
+from models.qwen3_moe.model import Qwen3Moe
 from trainer.data.datasets import TextCorpus
 
 VOCAB = 256
 #: gpt_small's shape
 SHAPE = {"vocab_size": VOCAB, "n_layers": 4, "d_model": 128, "n_heads": 4, "d_ff": 512}
 _DECODER = {"vocab_size": VOCAB, "n_layers": 4, "d_model": 128, "n_heads": 4, "n_kv_heads": 2, "d_ff": 384}
+_QWEN3 = {**_DECODER, "head_dim": 64, "rope_theta": 1000000.0, "norm_eps": 1e-6}
 #: ``--model``: each name's class and its conf/model/<name>.yaml shape (max_seq_len is ``--seq``)
 MODELS: dict[str, tuple[type[nn.Module], dict]] = {
     "gpt_small": (GPT, SHAPE),
     "llama_debug": (Llama, {**_DECODER, "rope_theta": 10000.0}),
-    "qwen3_debug": (Qwen3, {**_DECODER, "head_dim": 64, "rope_theta": 1000000.0, "norm_eps": 1e-6}),
+    "qwen3_debug": (Qwen3, _QWEN3),
+    # 8 experts of width 128, top-2, the last layer dense, the load-balancing loss's gradient at 0.001
+    "qwen3_moe_debug": (
+        Qwen3Moe,
+        {**_QWEN3, "n_experts": 8, "top_k": 2, "moe_d_ff": 128, "mlp_only_layers": [3], "router_aux_loss_coef": 0.001},
+    ),
 }
 #: steps whose times are left out of the median (meshtrain's StepStats warm-up)
 WARMUP_STEPS = 2

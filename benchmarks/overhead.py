@@ -1,6 +1,7 @@
 """meshtrain's overhead: ``python train.py`` against a hand-written torch loop, strategy by strategy.
 
-Each pair trains the same model (``--model``: gpt_small, llama_debug or qwen3_debug), byte data, global batch, AdamW, clipping and thread count;
+Each pair trains the same model (``--model``: gpt_small, llama_debug or qwen3_debug; the expert-parallel pair
+the MoE qwen3_moe_debug), byte data, global batch, AdamW, clipping and thread count;
 the hand-written side (``benchmarks/bare_*.py``, plain torch) is started as a torch user starts it,
 ``torchrun --nproc_per_node=N script.py``, and meshtrain as its user starts it, ``python train.py
 parallel=...`` (its launcher forks the workers on CPU: ``topology.start_method=auto``), both from a new
@@ -16,6 +17,7 @@ seed, model and batch: they should agree to about 1e-6).
     python benchmarks/overhead.py --strategy tp --rounds 5 --overrides tp.measure_comm=false
     python benchmarks/overhead.py --strategy all --control   # the hand-written loop on both sides
     python benchmarks/overhead.py --strategy all --model llama_debug   # the decoders: llama_debug, qwen3_debug
+    python benchmarks/overhead.py --strategy ep --model qwen3_moe_debug  # expert parallel, dp=2 x ep=2
 
 ``--control`` runs the hand-written loop in meshtrain's place too: the ratios two identical runs show on this
 machine, the noise any meshtrain / hand-written ratio carries (the "meshtrain" columns are then the second
@@ -50,21 +52,51 @@ class Pair:
     nproc: int
     overrides: tuple[str, ...]
     describe: str
+    models: tuple[str, ...] = ()
+    """``--model`` names the pair runs: the dense ``MODELS`` when empty."""
+    shrinks: bool = False
+    """``--nproc 1`` runs it on one rank (its one dimension at size 1)."""
 
 
 PAIRS = {
-    "ddp": Pair("bare_ddp.py", 2, ("parallel=ddp",), "DDP, dp=2"),
-    "fsdp": Pair("bare_fsdp.py", 2, ("parallel=fsdp",), "FSDP2, dp=2"),
-    "tp": Pair("bare_tp.py", 2, ("parallel=tp",), "tensor parallel, tp=2"),
-    "pp": Pair("bare_pp.py", 2, ("parallel=pp",), "pipeline 1F1B, pp=2, 4 micro-batches"),
+    "ddp": Pair("bare_ddp.py", 2, ("parallel=ddp",), "DDP, dp=2", shrinks=True),
+    "fsdp": Pair("bare_fsdp.py", 2, ("parallel=fsdp",), "FSDP2, dp=2", shrinks=True),
+    "tp": Pair("bare_tp.py", 2, ("parallel=tp",), "tensor parallel, tp=2", shrinks=True),
+    "pp": Pair("bare_pp.py", 2, ("parallel=pp",), "pipeline 1F1B, pp=2, 4 micro-batches", shrinks=True),
     "hybrid": Pair(
         "bare_hybrid.py", 4, ("parallel=hybrid", "tp.size=1"), "hybrid dp=2 x pp=2 (FSDP2 + 1F1B, 4 micro-batches)"
+    ),
+    "ep": Pair(
+        "bare_ep.py",
+        2,
+        ("parallel=hybrid", "dp.size=2", "ep.size=2", "tp.size=1", "pp.size=1"),
+        "expert parallel dp=2 x ep=2 (all-to-all dispatch, FSDP2)",
+        models=("qwen3_moe_debug",),
     ),
 }
 
 
 MODELS = ("gpt_small", "llama_debug", "qwen3_debug")
-"""``--model``: conf/model names that ``benchmarks/bare_common.py`` builds the same way."""
+"""``--model``: the dense conf/model names that ``benchmarks/bare_common.py`` builds the same way (every pair but
+the MoE ones runs them)."""
+
+
+def pair_models(pair: Pair) -> tuple[str, ...]:
+    return pair.models or MODELS
+
+
+def strategies_for(strategy: str, model: str) -> list[str]:
+    """The pairs ``--strategy`` names that run ``--model`` (``all``: every pair that runs it); a pair asked for a
+    model it does not run is refused before anything runs."""
+    if strategy == "all":
+        return [name for name, pair in PAIRS.items() if model in pair_models(pair)]
+    if model not in pair_models(PAIRS[strategy]):
+        raise SystemExit(
+            f"--strategy {strategy} --model {model}: the {strategy} pair runs --model "
+            f"{' or '.join(pair_models(PAIRS[strategy]))}"
+            + (" (expert parallel needs a mixture-of-experts model)" if PAIRS[strategy].models else "")
+        )
+    return [strategy]
 
 
 def run_bare(pair: Pair, *, steps: int, batch: int, seq: int, device: str, nproc: int, model: str) -> dict:
@@ -147,10 +179,11 @@ def layout_overrides(pair: Pair, *, device: str, nproc: int) -> list[str]:
     (NCCL follows); with fewer ranks the dimension the pair's parallelism spreads over shrinks to fit."""
     out = [] if device == "cpu" else [f"topology.device={device}"]
     if nproc != pair.nproc:
-        if pair.nproc != 2 or nproc != 1:
+        if not pair.shrinks or nproc != 1:
             raise SystemExit(
-                f"--nproc {nproc} for {pair.describe}: only a 2-rank pair (ddp, fsdp, tp, pp) shrinks, to 1 rank "
-                f"(one device); this one runs on its own {pair.nproc}"
+                f"--nproc {nproc} for {pair.describe}: only a 2-rank pair of one dimension "
+                f"({', '.join(n for n, p in PAIRS.items() if p.shrinks)}) shrinks, to 1 rank (one device); this one "
+                f"runs on its own {pair.nproc}"
             )
         out += [f"{dim}.size=1" for dim in ("dp", "tp", "pp")]
     return out
@@ -174,7 +207,12 @@ def loadavg() -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--strategy", choices=[*PAIRS, "all"], default="all")
-    ap.add_argument("--model", choices=MODELS, default="gpt_small")
+    ap.add_argument(
+        "--model",
+        choices=list(dict.fromkeys(m for p in PAIRS.values() for m in pair_models(p))),
+        default=None,
+        help="gpt_small by default; qwen3_moe_debug (the default of --strategy ep) for the expert-parallel pair only",
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--batch", type=int, default=32, help="global batch (sequences)")
@@ -188,7 +226,11 @@ def main(argv: list[str] | None = None) -> int:
         "--nproc", type=int, default=None, help="ranks per run instead of the pair's own (1: one GPU, ddp/fsdp)"
     )
     args = ap.parse_args(argv)
-    names = list(PAIRS) if args.strategy == "all" else [args.strategy]
+    if args.model is None:
+        args.model = (
+            PAIRS[args.strategy].models[0] if args.strategy in PAIRS and PAIRS[args.strategy].models else "gpt_small"
+        )
+    names = strategies_for(args.strategy, args.model)
     for name in names:  # an unsupported --nproc is refused before anything runs
         layout_overrides(PAIRS[name], device=args.device, nproc=args.nproc or PAIRS[name].nproc)
     shape = {"steps": args.steps, "batch": args.batch, "seq": args.seq, "model": args.model}

@@ -26,8 +26,9 @@ from torch import nn
 
 from models.lora import LoRA, apply_lora, init_lora
 from models.losses import token_cross_entropy
-from models.moe import balance_metrics, imbalance, moe_step_table, set_aux_loss_scale
+from models.moe import moe_step_table, set_aux_loss_scale
 from parallel.core.comm_timer import SampledCommMeter
+from parallel.core.expert_load import ExpertLoad
 from parallel.core.grad_clip import clip_grad_norm_
 from parallel.core.intervals import StepCommMeter
 from parallel.core.layout import ParallelLayout
@@ -266,8 +267,8 @@ class Engine(ABC):
             params = self.__dict__["_clip_params"] = list(self.parameters())
         return clip_grad_norm_(params, max_norm, pp_group=self.pp_group, uncounted=self.uncounted)
 
-    def step_metrics(self) -> dict[str, float]:
-        """Measured extras for the step just taken (comm_fraction, bubble_fraction ...)."""
+    def step_metrics(self) -> dict[str, Any]:
+        """Measured extras for the step just taken (comm_fraction, bubble_fraction, a MoE's tokens per expert ...)."""
         return {}
 
     def summary(self) -> dict[str, Any]:
@@ -315,7 +316,7 @@ class ModuleEngine(Engine):
         self.module = module
         self.ep_timer = ep_timer
         self.ep_a2a_total = 0.0
-        self.moe_load: dict[str, torch.Tensor] = {}
+        self.expert_load = ExpertLoad()
         self.model_parts = [module]
         self.accumulation = accumulation
         self.loss = TokenMean(loss_fn, loss_mesh=loss_mesh)
@@ -363,7 +364,7 @@ class ModuleEngine(Engine):
                 total += self.loss(self.module(x), y)
         return total
 
-    def step_metrics(self) -> dict[str, float]:
+    def step_metrics(self) -> dict[str, Any]:
         out = {**self.tp_meter.metrics(), **self.cp_meter.metrics(), **self._moe_balance()}
         elapsed = max(time.perf_counter() - self._step_start, 1e-9)  # the loop's step: forward/backward, clip, update
         taken = self.dp_timer.take() if self.dp_timer is not None else None
@@ -379,16 +380,11 @@ class ModuleEngine(Engine):
             out[self.ep_timer.count_key] = count
         return out
 
-    def _moe_balance(self) -> dict[str, float]:
-        """The step's expert balance over every data-parallel rank (``models.moe.balance_metrics``); the tokens
-        per expert per layer add up over the run for the summary."""
+    def _moe_balance(self) -> dict[str, Any]:
+        """The step's expert balance and tokens per expert over every data-parallel rank
+        (``parallel/core/expert_load.py``), added up over the run for the summary."""
         taken = moe_step_table(self.module, reduce=self._sum_over_data_ranks)
-        if taken is None:
-            return {}
-        layers, table = taken
-        for layer, counts in zip(layers, table[:, 3:], strict=True):
-            self.moe_load[layer] = counts + self.moe_load[layer] if layer in self.moe_load else counts
-        return balance_metrics(layers, table)
+        return {} if taken is None else self.expert_load.add(*taken)
 
     def _sum_over_data_ranks(self, t: torch.Tensor) -> None:
         """In place over the loss mesh (dp x cp), the ranks that see different tokens."""
@@ -396,10 +392,8 @@ class ModuleEngine(Engine):
             dist.all_reduce(t, group=self.loss.group)
 
     def summary(self) -> dict[str, Any]:
-        out = {**self.rank_map, **self.cp_meter.summary()}
-        if self.moe_load:  # every training step's routing, summed over the data-parallel ranks
-            out["moe_tokens_per_expert"] = {k: [int(c) for c in v.tolist()] for k, v in self.moe_load.items()}
-            out["moe_imbalance"] = {k: float(imbalance(v)) for k, v in self.moe_load.items()}
+        # every training step's routing, summed over the data-parallel ranks
+        out = {**self.rank_map, **self.cp_meter.summary(), **self.expert_load.summary()}
         if self.ep_timer is not None:
             out["ep_a2a_time_s_total"] = self.ep_a2a_total
         return out

@@ -34,10 +34,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from models.moe import balance_metrics, moe_step_table, set_aux_loss_scale
+from models.moe import moe_step_table, set_aux_loss_scale
 from parallel.core.base import Engine, WorkerContext
 from parallel.core.comm_timer import SampledCommMeter
 from parallel.core.compose import Composition, PipelinePlan, compose
+from parallel.core.expert_load import ExpertLoad
 from parallel.core.intervals import IntervalLog, union_seconds
 from parallel.core.rank_map import announce_rank_map
 from parallel.core.registry import strategy_spec
@@ -133,6 +134,8 @@ class PipelineEngine(Engine):
         self.ctx = ctx
         self.ep_timers = ep_timers or []
         self.moe = ctx.model_spec.moe is not None  # every rank knows: the balance's gather over pp is collective
+        self.expert_load = ExpertLoad()
+        self.ep_a2a_total = 0.0
         self.loss = loss
         self.tied = [t for t in tied or () if t.active]
         self.uncounted = tuple(p for t in self.tied for p in t.uncounted)
@@ -246,7 +249,7 @@ class PipelineEngine(Engine):
 
     # ---- measurement -----------------------------------------------------------------------------
 
-    def step_metrics(self) -> dict[str, float]:
+    def step_metrics(self) -> dict[str, Any]:
         out = {**self._comm_metrics(), **self._moe_metrics()}
         rec = self._last
         if rec is None:
@@ -266,13 +269,15 @@ class PipelineEngine(Engine):
             out[self.dp_timers[0].count_key] = len(intervals)
         return out
 
-    def _moe_metrics(self) -> dict[str, float]:
-        """The step's expert balance over every stage's MoE blocks (each stage's counts summed over dp, then the
-        stages' tables gathered over pp) and this rank's all-to-all time (``ep_a2a_*``, as ModuleEngine's)."""
-        out: dict[str, float] = {}
+    def _moe_metrics(self) -> dict[str, Any]:
+        """The step's expert balance and tokens per expert over every stage's MoE blocks (each stage's counts summed
+        over dp, then the stages' tables gathered over pp; added up over the run for the summary) and this rank's
+        all-to-all time (``ep_a2a_*``, as ModuleEngine's)."""
+        out: dict[str, Any] = {}
         if self.ep_timers:
             intervals = [i for t in self.ep_timers for i in t.take_intervals()]
             busy = union_seconds(intervals)
+            self.ep_a2a_total += busy
             elapsed = max(time.perf_counter() - self._step_start, 1e-9)
             out.update(ep_a2a_time_s=busy, ep_a2a_fraction=min(1.0, busy / elapsed), ep_a2a_calls=len(intervals))
         if not self.moe:
@@ -290,7 +295,7 @@ class PipelineEngine(Engine):
         rows = dict(r for g in gathered for r in g)  # a layer once (tp and dp copies hold the same numbers)
         if rows:
             layers = sorted(rows, key=lambda k: int(k.removeprefix("layer")) if k.startswith("layer") else 0)
-            out.update(balance_metrics(layers, torch.tensor([rows[k] for k in layers], dtype=torch.float64)))
+            out.update(self.expert_load.add(layers, torch.tensor([rows[k] for k in layers], dtype=torch.float64)))
         return out
 
     def _pipeline_metrics(self, rec: StepRecord) -> dict[str, float]:
@@ -466,6 +471,9 @@ class PipelineEngine(Engine):
         }
         out.update({k: v for k, v in self.rank_map.items() if k != "artifacts"})
         out.update(self.cp_meter.summary())
+        out.update(self.expert_load.summary())  # every stage's layers, summed over dp
+        if self.ep_timers:
+            out["ep_a2a_time_s_total"] = self.ep_a2a_total  # this rank's
         artifacts = [self.artifacts, self.rank_map.get("artifacts") or {}]
         images = {k: v for part in artifacts for k, v in part.get("images", {}).items()}
         files = [f for part in artifacts for f in part.get("files", [])]

@@ -8,16 +8,21 @@ forward (one micro-batch on one rank, as in Megatron-core and transformers), so 
 same samples: single accumulates 2 micro-batches of 4, ddp, fsdp and ep=2 run 4 per rank, 1f1b 2 micro-batches of
 4; ep on 4 ranks and ep x pp (dp2 x ep2 x pp2, 2 micro-batches) run 2 per forward against single accumulating
 micro-batches of 2; a checkpoint of ep=2 resumes under ep=4. The balance (``moe_aux_loss``,
-``moe_max_imbalance``) is the step's, summed over the data-parallel ranks. tp is refused before any worker starts
-(the experts have no tensor-parallel plan)."""
+``moe_max_imbalance``, the tokens per expert per layer) is the step's, summed over the data-parallel ranks (and
+gathered over pp); the run's tokens per expert are in summary.json, pipelined or not, and every run draws its
+expert-load heatmap (one panel per MoE layer) when it ends. tp is refused before any worker starts (the experts have
+no tensor-parallel plan)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from tests.helpers import FAST, TrainRun, assert_losses_close, assert_parity, case_multirun, final_state, run_train
+from trainer.observe.expert_load_figure import FILE, IMAGE, figure_size_px
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -131,6 +136,23 @@ def test_expert_parallel_in_a_pipeline_matches_single_to_the_parameters(jobs, ru
     for key in ("moe_imbalance_layer0", "moe_imbalance_layer2", "moe_max_imbalance"):
         assert [m[key] for m in metrics] == pytest.approx([m[key] for m in ref], rel=1e-6), key
     assert all(0 < m["ep_a2a_fraction"] <= 1 for m in metrics)
+    # each step's tokens per expert, both stages' layers, and the run's in the summary: single's
+    assert [m["moe_tokens_per_expert"] for m in metrics] == [m["moe_tokens_per_expert"] for m in ref]
+    summary, single = runs["ep_pp"][0], runs["single_mb2"][0]
+    assert summary["moe_tokens_per_expert"] == single["moe_tokens_per_expert"]
+    assert set(summary["moe_tokens_per_expert"]) == {"layer0", "layer1", "layer2"}
+    assert all(sum(v) == 4 * 8 * 32 * 2 for v in summary["moe_tokens_per_expert"].values())
+    assert summary["moe_imbalance"] == pytest.approx(single["moe_imbalance"]) and summary["ep_a2a_time_s_total"] > 0
+
+
+@pytest.mark.parametrize("case", ["single", "ep", "ep_pp"])
+def test_the_run_draws_its_expert_load_heatmap(case, jobs, runs):
+    """One panel per MoE layer (3 here; layer 3 is dense), drawn from metrics.jsonl when the run ends and listed
+    among the summary's images (which the W&B sink logs)."""
+    png = jobs[case] / FILE
+    assert Path(runs[case][0]["artifacts"]["images"][IMAGE]).resolve() == png.resolve() and png.stat().st_size > 0
+    with Image.open(png) as image:
+        assert image.format == "PNG" and image.size == figure_size_px(3)
 
 
 def test_resumes_under_another_ep_degree(jobs, tmp_path):

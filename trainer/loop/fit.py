@@ -31,6 +31,7 @@ from trainer.data.prefetch import Prefetcher
 from trainer.launch.preemption import PreemptionFlag
 from trainer.loop.callbacks import build_callbacks, call
 from trainer.loop.optim import build_optimizer, build_scheduler
+from trainer.observe.expert_load_figure import announce_expert_load
 from trainer.observe.memory import peak_memory_bytes
 from trainer.observe.metrics import StepStats, read_metrics
 from trainer.observe.perf import StepInstruments
@@ -499,6 +500,8 @@ class Trainer:
             inits = [None] * ctx.world_size
             dist.all_gather_object(inits, ctx.model_init)
         extras = self.engine.summary()  # may hold collectives: called on every rank
+        if ctx.is_rank0:  # a MoE run's expert-load heatmap, drawn from metrics.jsonl when the run ends
+            announce_expert_load(run_dir=ctx.run_dir, summary=extras)
         perf = self.instruments.summary(step_times=self.stats.step_times)  # collective too
         if perf.get("profile_files"):
             artifacts = extras.setdefault("artifacts", {"images": {}, "files": []})

@@ -38,14 +38,14 @@ def swept_keys(jobs: list[SweepJob]) -> list[str]:
 
 
 def _history_keys(jobs: list[SweepJob]) -> set[str]:
-    from trainer.observe.wandb_run import wandb_key
+    from trainer.observe.wandb_run import wandb_metrics
 
     keys: set[str] = set()
     for job in jobs:
         path = job.path / "metrics.jsonl"
         if path.exists():
-            for record in read_metrics(path)[:3]:
-                keys.update(wandb_key(k) for k in record)
+            for record in read_metrics(path)[:3]:  # the history keys W&B gets (numbers only)
+                keys.update(wandb_metrics(record))
     return keys
 
 
