@@ -118,10 +118,8 @@ class ModelShape:
         return self.n_heads * self.head_dim
 
     def tp_divides(self, tp: int) -> bool:
-        """Whether a tensor-parallel degree gives every rank whole query and key/value heads (a mixture of experts:
-        tp 1 only, its experts have no tensor-parallel plan; expert parallel is to come)."""
-        if any(self.sparse) and tp > 1:
-            return False
+        """Whether a tensor-parallel degree gives every rank whole query and key/value heads (a mixture of experts'
+        sparse layers are not split by tp: each tp rank runs them whole, ``models/tensor_parallel.py``)."""
         return self.n_heads % tp == 0 and self.n_kv_heads % tp == 0
 
     # ---- parameters ------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ import functools
 import importlib
 import sys
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -269,6 +269,14 @@ class SubBlockTP:
     is sharded over the heads dimension, their weights replicated."""
     extra_inputs: int = 0
     """Inputs it takes after the residual stream, passed as plain tensors (Llama's rotary table: 1)."""
+    whole_if: str = ""
+    """A submodule name, relative to ``module``, that marks a block where this sub-block has no split: it runs
+    whole on every tp rank, its projections are not read (a mixture of experts, marked by its ``router``:
+    ``models/tensor_parallel.py`` says why). Empty: the sub-block is always split."""
+
+    def is_whole(self, block: str, present: Collection[str]) -> bool:
+        """Whether block ``block`` (``layers.N``) runs this sub-block whole: its marker is among ``present``."""
+        return bool(self.whole_if) and f"{block}.{self.module}.{self.whole_if}" in present
 
 
 @dataclass(frozen=True)
@@ -288,24 +296,30 @@ class TPPlan:
     block_extra_inputs: int = 0
     """Inputs a block takes after the residual stream (Llama's rotary table: 1)."""
 
-    def block_modules(self, block: str) -> list[str]:
-        """Every submodule name the plan reads in block ``block`` (``layers.0``), in plan order."""
+    def block_modules(self, block: str, *, present: Collection[str] = ()) -> list[str]:
+        """Every submodule name the plan reads in block ``block`` (``layers.0``), in plan order; ``present``: the
+        model's module names, where a sub-block's ``whole_if`` marker is looked for (its marker is read instead
+        of its projections)."""
         names = []
         for sub in self.sub_blocks:
-            inner = [*sub.colwise, sub.rowwise, *sub.head_norms]
+            whole = sub.is_whole(block, present)
+            inner = [sub.whole_if] if whole else [*sub.colwise, sub.rowwise, *sub.head_norms]
             names += [f"{block}.{sub.norm}", f"{block}.{sub.module}", *(f"{block}.{sub.module}.{n}" for n in inner)]
         return names
 
-    def module_names(self, blocks: Sequence[str]) -> list[str]:
+    def module_names(self, blocks: Sequence[str], *, present: Collection[str] = ()) -> list[str]:
         """Every FQN the plan reads in a model whose ``layers`` holds ``blocks`` (keys "0", "1" ...)."""
-        names = [n for key in blocks for n in self.block_modules(f"layers.{key}")]
+        names = [n for key in blocks for n in self.block_modules(f"layers.{key}", present=present)]
         return [*names, self.final_norm, self.head]
 
 
-def decoder_tp_plan(*, ffn_in: tuple[str, ...], extra_inputs: int = 0, head_norms: tuple[str, ...] = ()) -> TPPlan:
+def decoder_tp_plan(
+    *, ffn_in: tuple[str, ...], extra_inputs: int = 0, head_norms: tuple[str, ...] = (), ffn_whole_if: str = ""
+) -> TPPlan:
     """The plan over the module names the built-in decoders share (``attention.wq`` ... ``feed_forward.w2``,
     ``attention_norm``, ``ffn_norm``, ``norm``, ``output``): their feed-forward's input projections, the inputs
-    after the residual stream, and per-head norms are what differ."""
+    after the residual stream, per-head norms, and the marker of a feed-forward run whole on every tp rank (a
+    mixture of experts' ``router``) are what differ."""
     return TPPlan(
         sub_blocks=(
             SubBlockTP(
@@ -316,7 +330,7 @@ def decoder_tp_plan(*, ffn_in: tuple[str, ...], extra_inputs: int = 0, head_norm
                 head_norms=head_norms,
                 extra_inputs=extra_inputs,
             ),
-            SubBlockTP(module="feed_forward", norm="ffn_norm", colwise=ffn_in, rowwise="w2"),
+            SubBlockTP(module="feed_forward", norm="ffn_norm", colwise=ffn_in, rowwise="w2", whole_if=ffn_whole_if),
         ),
         block_extra_inputs=extra_inputs,
     )

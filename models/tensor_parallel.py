@@ -37,6 +37,16 @@ on the sub-blocks they apply to; the head keeps torch's.
   head's norm runs locally; the norms' input is treated as sharded over the heads dimension
   (``SequenceParallel(sequence_dim=2)``, local output), so their replicated weights' gradients are summed over the
   tp group, as torchtitan does.
+- Qwen3-MoE: Qwen3's plan in every block; a sparse block's feed-forward (``models/moe.py``, marked by its
+  ``router``: ``SubBlockTP.whole_if``) is not split. Each tp rank runs the whole block on the same tokens:
+  the router, the dispatch and (under expert parallel, ``parallel/techniques/ep.py``) the all-to-all over its own
+  ep group, which lies inside one tp coordinate since ep borrows dp x cp. Why whole and not each rank routing its
+  slice of the sequence (torchtitan's choice when ep also borrows tp): the load-balancing loss is a product of
+  two means over one forward's tokens, so per-slice losses would not add up to it; and the router's and experts'
+  gradients are then full and equal on every tp rank, so they stay plain tensors with no tp reduction to get
+  right, and the balance counts are each rank's, summed over dp x cp only, counted once. The cost: the block's
+  compute and its all-to-all volume repeat tp times. With sequence parallel its input is gathered and its output
+  sliced back to the rank's shard (``whole_sub_block``). Dense layers (``mlp_only_layers``) are split as Qwen3's.
 
 What a plan needs from the model's sizes (heads, widths, vocabulary divisible by tp) is
 checked before any process starts, by the family's ``ModelSpec.tp_check`` (asked by ``trainer/validate.py``).
@@ -53,6 +63,7 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
+    PrepareModuleInputOutput,
     PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
@@ -60,7 +71,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from models.lora import attach_adapters, detach_adapters
-from models.spec import TPPlan
+from models.spec import SubBlockTP, TPPlan
 
 
 @dataclass(frozen=True)
@@ -85,9 +96,13 @@ def block_plan(
     """The parallel styles of one block (``prefix``: ``layers.N``), from the names the family declares;
     ``styles`` (asked about each sub-block of ``model``) instead of torch's where they apply."""
     out = Shard(1) if sequence_parallel else Replicate()
+    present = module_names(model) if model is not None else set()
     result: dict = {}
     for sub in plan.sub_blocks:
         base = f"{prefix}.{sub.module}"
+        if sub.is_whole(prefix, present):
+            result.update(whole_sub_block(prefix, sub, sequence_parallel=sequence_parallel))
+            continue
         fits = styles is not None and model is not None and styles.applies(model.get_submodule(base))
         s = styles if fits else TPStyles()
         result.update({f"{base}.{w}": s.colwise() for w in sub.colwise})
@@ -102,10 +117,36 @@ def block_plan(
     return result
 
 
+def whole_sub_block(prefix: str, sub: SubBlockTP, *, sequence_parallel: bool) -> dict:
+    """The styles of a sub-block that runs whole on every tp rank (a mixture of experts): none without sequence
+    parallel (its input is the replicated residual stream already); with it, its norm runs on the sequence shard,
+    the shards are gathered into its input and its output is cut back to this rank's shard (no communication:
+    every rank computed the same output, so the gradient of the gathered input is also the same on every rank
+    and backward keeps its slice)."""
+    if not sequence_parallel:
+        return {}
+    return {
+        f"{prefix}.{sub.norm}": SequenceParallel(),
+        f"{prefix}.{sub.module}": PrepareModuleInputOutput(
+            input_layouts=(Shard(1),),
+            desired_input_layouts=(Replicate(),),
+            use_local_input=True,
+            output_layouts=(Replicate(),),
+            desired_output_layouts=(Shard(1),),
+            use_local_output=True,
+        ),
+    }
+
+
+def module_names(model: nn.Module) -> set[str]:
+    """The FQNs of ``model``'s submodules (a pipeline stage's parts set to None left out)."""
+    return {name for name, module in model.named_modules() if module is not None}
+
+
 def missing_modules(model: nn.Module, plan: TPPlan) -> list[str]:
     """The names ``plan`` reads that ``model`` (a whole model or a stage) does not have."""
-    present = {name for name, module in model.named_modules() if module is not None}
-    wanted = [n for key in model.layers.keys() for n in plan.block_modules(f"layers.{key}")]
+    present = module_names(model)
+    wanted = [n for key in model.layers.keys() for n in plan.block_modules(f"layers.{key}", present=present)]
     wanted += [n for n in (plan.final_norm, plan.head) if getattr(model, n, None) is not None]
     missing = [n for n in wanted if n not in present]
     if getattr(model, "tie_embeddings", False) and not hasattr(model, plan.embedding):  # a stage keeps it as None

@@ -300,6 +300,7 @@ PLANS: dict[str, Run | Compose | Covered | Skip] = {
     "python train.py parallel=hybrid --cfg job --resolve": Compose(),
     "python train.py model=qwen3_moe_debug parallel=hybrid dp.size=2 ep.size=2 tp.size=1 pp.size=1": Compose(),
     "python train.py model=qwen3_moe_debug parallel=hybrid dp.size=2 ep.size=2 tp.size=1 pp.micro_batches=2": Compose(),
+    "python train.py model=qwen3_moe_debug parallel=hybrid dp.size=2 ep.size=2 tp.size=2 pp.size=1": Compose(),
     "python train.py parallel=mp": Compose(),
     "python train.py parallel=mp mp.split_points=[3]": Compose(),
     "python train.py parallel=pp pp.micro_batches=8": Compose(),

@@ -10,7 +10,7 @@ from models.llama.spec import ffn_width, llama_resized
 from models.qwen3.spec import qwen3_problems, qwen3_shape
 from models.qwen3_moe.config import Qwen3MoeConfig
 from models.shape import ModelShape
-from models.spec import ModelSpec, MoESpec
+from models.spec import ModelSpec, MoESpec, decoder_tp_plan, transformer_tp_problems
 
 EXPERT_IMPLS = ("auto", "grouped_mm", "loop")  # models/moe.py's, written here without importing torch
 
@@ -68,9 +68,20 @@ def qwen3_moe_problems(model: Any) -> list[str]:
     return out
 
 
+def qwen3_moe_tp_problems(model: Any, tp: int) -> list[str]:
+    """Qwen3's attention split by tp; the dense layers' widths split too, the sparse ones run whole on every tp
+    rank (``models/tensor_parallel.py``), so the experts' sizes need not divide tp."""
+    dense = [] if all(sparse_flags(model)) else [ffn_width(model)]
+    return transformer_tp_problems(model, tp, widths=dense, kv_heads=True)
+
+
 SPEC = ModelSpec.decoder(
     Qwen3MoeConfig,
-    parallelize=None,  # no tensor-parallel plan for the experts yet: validation refuses tp > 1 before spawn
+    # Qwen3's plan; a sparse layer's feed-forward (marked by its router) runs whole on every tp rank
+    tp_plan=decoder_tp_plan(
+        ffn_in=("w1", "w3"), extra_inputs=1, head_norms=("q_norm", "k_norm"), ffn_whole_if="router"
+    ),
+    tp_check=qwen3_moe_tp_problems,
     shape=qwen3_moe_shape,
     check=qwen3_moe_problems,
     hf_adapter="models.qwen3_moe.hf_adapter:ADAPTER",

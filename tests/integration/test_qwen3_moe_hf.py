@@ -1,8 +1,10 @@
 """A tiny Qwen3-MoE written by transformers (random weights, per-expert keys, no download) starts runs with
-``model.init_from`` under single, fsdp (each rank reads only its experts' slices) and 1f1b on 2 stages: step 1's
-loss is transformers' LM loss on the same batch, the layouts reproduce single's losses (1e-4 relative; every
-forward holds 4 samples, so the load-balancing loss is over the same tokens), and the fsdp run's checkpoint exports
-(``trainer.export``, through the family's adapter) to a folder whose logits in transformers equal meshtrain's."""
+``model.init_from`` under single, fsdp (each rank reads only its experts' slices), 1f1b on 2 stages and
+``parallel=hybrid`` dp2 x ep2 x pp2 (4 ranks, ep borrowing dp: each stage's experts split over ep): step 1's loss is
+transformers' LM loss on the same batch, the layouts reproduce single's losses (1e-4 relative; the load-balancing
+loss is over one forward's tokens, so each layout is compared with single running forwards of as many samples: 4,
+or 2 for the hybrid's 2 micro-batches of 2 per rank), and the fsdp and hybrid runs' checkpoints export
+(``trainer.export``, through the family's adapter) to folders whose logits in transformers equal meshtrain's."""
 
 from __future__ import annotations
 
@@ -35,7 +37,17 @@ LAYOUTS = {
     "single": {"defaults": [{"override /parallel": "single"}], "data": {"micro_batch_size": 4}},
     "fsdp": {"defaults": [{"override /parallel": "fsdp"}]},
     "1f1b": {"defaults": [{"override /parallel": "pp"}], "pp": {"schedule": "1f1b", "micro_batches": 2}},
+    "single_mb2": {"defaults": [{"override /parallel": "single"}], "data": {"micro_batch_size": 2}},
+    # the issue's example: python train.py model=qwen3_moe_debug parallel=hybrid dp.size=2 ep.size=2 pp.size=2
+    "ep_pp": {
+        "defaults": [{"override /parallel": "hybrid"}],
+        "dp": {"size": 2},
+        "ep": {"size": 2},
+        "tp": {"size": 1},
+        "pp": {"size": 2, "schedule": "1f1b", "micro_batches": 2},
+    },
 }
+REFERENCE = {"ep_pp": "single_mb2"}  # forwards of 2 samples, as the hybrid's micro-batches
 
 
 @pytest.fixture(scope="module")
@@ -77,15 +89,20 @@ def test_step_one_loss_is_transformers_loss(runs, folder):
     assert abs(got - want) <= 1e-5 * want
 
 
-@pytest.mark.parametrize("case", ["fsdp", "1f1b"])
+@pytest.mark.parametrize("case", ["fsdp", "1f1b", "ep_pp"])
 def test_layouts_match_single(runs, case):
-    ref, got = metrics(runs["single"]), metrics(runs[case])
+    ref, got = metrics(runs[REFERENCE.get(case, "single")]), metrics(runs[case])
     assert len(got) == 3
-    assert_losses_close([m["loss"] for m in got], [m["loss"] for m in ref], rel=1e-4)
+    losses = [m["loss"] for m in got]
+    print(case, "max relative loss difference", max(abs(a - r["loss"]) / r["loss"] for a, r in zip(losses, ref)))
+    assert_losses_close(losses, [m["loss"] for m in ref], rel=1e-4)
     assert_losses_close([m["grad_norm"] for m in got], [m["grad_norm"] for m in ref], rel=1e-4)
+    if case == "ep_pp":  # the experts were split: tokens went to them by all-to-all
+        assert all(m["ep_a2a_time_s"] > 0 and m["ep_a2a_calls"] > 0 for m in got)
 
 
-def test_fsdp_run_exports_with_transformers_logits(runs, tmp_path):
+@pytest.mark.parametrize("case", ["fsdp", "ep_pp"])
+def test_run_exports_with_transformers_logits(runs, tmp_path, case):
     from hydra.utils import instantiate
     from transformers import AutoModelForCausalLM
 
@@ -93,13 +110,13 @@ def test_fsdp_run_exports_with_transformers_logits(runs, tmp_path):
     from trainer.checkpoint.files import read_marker
     from trainer.export import export, find_checkpoint, full_state
 
-    out = export(runs["fsdp"], tmp_path / "hf")
-    checkpoint = find_checkpoint(runs["fsdp"])
+    out = export(runs[case], tmp_path / "hf")
+    checkpoint = find_checkpoint(runs[case])
     module = instantiate(builder_kwargs(read_marker(checkpoint)["model"])).eval()
     module.load_state_dict(full_state(checkpoint))
     hf = AutoModelForCausalLM.from_pretrained(out).eval()
     tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         diff = max_logit_difference(module(tokens), hf(tokens).logits)
-    print(f"fsdp: exported after 3 steps, max |logit difference| in transformers {diff:.2e}")
+    print(f"{case}: exported after 3 steps, max |logit difference| in transformers {diff:.2e}")
     assert diff <= 1e-5

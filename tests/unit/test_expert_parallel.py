@@ -62,6 +62,15 @@ MOE = ("model=qwen3_moe_debug", "parallel=hybrid", "tp.size=1", "pp.size=1")
             ("model=qwen3_moe_debug", "parallel=fsdp", "dp.size=2", "ep.size=2"),
             "ep.size=2 with parallel=fsdp: fsdp does not use the ep dimension",
         ),
+        (  # ep borrows dp x cp, not tp: each tp rank runs the sparse blocks whole on the same tokens
+            ("model=qwen3_moe_debug", "parallel=hybrid", "dp.size=1", "tp.size=2", "pp.size=1", "ep.size=2"),
+            "ep.size=2 does not divide dp.size=1 = 1, the ranks ep borrows (it adds none of its own); set ep.size "
+            "to one of 1",
+        ),
+        (
+            ("model=qwen3_moe_debug", "parallel=tp", "tp.size=4"),
+            "model.n_kv_heads=2 is not divisible by tp.size=4: wk/wv are split by key/value heads",
+        ),
     ],
 )
 def test_refused_before_any_worker_starts(compose_cfg, overrides, message):
@@ -70,6 +79,17 @@ def test_refused_before_any_worker_starts(compose_cfg, overrides, message):
     with pytest.raises(ConfigError) as err:
         validate(compose_cfg(*overrides))
     assert message in str(err.value)
+
+
+def test_tensor_parallel_with_expert_parallel_is_accepted(compose_cfg):
+    """The attention split over tp, the sparse blocks whole on each tp rank (no width of theirs need divide tp)."""
+    from trainer.validate import build_layout, validate
+
+    validate(compose_cfg("model=qwen3_moe_debug", "parallel=tp", "model.moe_d_ff=63"))
+    cfg = compose_cfg(*MOE, "dp.size=2", "ep.size=2", "tp.size=2", "tp.sequence_parallel=true")
+    layout = build_layout(cfg)
+    assert layout.world_size == 4 and layout.ep == 2 and layout.dp_shard
+    validate(cfg)
 
 
 def test_dp_is_fsdp2_under_expert_parallel(compose_cfg):

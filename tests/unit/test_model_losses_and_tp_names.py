@@ -11,7 +11,7 @@ from models.registry import REGISTRY
 from models.spec import builder_kwargs
 
 #: a small config of every built-in family with a tensor-parallel plan (a new family adds its own here)
-TINY = {"gpt": "gpt_small", "llama": "llama_debug", "qwen3": "qwen3_debug"}
+TINY = {"gpt": "gpt_small", "llama": "llama_debug", "qwen3": "qwen3_debug", "qwen3_moe": "qwen3_moe_debug"}
 
 
 def build_tiny(compose_cfg, family: str) -> torch.nn.Module:
@@ -37,15 +37,38 @@ def test_every_name_a_family_declares_exists_in_its_built_model(compose_cfg, fam
 
     model = build_tiny(compose_cfg, family)
     plan = REGISTRY[family].tp_plan
-    names = plan.module_names(list(model.layers.keys()))
     present = dict(model.named_modules())
+    names = plan.module_names(list(model.layers.keys()), present=present)
     absent = [n for n in names if n not in present]
     assert not absent, f"{family}'s ModelSpec.tp_plan names modules its model lacks: {absent}"
     assert missing_modules(model, plan) == []
-    # the plan reads every projection of a block: q/k/v in, out; the feed-forward's inputs and output
-    block = plan.block_modules("layers.0")
-    linears = {n for n, m in model.named_modules() if n.startswith("layers.0.") and isinstance(m, torch.nn.Linear)}
-    assert linears <= set(block), f"{family}: projections the plan leaves whole: {sorted(linears - set(block))}"
+    # the plan reads every projection of a block: q/k/v in, out; the feed-forward's inputs and output (a
+    # mixture of experts' feed-forward runs whole: its router is read, its experts are not linear layers)
+    for key in model.layers.keys():
+        block = plan.block_modules(f"layers.{key}", present=present)
+        inside = f"layers.{key}."
+        linears = {n for n, m in model.named_modules() if n.startswith(inside) and isinstance(m, torch.nn.Linear)}
+        assert linears <= set(block), f"{family}: projections the plan leaves whole: {sorted(linears - set(block))}"
+
+
+def test_a_mixture_of_experts_block_runs_whole_on_every_tp_rank(compose_cfg):
+    """qwen3_moe_debug: layers 0-2 sparse (their feed-forward is not split; with sequence parallel its input is
+    gathered and its output cut back to the shard), layer 3 dense (split as Qwen3's)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInputOutput
+
+    from models.tensor_parallel import block_plan
+
+    model = build_tiny(compose_cfg, "qwen3_moe")
+    plan = REGISTRY["qwen3_moe"].tp_plan
+    sparse = block_plan(plan, "layers.0", sequence_parallel=False, model=model)
+    assert not [k for k in sparse if ".feed_forward" in k] and isinstance(
+        sparse["layers.0.attention.wq"], ColwiseParallel
+    )
+    with_sp = block_plan(plan, "layers.0", sequence_parallel=True, model=model)
+    assert isinstance(with_sp["layers.0.feed_forward"], PrepareModuleInputOutput)
+    assert not [k for k in with_sp if k.startswith("layers.0.feed_forward.")]
+    dense = block_plan(plan, "layers.3", sequence_parallel=False, model=model)
+    assert {k for k in dense if ".feed_forward" in k} == {f"layers.3.feed_forward.{w}" for w in ("w1", "w2", "w3")}
 
 
 def test_a_renamed_module_is_named_in_the_refusal(compose_cfg):
