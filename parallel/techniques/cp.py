@@ -19,16 +19,15 @@ all-to-all is ``all_to_all_single_autograd`` (its backward is the reverse all-to
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch.distributed.device_mesh import DeviceMesh
 
 from parallel.config import CP_ATTENTION
+from parallel.core.all_to_all import timed_all_to_all
 from parallel.core.intervals import union_seconds
 
 Attend = Callable[..., torch.Tensor]
@@ -52,8 +51,8 @@ class AllToAllTimer:
     def __exit__(self, *exc: object) -> None:
         self.active = False
 
-    def record(self, start: float) -> None:
-        self.intervals.append((start, time.perf_counter()))
+    def add(self, start: float, end: float) -> None:
+        self.intervals.append((start, end))
         self.count += 1
 
     def take(self) -> tuple[float, int]:
@@ -62,33 +61,11 @@ class AllToAllTimer:
         return seconds, count
 
 
-def _timed_all_to_all(x: torch.Tensor, group, timer: AllToAllTimer) -> torch.Tensor:
-    start = time.perf_counter()
-    x = x.contiguous()  # a gradient arrives in any layout; the exchange reads and writes dense rows
-    out = torch.empty_like(x)
-    dist.all_to_all_single(out, x, group=group)  # returns when this rank's share has arrived
-    timer.record(start)
-    return out
-
-
-class _TimedAllToAll(torch.autograd.Function):
-    """The all-to-all with its time recorded, forward and backward (the backward of an all-to-all is the same
-    all-to-all of the gradients)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, group, timer: AllToAllTimer) -> torch.Tensor:
-        ctx.group, ctx.timer = group, timer
-        return _timed_all_to_all(x, group, timer)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return _timed_all_to_all(grad, ctx.group, ctx.timer), None, None
-
-
 def _exchange(x: torch.Tensor, group, timer: AllToAllTimer | None = None) -> torch.Tensor:
-    """All-to-all of a (cp, ...) tensor: slab j goes to rank j, slab i of the result came from rank i."""
+    """All-to-all of a (cp, ...) tensor: slab j goes to rank j, slab i of the result came from rank i (even splits;
+    the backward of an all-to-all is the same all-to-all of the gradients), timed on measured steps."""
     if timer is not None and timer.active:
-        return _TimedAllToAll.apply(x.contiguous(), group, timer)
+        return timed_all_to_all(x, group=group, log=timer)
     return all_to_all_single_autograd(x.contiguous(), None, None, group)
 
 

@@ -23,15 +23,14 @@ all-to-all's backward is the reverse all-to-all; both directions are timed (``A2
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from models.moe import LocalDispatch, Routed, has_values, moe_layers
+from parallel.core.all_to_all import exchange, timed_all_to_all
 from parallel.core.intervals import IntervalLog
 
 
@@ -40,31 +39,6 @@ class A2AMeter(IntervalLog):
     the split exchange included)."""
 
     count_key = "ep_a2a_calls"
-
-
-class _AllToAll(torch.autograd.Function):
-    """``all_to_all_single`` with uneven splits whose backward is the reverse exchange (the gradient of a row goes
-    back to the rank that sent it), times ``grad_scale``."""
-
-    @staticmethod
-    def forward(ctx, x, out_splits, in_splits, group, meter, grad_scale):
-        ctx.splits, ctx.group, ctx.meter, ctx.grad_scale = (out_splits, in_splits), group, meter, grad_scale
-        return _exchange(x, out_splits, in_splits, group, meter)
-
-    @staticmethod
-    def backward(ctx, grad):
-        out_splits, in_splits = ctx.splits
-        back = _exchange(grad.contiguous(), in_splits, out_splits, ctx.group, ctx.meter)
-        return (back * ctx.grad_scale if ctx.grad_scale != 1 else back), None, None, None, None, None
-
-
-def _exchange(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group, meter: IntervalLog | None):
-    out = x.new_empty((sum(out_splits), *x.shape[1:]))
-    start = time.perf_counter()
-    dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
-    if meter is not None:
-        meter.add(start, time.perf_counter())
-    return out
 
 
 @dataclass
@@ -97,18 +71,21 @@ class AllToAllDispatch(LocalDispatch):
         routed = super().dispatch(x, idx, weights)
         ep, local = self.ep, self.local_experts
         if has_values(routed.counts):
-            start = time.perf_counter()
-            recv = torch.empty_like(routed.counts)
-            dist.all_to_all_single(recv, routed.counts, group=self.group)  # per source rank, per local expert
-            if self.meter is not None:
-                self.meter.add(start, time.perf_counter())
-            recv = recv.view(ep, local)
+            # per source rank, per local expert
+            recv = exchange(routed.counts, group=self.group, log=self.meter).view(ep, local)
             send_splits, recv_splits = routed.counts.view(ep, local).sum(1).tolist(), recv.sum(1).tolist()
         else:  # the dry run's shapes (meta, fake): balanced routing
             per = routed.rows.shape[0] // (ep * local)
             recv = torch.full((ep, local), per, dtype=torch.long, device=routed.counts.device)
             send_splits = recv_splits = [per * local] * ep
-        rows = _AllToAll.apply(routed.rows, recv_splits, send_splits, self.group, self.meter, float(ep))
+        rows = timed_all_to_all(
+            routed.rows,
+            group=self.group,
+            log=self.meter,
+            out_splits=recv_splits,
+            in_splits=send_splits,
+            grad_scale=float(ep),
+        )
         order = _by_local_expert(recv, rows=sum(recv_splits))
         return EPRouted(
             rows=rows[order],
@@ -125,7 +102,14 @@ class AllToAllDispatch(LocalDispatch):
         back = torch.empty_like(routed.order).index_copy_(
             0, routed.order, torch.arange(routed.order.numel(), device=routed.order.device)
         )
-        y = _AllToAll.apply(y[back], routed.send_splits, routed.recv_splits, self.group, self.meter, 1.0 / self.ep)
+        y = timed_all_to_all(
+            y[back],
+            group=self.group,
+            log=self.meter,
+            out_splits=routed.send_splits,
+            in_splits=routed.recv_splits,
+            grad_scale=1.0 / self.ep,
+        )
         return super().combine(y, routed, tokens)
 
 
