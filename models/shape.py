@@ -17,6 +17,7 @@ the formulas are written once here and the family says only how its config maps 
 from __future__ import annotations
 
 import fnmatch
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +40,13 @@ def targeted(fqn: str, targets: Iterable[str]) -> bool:
     pattern over the whole FQN (``layers.*.attention.wq``)."""
     last = fqn.rsplit(".", 1)[-1]
     return any(t == last or fnmatch.fnmatchcase(fqn, t) for t in targets)
+
+
+def kv_repeats(kv_heads: int, cp: int) -> int:
+    """How many times context parallel repeats each key/value head so that cp ranks get whole heads
+    (``parallel/techniques/cp.py``): 1 when cp divides them, else lcm(kv_heads, cp) / kv_heads (a query head's
+    group still maps to copies of its own key/value head)."""
+    return math.lcm(kv_heads, cp) // kv_heads
 
 
 class PlanError(ValueError):

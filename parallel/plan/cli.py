@@ -245,7 +245,8 @@ def print_dry_run(report, *, file=None) -> None:
     shown = [n for n in dims.names() if n in ("dp", "tp", "pp") or int(lay.get(n, 1)) > 1]
     table = Table(
         title=f"dry run: {' '.join(f'{n}{lay[n]}' for n in shown)} m={lay['micro_batches']} {lay['schedule']} "
-        f"(v{lay['stages_per_rank']}, zero{lay['zero_stage']}, {lay['precision']}) on {report.world_size} ranks, "
+        f"(v{lay['stages_per_rank']}, zero{lay['zero_stage']}, {lay['precision']}, recompute {lay['recompute']}) on "
+        f"{report.world_size} ranks, "
         f"fake process group, {len(report.ranks)} sampled, {report.seconds:.1f} s"
     )
     coord_names = dims.coord_names() if int(lay.get("ep", 1)) > 1 else dims.mesh_names()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from models.shape import kv_repeats
 from parallel.core.dims import Sized, lenders, with_dim_kwargs
 from parallel.pipeline.schedules import SCHEDULES, schedule_spec, stage_to_rank
 from parallel.plan.specs import HardwareSpec, Link, ModelShape, Workload
@@ -258,7 +259,8 @@ class ActivationCase:
     recompute: str
     element_bytes: int
     cp: int = 1
-    """Context-parallel degree: attention scores span the whole sequence, seq_len x cp."""
+    """Context-parallel degree: attention spans the whole sequence, seq_len x cp (Megatron-LM's s² scores; meshtrain's
+    all-to-all output copy and key/value heads repeated when cp exceeds them)."""
     ep: int = 1
     """Expert-parallel degree: above 1 a MoE block also keeps the all-to-all's reordering indices."""
 
@@ -288,34 +290,119 @@ def layer_activation_bytes(model: ModelShape, layer: int, case: ActivationCase) 
     return scale * (unsharded + (sharded + scores) / tp)
 
 
-def saved_layer_activation_bytes(model: ModelShape, layer: int, case: ActivationCase) -> float:
-    """What one of meshtrain's blocks actually keeps for backward, for one micro-batch (bytes).
+#: bytes of the float32 values meshtrain's blocks save whatever the activation precision: SDPA's log-sum-exp,
+#: RMSNorm's input, normalised input and statistic (CPU autocast runs RMSNorm in fp32) and the log-probabilities
+FP32_BYTES = 4
+#: bytes of one int64 target the loss saves per token
+TARGET_BYTES = 8
 
-    Counted from the tensors autograd saves in ``models/gpt/model.py`` under DTensor tensor parallel (the dry
-    run measures exactly this: ``parallel/plan/dry_run.py``), which differs from Megatron-LM's in three ways:
-    attention is ``scaled_dot_product_attention`` (a fused kernel that keeps the log-sum-exp, s·a·b fp32
-    values, not the s²·a·b scores), there is no dropout (no masks), and DTensor's sequence parallel keeps the
-    all-gathered inputs of the column-parallel projections (2sbh, not sharded). Per block:
-    LayerNorm inputs 2sbh (/t with sequence parallel) and their statistics 4sb fp32; the normed inputs of the
-    attention and MLP projections 2sbh (replicated over t); q, k, v and the attention output 4sbh/t; the MLP's
-    first projection output and its GELU output 2sb·d_ff/t; the log-sum-exp s·a·b/t fp32.
-    Selective recomputation keeps the matmul outputs and recomputes norms and the GELU (drops the normed
-    inputs and the GELU output); full recomputation keeps the block input, sbh (/t with sequence parallel).
+
+def norm_saved_bytes(model: ModelShape, width: int, *, element_bytes: int) -> float:
+    """What one norm over ``width`` channels saves per row (token, or token x head) for backward, in bytes.
+
+    LayerNorm (``norm_params`` 2): its input and its mean and reciprocal standard deviation, in the activation
+    dtype (CPU autocast runs ``layer_norm`` in bf16). RMSNorm (``norm_params`` 1; ``nn.RMSNorm`` is composite in
+    torch 2.13): its input, the normalised input (for the weight's gradient) and the reciprocal RMS, in fp32 under
+    autocast too (it upcasts the bf16 input and saves the copy). Measured with the dry run's hook (torch 2.13, CPU).
     """
-    s, b, h, a, f = case.seq_len, case.micro_batch, model.d_model, model.n_heads, model.layer_d_ff[layer]
-    tp, recompute, element_bytes = case.tp, case.recompute, case.element_bytes
-    shard_seq = tp if case.sequence_parallel else 1
-    if recompute == "full":
-        return element_bytes * s * b * h / shard_seq
-    norm_in = 2 * s * b * h / shard_seq * element_bytes + 4 * s * b / shard_seq * 4
-    normed = 2 * s * b * h * element_bytes
-    attention = 4 * s * b * h / tp * element_bytes + s * b * a / tp * 4
-    mlp = 2 * s * b * f / tp * element_bytes
-    if model.sparse[layer]:  # a mixture of experts instead of the MLP: its own terms and recomputation rule
-        mlp = moe_saved_activation_bytes(model, layer, case)
-    if recompute == "selective":
-        return norm_in + attention + (mlp if model.sparse[layer] else mlp / 2)
-    return norm_in + normed + attention + mlp
+    if model.norm_params == 1:
+        return (2 * width + 1) * FP32_BYTES
+    return (width + 2) * element_bytes
+
+
+def attention_saved_bytes(model: ModelShape, case: ActivationCase) -> float:
+    """What one attention (its input projections' input to its output projection) saves per token, in bytes.
+
+    Without recomputation: the normed input the wq, wk, wv projections share, h·e (replicated over t; the
+    all-gathered input under sequence parallel); what SDPA saves (``scaled_dot_product_attention``, a fused
+    kernel: no s² scores): the rotated q, k and v, its output and its log-sum-exp, (2·q_dim + 2·kv_dim·r)·e/t +
+    a·4/t, where r repeats the key/value heads when cp exceeds them (``kv_repeats``; the rotation itself saves
+    only the shared rotary table, not counted: under 0.3%); under cp the output's all-to-all back to the sequence
+    split is a new tensor wo saves, q_dim·e/t; with per-head q/k norms (Qwen3) each RMSNorm's input and
+    statistics on (a + kv heads)/t heads (``norm_saved_bytes``).
+    Selective recomputation keeps the matmul outputs: q, k, v ((q_dim + 2·kv_dim)·e/t), SDPA's output and
+    log-sum-exp, and wo's output (h·e: the partial sums before tensor parallel's reduction).
+    """
+    h, q, kv, a, t, e = model.d_model, model.q_dim, model.kv_dim, model.n_heads, case.tp, case.element_bytes
+    lse = a * FP32_BYTES / t
+    if case.recompute == "selective":
+        return (q + 2 * kv + q) * e / t + lse + h * e
+    r = kv_repeats(model.n_kv_heads // t, case.cp)
+    saved = h * e + (2 * q + 2 * kv * r) * e / t + lse + (q * e / t if case.cp > 1 else 0.0)
+    if model.qk_norm:
+        saved += (model.n_heads + model.n_kv_heads) * norm_saved_bytes(model, model.head_dim, element_bytes=e) / t
+    return saved
+
+
+def dense_mlp_saved_bytes(model: ModelShape, layer: int, case: ActivationCase) -> float:
+    """What one dense MLP (``feed_forward``) saves per token, in bytes: the term a sparse layer's own replaces.
+
+    Without recomputation: its normed input, h·e (shared by w1 and w3; replicated over t), and per d_ff channel
+    (split over t): GELU's input and output (2), or SwiGLU's w1 and w3 outputs, silu's output and the product w2
+    reads (4). Selective recomputation keeps the matmul outputs: w1's (and w3's) d_ff/t and w2's h (partial sums).
+    """
+    h, f, t, e = model.d_model, model.layer_d_ff[layer], case.tp, case.element_bytes
+    matrices_in = 2 if model.gated_mlp else 1
+    if case.recompute == "selective":
+        return matrices_in * f * e / t + h * e
+    return h * e + 2 * matrices_in * f * e / t
+
+
+def mlp_saved_bytes(model: ModelShape, layer: int, case: ActivationCase) -> float:
+    """What block ``layer``'s MLP saves per token, in bytes: the dense term (``dense_mlp_saved_bytes``), or a sparse
+    layer's mixture of experts (``moe_saved_activation_bytes``, for the micro-batch, after its normed input: that
+    input, h·e, is added here without recomputation, as the dense term counts its own)."""
+    if not model.sparse[layer]:
+        return dense_mlp_saved_bytes(model, layer, case)
+    normed = model.d_model * case.element_bytes if case.recompute == "none" else 0.0
+    return normed + moe_saved_activation_bytes(model, layer, case) / (case.seq_len * case.micro_batch)
+
+
+def saved_layer_activation_bytes(model: ModelShape, layer: int, case: ActivationCase) -> float:
+    """What one of meshtrain's blocks keeps for backward, for one micro-batch (bytes): a closed formula per family.
+
+    Counted from the tensors autograd saves in the blocks of ``models/gpt/model.py`` and ``models/llama/model.py``
+    (Qwen3 included) under DTensor tensor parallel and Ulysses context parallel (``parallel/techniques/cp.py``), as
+    the dry run measures them (``parallel/plan/dry_run.py``: fake tensors, the saved-tensor hook, one count per
+    storage; recomputation with the trainer's meter, ``parallel/core/activations.py``), per token: the block's two
+    norms (``norm_saved_bytes``, /t with sequence parallel), its attention (``attention_saved_bytes``) and its
+    MLP (``mlp_saved_bytes``: dense, or a sparse layer's mixture of experts). No dropout masks, no s² scores (Megatron-LM's ``layer_activation_bytes``
+    counts both). Selective recomputation (the trainer's op-level policy: matmul and attention outputs kept, the
+    rest recomputed) keeps the block's input, h·e (/t with sequence parallel), and those outputs; full
+    recomputation keeps the block's input alone. Measured equal to the byte (GPT, Llama, Qwen3 x fp32 and bf16 x tp
+    1 and 2 with and without sequence parallel x cp 1, 2 and 4 x each recomputation mode; 64 tokens); the tests
+    (``tests/unit/test_rotary_families_dry_run.py``, ``test_dry_run_fake_group.py``) hold whole stages to 1%.
+    """
+    tokens = case.seq_len * case.micro_batch
+    shard_seq = case.tp if case.sequence_parallel else 1
+    block_input = model.d_model * case.element_bytes / shard_seq
+    if case.recompute == "full":
+        return tokens * block_input
+    mlp = mlp_saved_bytes(model, layer, case)
+    if case.recompute == "selective":
+        return tokens * (block_input + attention_saved_bytes(model, case) + mlp)
+    norms = 2 * norm_saved_bytes(model, model.d_model, element_bytes=case.element_bytes) / shard_seq
+    return tokens * (norms + attention_saved_bytes(model, case) + mlp)
+
+
+def rotary_table_saved_bytes(model: ModelShape, *, seq_len: int) -> float:
+    """The rotary families' (cos, sin) table, saved once per pipeline stage by the first rotation (the complex
+    multiply keeps its non-differentiable operand): an fp32 buffer of max(``max_seq_len``, the sequence) positions x
+    head_dim values, the same storage for every block and micro-batch (counted with each micro-batch here, as the dry
+    run counts it: an overcount of one table per further micro-batch in flight). 0 with learned positions (GPT)."""
+    return 0.0 if model.learned_positions else max(model.max_seq_len, seq_len) * model.head_dim * FP32_BYTES
+
+
+def head_saved_bytes(model: ModelShape, case: ActivationCase) -> float:
+    """What meshtrain's last stage keeps for the loss, for one micro-batch (bytes): the final norm's
+    (``norm_saved_bytes``, /t with sequence parallel), the head's input, h·e (gathered), and the cross-entropy's
+    fp32 log-probabilities, s·b·V·4, with its int64 targets. The logits themselves are not saved (fp32 logits feed
+    ``log_softmax``; bf16 ones its fp32 copy) and, with ``tp.loss_parallel=false`` (the default), the head gathers
+    the full vocabulary on every tp rank. Measured with the dry run's hook, as ``saved_layer_activation_bytes``."""
+    shard_seq = case.tp if case.sequence_parallel else 1
+    norm = norm_saved_bytes(model, model.d_model, element_bytes=case.element_bytes) / shard_seq
+    per_token = norm + model.d_model * case.element_bytes + model.vocab_size * FP32_BYTES + TARGET_BYTES
+    return case.seq_len * case.micro_batch * per_token
 
 
 def moe_saved_activation_bytes(model: ModelShape, layer: int, case: ActivationCase) -> float:
@@ -353,9 +440,9 @@ def moe_saved_activation_bytes(model: ModelShape, layer: int, case: ActivationCa
 
 
 def logits_bytes(model: ModelShape, *, seq_len: int, micro_batch: int, tp: int, element_bytes: int) -> float:
-    """The last stage keeps the logits (s·b·V) and an fp32 copy for cross entropy, split over t by the
-    vocabulary-parallel head (Megatron-LM). Our estimate; arXiv 2205.05198 section 4.3 counts the output
-    layer's 4sbh·V-scale term the same way."""
+    """Megatron-LM's last stage keeps the logits (s·b·V) and an fp32 copy for cross entropy, split over t by the
+    vocabulary-parallel head. Our estimate; arXiv 2205.05198 section 4.3 counts the output layer's 4sbh·V-scale
+    term the same way."""
     return seq_len * micro_batch * model.vocab_size * (element_bytes + 4) / tp
 
 
@@ -508,10 +595,15 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
             ep=c.ep,
         )
         per_mb = sum(layer_bytes(model, i, case) for i in layers)
+        if meshtrain and layers:  # each of the rank's stages keeps its own table
+            per_mb += v * rotary_table_saved_bytes(model, seq_len=s_full)
         held = micro_batches_in_flight(c.schedule, pp=c.pp, m=c.micro_batches, v=v, stage=r)
         if r == last:
-            # meshtrain's head gathers the logits on every tp rank (tp.loss_parallel=false, the default)
-            per_mb += logits_bytes(model, seq_len=s, micro_batch=b, tp=1 if meshtrain else c.tp, element_bytes=e)
+            per_mb += (
+                head_saved_bytes(model, case)
+                if meshtrain
+                else logits_bytes(model, seq_len=s, micro_batch=b, tp=c.tp, element_bytes=e)
+            )
         acts = per_mb * held
         mem = Memory(params=w, grads=g, optimizer=o, activations=acts)
         rank_memory.append(mem)

@@ -408,6 +408,7 @@ def dry_run(
         "stages_per_rank": c.stages_per_rank,
         "zero_stage": c.zero_stage,
         "sequence_parallel": sp,
+        "recompute": c.recompute,
         "split_points": list(split_points) if c.pp > 1 else None,
         "precision": workload.precision,
     }

@@ -18,7 +18,6 @@ all-to-all is ``all_to_all_single_autograd`` (its backward is the reverse all-to
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -26,6 +25,7 @@ from torch import nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch.distributed.device_mesh import DeviceMesh
 
+from models.shape import kv_repeats
 from parallel.config import CP_ATTENTION
 from parallel.core.all_to_all import timed_all_to_all
 from parallel.core.intervals import union_seconds
@@ -83,12 +83,6 @@ def heads_to_seq(y: torch.Tensor, *, cp: int, group, timer: AllToAllTimer | None
     slabs = y.reshape(b, cp, s // cp, hc, d).permute(1, 0, 2, 3, 4)  # (cp, b, t, h/cp, d): chunk j to rank j
     got = _exchange(slabs, group, timer)  # (cp, b, t, h/cp, d): slab i is head group i
     return got.permute(1, 2, 0, 3, 4).reshape(b, s // cp, hc * cp, d)
-
-
-def kv_repeats(kv_heads: int, cp: int) -> int:
-    """How many times each key/value head is repeated so that cp ranks get whole heads: 1 when cp divides them,
-    else lcm(kv_heads, cp) / kv_heads (a query head's group still maps to copies of its own key/value head)."""
-    return math.lcm(kv_heads, cp) // kv_heads
 
 
 def ulysses(attend: Attend, *, group, cp: int, timer: AllToAllTimer | None = None) -> Attend:

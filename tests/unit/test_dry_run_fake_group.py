@@ -39,9 +39,10 @@ def test_small_cluster_measured_bytes_match_the_estimate(small_cluster):
     assert [r.stages for r in report.ranks] == [[0], [0], [1], [1]]
     for r in report.ranks:
         assert r.error is None, r.error
-        # the issue's targets: model state within 5%, activations within 25% of the planner's estimate
+        # the issue's targets: model state within 5%, activations within 25% of the planner's estimate; the
+        # activation formula counts what the blocks save: within 1% (token ids and positions on stage 0 uncounted)
         assert r.ratio("model_state") == pytest.approx(1.0, abs=0.05), r
-        assert r.ratio("activations_per_micro_batch") == pytest.approx(1.0, abs=0.25), r
+        assert r.ratio("activations_per_micro_batch") == pytest.approx(1.0, abs=0.01), r
         # fp32 AdamW: moments are twice the (sharded) parameters, gradients as large as the parameters
         assert r.measured["optimizer"] == 2 * r.measured["params"] == 2 * r.measured["grads"]
     first, last = report.ranks[0], report.ranks[-1]
@@ -68,3 +69,22 @@ def test_meshtrain_tensor_parallel_replicates_embeddings_and_norms():
     assert sharded == pytest.approx((m.layer_params(0) * 2 + m.embedding_params) / 4)
     replicated = m.embedding_params + 2 * m.layer_norm_params(0)
     assert ours == pytest.approx((m.layer_params(0) * 2 - 2 * m.layer_norm_params(0)) / 4 + replicated)
+
+
+@pytest.mark.parametrize(
+    "name,recompute", [("gpt_small", "selective"), ("llama_debug", "full"), ("qwen3_debug", "selective")]
+)
+def test_recomputation_is_built_and_keeps_the_planned_bytes(name, recompute):
+    """The dry run checkpoints the blocks as the layout's recompute says and counts what checkpointing keeps (block
+    inputs, the selective policy's matmul and attention outputs) with the trainer's meter: the plan's bytes within
+    1%, under cp 2 x tp 2 with sequence parallel, bf16, on rank 0 (embeddings and head: the whole model)."""
+    cfg = compose([f"model={name}", "data.seq_len=64", "data.global_batch_size=4", "planner.precision=mixed"])
+    model, hardware, workload = specs_from_cfg(cfg, calibrate=False)
+    c = Candidate(cp=2, tp=2, sequence_parallel=True, micro_batches=2, recompute=recompute)
+    report = dry_run(
+        model_config=typed_model(cfg.model), candidate=c, model=model, hardware=hardware, workload=workload, ranks=[0]
+    )
+    (r,) = report.ranks
+    assert r.error is None, r.error
+    assert report.layout["recompute"] == recompute
+    assert r.ratio("activations_per_micro_batch") == pytest.approx(1.0, abs=0.01), r
