@@ -193,8 +193,9 @@ class PlannerConfig:
 
     precision: str = "auto"
     """fp32 (4-byte params, grads, Adam states), mixed (bf16/fp16 params and grads + fp32 master and Adam, ZeRO's K=12), or auto (mixed on cuda, fp32 on cpu)."""
-    recompute: str = "none"
-    """Activation recomputation the planner may use: none, selective, full, or any (enumerate all three)."""
+    recompute: str = "auto"
+    """Activation recomputation the planner may use: none, selective, full, any (enumerate all three), or auto (none
+    first; when nothing fits without recomputation, all three, and the reason line says so)."""
     memory_fraction: float = 0.9
     """Share of device memory a layout may plan to use (the rest: allocator, buffers, fragmentation)."""
     global_batch_size: Optional[int] = None

@@ -15,7 +15,6 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -102,8 +101,6 @@ def specs_from_cfg(cfg: Any, *, calibrate: bool | None = None) -> tuple[ModelSha
         hardware = calibrate_hardware(
             hardware, model_config=model_config, workload=workload(hardware, planner), threads=topology.threads_per_rank
         )
-    if str(planner.recompute) == "auto":
-        planner = replace(planner, recompute="any" if hardware.device == "cuda" else "none")
     return model, hardware, workload(hardware, planner)
 
 

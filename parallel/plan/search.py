@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from parallel.core import dims
+from parallel.core.checkpointing_modes import AC_MODES
 from parallel.core.layout import factorizations
 from parallel.core.precision import planner_precision
 from parallel.core.registry import TRAINABLE_RECOMPUTE, TRAINABLE_ZERO_STAGES, plannable, strategy_for
@@ -52,11 +53,12 @@ class Plan:
     def best(self) -> Estimate:
         if not self.ranked:
             need = min(e.memory.total for e in self.closest_misses) / GB if self.closest_misses else float("nan")
+            recompute = "" if set(AC_MODES) <= set(self.workload.recompute) else "allow planner.recompute=auto, "
             raise PlanError(
                 f"no layout of model={self.model.name} fits topology={self.hardware.name}: the smallest needs "
                 f"{need:.1f} GB per device, the budget is {self.hardware.memory_bytes * self.workload.memory_fraction / GB:.1f} GB "
-                "(topology.device_memory_gb x planner.memory_fraction); lower planner.global_batch_size, allow "
-                "planner.recompute=any, or use more devices (topology.nnodes)"
+                "(topology.device_memory_gb x planner.memory_fraction); lower planner.global_batch_size, "
+                f"{recompute}or use more devices (topology.nnodes)"
             )
         return self.ranked[0]
 
@@ -172,8 +174,35 @@ def enumerate_candidates(*, model: ModelShape, hardware: HardwareSpec, workload:
 def plan(
     *, model: ModelShape, hardware: HardwareSpec, workload: Workload, allowed: Iterable[str] | None = None
 ) -> Plan:
-    """Rank every candidate (only those ``trainable`` with ``allowed`` strategies, when given)."""
+    """Rank every candidate (only those ``trainable`` with ``allowed`` strategies, when given). When nothing fits and
+    the workload has a recomputation fallback (``planner.recompute=auto``), rank again with it and say so."""
     allowed = tuple(allowed) if allowed is not None else None
+    ranked, misses = rank(model=model, hardware=hardware, workload=workload, allowed=allowed)
+    without: Estimate | None = None
+    if not ranked and workload.recompute_fallback:
+        without = misses[0] if misses else None
+        workload = replace(workload, recompute=workload.recompute_fallback, recompute_fallback=())
+        ranked, misses = rank(model=model, hardware=hardware, workload=workload, allowed=allowed)
+    reason = (
+        seed_reason(ranked, model=model, hardware=hardware, workload=workload, without_recompute=without)
+        if ranked
+        else "nothing fits"
+    )
+    return Plan(
+        model=model,
+        hardware=hardware,
+        workload=workload,
+        ranked=ranked,
+        rejected=len(misses),
+        closest_misses=tuple(misses[:5]),
+        reason=reason,
+    )
+
+
+def rank(
+    *, model: ModelShape, hardware: HardwareSpec, workload: Workload, allowed: tuple[str, ...] | None
+) -> tuple[tuple[Estimate, ...], list[Estimate]]:
+    """(the candidates that fit, fastest first; those over the budget, smallest first)."""
     fits, misses = [], []
     for cand in enumerate_candidates(model=model, hardware=hardware, workload=workload):
         if allowed is not None and not trainable(cand, allowed):
@@ -186,17 +215,7 @@ def plan(
         fits = [e for e in fits if e.candidate.cp == 1]
     fits.sort(key=lambda e: (round(e.step_time_s, 12), e.candidate.micro_batches, e.memory.total))
     misses.sort(key=lambda e: e.memory.total)
-    ranked = tuple(fits)
-    reason = seed_reason(ranked, model=model, hardware=hardware, workload=workload) if ranked else "nothing fits"
-    return Plan(
-        model=model,
-        hardware=hardware,
-        workload=workload,
-        ranked=ranked,
-        rejected=len(misses),
-        closest_misses=tuple(misses[:5]),
-        reason=reason,
-    )
+    return tuple(fits), misses
 
 
 # ---- the seed's decision tree, as the reason -------------------------------------------------
@@ -212,7 +231,16 @@ def crosses_nodes(*, span: int, stride: int, hardware: HardwareSpec) -> bool:
     return hardware.nnodes > 1 and span > 1 and span * stride > hardware.devices_per_node
 
 
-def seed_reason(ranked: tuple[Estimate, ...], *, model: ModelShape, hardware: HardwareSpec, workload: Workload) -> str:
+def seed_reason(
+    ranked: tuple[Estimate, ...],
+    *,
+    model: ModelShape,
+    hardware: HardwareSpec,
+    workload: Workload,
+    without_recompute: Estimate | None = None,
+) -> str:
+    """The seed's tree with this plan's numbers; ``without_recompute``: the smallest layout without recomputation,
+    when none fitted and the plan fell back to every mode (``planner.recompute=auto``)."""
     best = ranked[0]
     c = best.candidate
     single = one_device_need(model=model, hardware=hardware, workload=workload)
@@ -249,6 +277,12 @@ def seed_reason(ranked: tuple[Estimate, ...], *, model: ModelShape, hardware: Ha
         parts.append(
             f"long sequence ({workload.seq_len} tokens): no layout without context parallel fits → cp "
             f"(each rank holds {workload.seq_len // c.cp} tokens of every sample, its activations / {c.cp})"
+        )
+    if without_recompute is not None:
+        parts.append(
+            f"nothing fits without recomputation (the smallest, {describe(without_recompute.candidate)}, needs "
+            f"{without_recompute.memory.total / GB:.3g} of {budget:.3g} GB) → recomputation (planner.recompute=auto: "
+            f"{', '.join(workload.recompute)} planned)"
         )
     if model.n_experts:
         parts.append(expert_reason(best, ranked, model=model, hardware=hardware, workload=workload))

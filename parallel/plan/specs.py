@@ -146,6 +146,10 @@ class Workload:
     precision: str = "fp32"
     memory_fraction: float = 0.9
     recompute: tuple[str, ...] = ("none",)
+    """The recomputation modes candidates may use (``planner.recompute``)."""
+    recompute_fallback: tuple[str, ...] = ()
+    """Modes to plan with when nothing fits with ``recompute`` (``planner.recompute=auto``: none first, then every
+    mode; ``search.plan`` says so in the reason line). Empty: ``recompute`` is strict."""
     implementation: str = "meshtrain"
     """Whose blocks the memory terms count: ``meshtrain`` (what meshtrain's models and tensor-parallel plans
     hold and save, checked by the dry run: ``parallel/plan/dry_run.py``) or ``megatron`` (Megatron-LM's, as
@@ -190,9 +194,9 @@ class Workload:
                 f"planner.precision={planner.precision}: use auto or one of {', '.join(PLANNER_PRECISIONS)}"
             )
         recompute = str(planner.recompute)
-        options = {**{mode: (mode,) for mode in AC_MODES}, "any": AC_MODES}
+        options = {**{mode: (mode,) for mode in AC_MODES}, "any": AC_MODES, "auto": ("none",)}
         if recompute not in options:
-            raise PlanError(f"planner.recompute={recompute}: use {', '.join(AC_MODES)} or any")
+            raise PlanError(f"planner.recompute={recompute}: use auto, {', '.join(AC_MODES)} or any")
         fraction = float(planner.memory_fraction)
         if not 0 < fraction <= 1:
             raise PlanError(f"planner.memory_fraction={fraction}: must be in (0, 1]")
@@ -202,4 +206,5 @@ class Workload:
             precision=precision,
             memory_fraction=fraction,
             recompute=options[recompute],
+            recompute_fallback=AC_MODES if recompute == "auto" else (),
         )

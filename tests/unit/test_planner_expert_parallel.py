@@ -4,6 +4,8 @@ ep, the keep-ep-inside-a-node pitfall, and the dry run building ep under the fak
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from parallel.plan.cli import compose, specs_from_cfg, typed_model
@@ -193,14 +195,15 @@ def test_ep_across_nodes_is_a_pitfall_with_its_numbers():
 
 def test_qwen3_235b_on_1024_h100s_ranks_expert_parallel_first(compose_cfg):
     # at its 512 x 4096 tokens nothing fits 80 GB without recomputation (the routed rows' activations: about 1.2 GB
-    # per sparse layer and sample) and qwen3_moe has no context parallel: the planner says so and names the fix
-    with pytest.raises(PlanError, match="allow planner.recompute=any"):
-        model, hardware, workload = specs_from_cfg(compose_cfg("model=qwen3_235b_a22b", "topology=cluster_1024xh100"))
-        _ = plan(model=model, hardware=hardware, workload=workload).best
-    cfg = compose_cfg("model=qwen3_235b_a22b", "topology=cluster_1024xh100", "planner.recompute=any")
+    # per sparse layer and sample): planner.recompute=auto (the default) plans again with every mode and says so
+    cfg = compose_cfg("model=qwen3_235b_a22b", "topology=cluster_1024xh100")
     model, hardware, workload = specs_from_cfg(cfg)
-    assert not model.context_parallel
+    assert workload.recompute == ("none",) and workload.recompute_fallback == ("none", "selective", "full")
+    with pytest.raises(PlanError, match="allow planner.recompute=auto"):
+        _ = plan(model=model, hardware=hardware, workload=replace(workload, recompute_fallback=())).best
     p = plan(model=model, hardware=hardware, workload=workload)
+    assert "nothing fits without recomputation" in p.reason and p.workload.recompute == ("none", "selective", "full")
+    assert p.ranked[0].candidate.recompute != "none"
     best = p.best.candidate
     assert best.ep > 1 and model.n_experts % best.ep == 0 and (best.dp * best.cp) % best.ep == 0
     assert best.ep * best.tp <= hardware.devices_per_node  # the all-to-alls stay on NVLink
@@ -208,7 +211,6 @@ def test_qwen3_235b_on_1024_h100s_ranks_expert_parallel_first(compose_cfg):
     without = next(e for e in p.ranked if e.candidate.ep == 1)
     assert without.step_time_s > p.ranked[0].step_time_s
     assert f"→ ep={best.ep} (inside a node)" in p.reason and "faster than the best layout without ep" in p.reason
-    assert all(e.candidate.cp == 1 for e in p.ranked)
 
 
 @pytest.fixture(scope="module")
@@ -237,8 +239,9 @@ def test_dry_run_builds_expert_parallel_and_its_bytes_match_the_plan(moe_dry_run
     assert [r.coords["ep"] for r in ep.ranks] == [0, 1, 0, 0, 1]
     for with_ep, without in zip(ep.ranks, flat.ranks, strict=True):
         assert with_ep.error is None and without.error is None, (with_ep.error, without.error)
-        # experts / ep sharded over the 2 ranks holding them: the plan's model state
+        # experts / ep sharded over the 2 ranks holding them: the plan's model state; the saved activations too
         assert with_ep.ratio("model_state") == pytest.approx(1.0, abs=0.05), with_ep
+        assert with_ep.ratio("activations_per_micro_batch") == pytest.approx(1.0, abs=0.01), with_ep
         # the ep run dispatched by all-to-all: each MoE block also keeps the 64 x 2 routed rows' reordering and its
         # inverse (int64), as the plan says (stage 0 holds sparse layers 0 and 1, stage 1 layer 2 and the dense 3)
         sparse = sum(model.sparse[i] for i in ({0: (0, 1), 1: (2, 3)}[with_ep.coords["pp"]]))
@@ -276,3 +279,28 @@ def test_all_to_alls_per_layer_are_the_blocks(recompute):
     finally:
         dist.destroy_process_group()
     assert len(meter.take_intervals()) == ep_all_to_alls_per_layer(recompute=recompute)
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_dry_run_of_ep_with_tp_and_recomputation_matches_the_plan(recompute):
+    """dp2 x tp2 (sequence parallel; the MoE blocks whole on each tp rank) x pp2 x ep2 of qwen3_moe_debug in bf16,
+    checkpointed as the plan says: every sampled rank's model state and saved activations are the plan's."""
+    from parallel.plan.dry_run import dry_run
+
+    cfg = compose(
+        ["model=qwen3_moe_debug", "data.seq_len=64", "data.global_batch_size=16", "topology.nproc_per_node=8",
+         "trainer.precision=bf16-mixed"]
+    )  # fmt: skip
+    model, hardware, workload = specs_from_cfg(cfg, calibrate=False)
+    c = Candidate(
+        dp=2, tp=2, pp=2, ep=2, micro_batches=4, schedule="1f1b", zero_stage=3, sequence_parallel=True,
+        recompute=recompute,
+    )  # fmt: skip
+    report = dry_run(
+        model_config=typed_model(cfg.model), candidate=c, model=model, hardware=hardware, workload=workload
+    )
+    assert [r.rank for r in report.ranks] == [0, 3, 4, 7]
+    for r in report.ranks:
+        assert r.error is None, r.error
+        assert r.ratio("model_state") == pytest.approx(1.0, abs=0.05), r
+        assert r.ratio("activations_per_micro_batch") == pytest.approx(1.0, abs=0.03), r
