@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from models.shape import count_text
 from parallel.core import dims
 from parallel.core.checkpointing_modes import AC_MODES
 from parallel.core.layout import factorizations
@@ -308,7 +309,7 @@ def expert_reason(
     c = best.candidate
     experts = sum(model.layer_expert_params(i) for i in range(model.n_layers))
     what = (
-        f"mixture of experts ({experts / model.params:.0%} of the {model.params / 1e9:.3g}B parameters in "
+        f"mixture of experts ({experts / model.params:.0%} of the {count_text(model.params)} parameters in "
         f"{model.n_experts} routed experts per sparse layer, {model.top_k} per token)"
     )
     if c.ep == 1:
