@@ -193,14 +193,29 @@ def test_ep_across_nodes_is_a_pitfall_with_its_numbers():
     assert not [p for p in pitfalls(c4, inside, model=MOE, hardware=HW, workload=WORK) if p.startswith("ep.size")]
 
 
+def test_recomputation_fallback_and_the_strict_refusal():
+    """planner.recompute=auto plans without recomputation first and with every mode when nothing fits; an explicit
+    mode is strict and the refusal names auto as a fix (not when every mode was already planned)."""
+    tight = replace(HW, memory_bytes=3.2e5)  # 288 kB of budget: 309 kB at least without recomputation, 261 kB with
+    strict = plan(model=MOE, hardware=tight, workload=WORK)
+    with pytest.raises(PlanError, match="allow planner.recompute=auto"):
+        _ = strict.best
+    auto = plan(model=MOE, hardware=tight, workload=replace(WORK, recompute_fallback=("none", "selective", "full")))
+    assert auto.best.candidate.recompute != "none" and "nothing fits without recomputation" in auto.reason
+    every = plan(
+        model=MOE, hardware=replace(HW, memory_bytes=1e3), workload=replace(WORK, recompute=auto.workload.recompute)
+    )
+    with pytest.raises(PlanError) as refused:
+        _ = every.best
+    assert "planner.recompute" not in str(refused.value)
+
+
 def test_qwen3_235b_on_1024_h100s_ranks_expert_parallel_first(compose_cfg):
     # at its 512 x 4096 tokens nothing fits 80 GB without recomputation (the routed rows' activations: about 1.2 GB
     # per sparse layer and sample): planner.recompute=auto (the default) plans again with every mode and says so
     cfg = compose_cfg("model=qwen3_235b_a22b", "topology=cluster_1024xh100")
     model, hardware, workload = specs_from_cfg(cfg)
     assert workload.recompute == ("none",) and workload.recompute_fallback == ("none", "selective", "full")
-    with pytest.raises(PlanError, match="allow planner.recompute=auto"):
-        _ = plan(model=model, hardware=hardware, workload=replace(workload, recompute_fallback=())).best
     p = plan(model=model, hardware=hardware, workload=workload)
     assert "nothing fits without recomputation" in p.reason and p.workload.recompute == ("none", "selective", "full")
     assert p.ranked[0].candidate.recompute != "none"
