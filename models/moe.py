@@ -24,7 +24,9 @@ expert i and ``P_i`` the mean router probability of expert i. Its gradient joins
 output (Megatron-core's ``MoEAuxLossAutoScaler``): the LM loss the engines compute and report stays the LM loss,
 whatever the layout, including pipeline stages that never see the last layer. ``aux_loss_scale`` (set by
 ``set_aux_loss_scale``) must be the factor the engine scales the LM loss by (1 / micro-batches per step). The
-value of the last forward is in ``last_stats`` (``moe_metrics`` reads every layer's).
+value of the last forward is in ``last_stats`` (``moe_metrics`` reads every layer's). Under context parallel a
+forward's tokens are split over ranks: f comes from the counts summed over them (``sequence_group``), P from the
+rank's own tokens, so the ranks' losses average to the whole forward's.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -198,10 +201,17 @@ def even_split(rows: int, parts: int) -> list[int]:
     return [base + (i < extra) for i in range(parts)]
 
 
-def load_balancing_loss(probs: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """Switch's ``E x sum_i f_i P_i`` (transformers' ``load_balancing_loss_func`` for one layer): 1 when balanced."""
+def load_balancing_loss(
+    probs: torch.Tensor, idx: torch.Tensor, *, counts: torch.Tensor | None = None, tokens: int | None = None
+) -> torch.Tensor:
+    """Switch's ``E x sum_i f_i P_i`` (transformers' ``load_balancing_loss_func`` for one layer): 1 when balanced.
+    ``counts`` / ``tokens``: the expert counts and the token count of the whole forward when ``probs`` are one
+    slice of its tokens (context parallel): f over the whole forward, P over the slice, so the slices' losses
+    average to the whole forward's loss and their gradients sum to its gradient."""
     n_experts = probs.shape[-1]
-    f = expert_counts(idx, n_experts).to(probs.dtype) / idx.shape[0]
+    if counts is None:
+        counts, tokens = expert_counts(idx, n_experts), idx.shape[0]
+    f = counts.to(probs.dtype) / tokens
     return n_experts * (f * probs.mean(dim=0)).sum()
 
 
@@ -239,6 +249,9 @@ class MoE(nn.Module):
         """Training forwards since ``moe_metrics`` last read them: (aux loss sum, forwards, dropped, counts per
         expert...), float64."""
         self.tokens_per_expert = None  # counts since the last bias update (a plain tensor: DDP broadcasts buffers)
+        self.sequence_group = None
+        """The process group one forward's tokens are split over (context parallel's cp group, set by
+        ``parallel/techniques/cp.py``); None: this forward holds all of them."""
         self.init_weights()
 
     @torch.no_grad()
@@ -264,8 +277,8 @@ class MoE(nn.Module):
         y = self.dispatcher.combine(self.experts(routed.rows, routed.counts), routed, flat.shape[0])
         if self.shared is not None:
             y = y + self.shared(flat)
-        aux = load_balancing_loss(probs, idx)
         counts = expert_counts(idx, self.n_experts).detach()
+        aux = load_balancing_loss(probs, idx, **self._whole_forward(counts, tokens=flat.shape[0]))
         self.last_stats = {"aux_loss": aux.detach(), "tokens_per_expert": counts, "dropped": routed.dropped}
         counted = self.training and not _in_backward()  # activation checkpointing's recompute counts nothing twice
         if counted:
@@ -277,6 +290,15 @@ class MoE(nn.Module):
         if self.training and self.aux_loss_coef and torch.is_grad_enabled():
             y = _AttachAuxLoss.apply(y, aux, self.aux_loss_coef * self.aux_loss_scale)
         return y.reshape(shape)
+
+    def _whole_forward(self, counts: torch.Tensor, *, tokens: int) -> dict:
+        """The whole forward's expert counts and token count, summed over ``sequence_group`` (nothing to sum
+        without one, or on the dry run's shapes)."""
+        if self.sequence_group is None or not has_values(counts):
+            return {}
+        whole = counts.clone()
+        dist.all_reduce(whole, group=self.sequence_group)
+        return {"counts": whole, "tokens": tokens * dist.get_world_size(self.sequence_group)}
 
 
 def _in_backward() -> bool:

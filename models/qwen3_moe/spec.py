@@ -77,6 +77,7 @@ def qwen3_moe_tp_problems(model: Any, tp: int) -> list[str]:
 
 SPEC = ModelSpec.decoder(
     Qwen3MoeConfig,
+    context_parallel=True,  # Llama's attention; the load-balancing loss takes its counts over the cp group
     # Qwen3's plan; a sparse layer's feed-forward (marked by its router) runs whole on every tp rank
     tp_plan=decoder_tp_plan(
         ffn_in=("w1", "w3"), extra_inputs=1, head_norms=("q_norm", "k_norm"), ffn_whole_if="router"

@@ -104,7 +104,7 @@ def context_parallel_problems(run: RunSpec, strategy: Any = None) -> list[str]:
         return [
             f"cp.size={cp} with model.name={name}: the model family '{spec.family}' has no context-parallel "
             "attention (ModelSpec.context_parallel: attention through self.attend and positions from seq_chunk, "
-            "models/attention.py; gpt, llama and qwen3 have it); use cp.size=1"
+            "models/attention.py; gpt, llama, qwen3 and qwen3_moe have it); use cp.size=1"
         ]
     out = []
     heads = spec.shape(model).n_heads
@@ -117,6 +117,13 @@ def context_parallel_problems(run: RunSpec, strategy: Any = None) -> list[str]:
         out.append(
             f"{per} not divisible by cp.size={cp}: context parallel (ulysses) gives each cp rank whole attention "
             f"heads over the full sequence; use cp.size in {fits}" + (" or a smaller tp.size" if tp > 1 else "")
+        )
+    capacity = float(model.get("capacity_factor", 0.0) or 0.0) if spec.moe is not None else 0.0
+    if capacity > 0:
+        out.append(
+            f"model.capacity_factor={capacity} with cp.size={cp}: each cp rank routes its chunk of the sequence, so "
+            "an expert's capacity (a share of one forward's tokens) and which tokens go over it would be the "
+            "chunk's, not the sequence's; set model.capacity_factor=0 (no token dropped) or cp.size=1"
         )
     seq = run.batch.seq_len
     split = cp * (tp if run.compose.sequence_parallel else 1)

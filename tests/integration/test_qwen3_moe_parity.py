@@ -13,7 +13,8 @@ gathered over pp); the run's tokens per expert are in summary.json, pipelined or
 expert-load heatmap (one panel per MoE layer) when it ends. Under tensor parallel (Qwen3's plan on the attention and
 the dense layer, each sparse block whole on every tp rank: ``models/tensor_parallel.py``) tp=2 accumulates 2
 forwards of 4 and dp2 x ep2 x tp2 (sequence parallel, 4 ranks) runs 4 per rank: the same parameters, and the
-balance counted once, not once per tp rank."""
+balance counted once, not once per tp rank. cp2 x ep2 (2 ranks, each half of every sample, 2 forwards of 4) gives
+them too: the load-balancing loss takes its expert counts over the cp group."""
 
 from __future__ import annotations
 
@@ -52,6 +53,16 @@ CASES: dict[str, dict] = {
     "tp": {"defaults": [{"override /parallel": "tp"}], "data": {"micro_batch_size": 4}, **LAST, **BIAS},
     # dp2 x ep2 x tp2 on 4 ranks: ep borrows dp; each tp rank's ep group exchanges the same tokens
     "ep_tp": {**HYBRID, "dp": {"size": 2}, "ep": {"size": 2}, "tp": {"size": 2, "sequence_parallel": True}, **BIAS},
+    # cp2 x ep2 on 2 ranks (ep borrows cp): each rank routes its half of every sample, the load-balancing loss
+    # takes its counts over the whole sequence (the cp group)
+    "ep_cp": {
+        **HYBRID,
+        "dp": {"size": 1},
+        "cp": {"size": 2},
+        "ep": {"size": 2},
+        "data": {"micro_batch_size": 4},
+        **BIAS,
+    },
     # torch's pipeline shape inference runs one real forward per stage at step 1: left out of the routing counts
     "ep_pp": {
         **HYBRID,
@@ -109,7 +120,7 @@ def test_matches_single(case, runs):
     assert_losses_close(norms, [m["grad_norm"] for m in ref], rel=1e-4)
 
 
-@pytest.mark.parametrize("case", ["ep", "ep_fsdp4", "ep_tp", "tp"])
+@pytest.mark.parametrize("case", ["ep", "ep_fsdp4", "ep_tp", "tp", "ep_cp"])
 def test_expert_and_tensor_parallel_match_single_to_the_parameters(case, runs, jobs):
     """Losses, the auxiliary loss (a function of each forward's own tokens, routed before any exchange), gradient
     norms and the final parameters (the experts' DTensor shards read back whole from the checkpoint), the tokens

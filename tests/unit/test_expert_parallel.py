@@ -68,6 +68,11 @@ MOE = ("model=qwen3_moe_debug", "parallel=hybrid", "tp.size=1", "pp.size=1")
             "to one of 1",
         ),
         (
+            (*MOE, "dp.size=1", "cp.size=2", "ep.size=2", "model.capacity_factor=1.25"),
+            "model.capacity_factor=1.25 with cp.size=2: each cp rank routes its chunk of the sequence, so an expert's "
+            "capacity (a share of one forward's tokens) and which tokens go over it would be the chunk's",
+        ),
+        (
             ("model=qwen3_moe_debug", "parallel=tp", "tp.size=4"),
             "model.n_kv_heads=2 is not divisible by tp.size=4: wk/wv are split by key/value heads",
         ),

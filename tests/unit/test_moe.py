@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.moe import MoE, load_balancing_loss, moe_metrics, set_aux_loss_scale, update_expert_bias
+from models.moe import MoE, expert_counts, load_balancing_loss, moe_metrics, set_aux_loss_scale, update_expert_bias
 
 
 def block(**kw):
@@ -65,6 +65,25 @@ def test_load_balancing_loss_is_one_when_balanced_and_e_when_collapsed():
     collapsed = torch.zeros(8, 4)
     collapsed[:, 0] = 1.0
     assert load_balancing_loss(collapsed, torch.zeros(8, 1, dtype=torch.long)).item() == pytest.approx(4.0)
+
+
+def test_load_balancing_loss_of_sequence_slices_averages_to_the_whole():
+    """Context parallel: each cp rank holds a slice of one forward's tokens; with the whole forward's counts (f)
+    and its own probabilities (P), the slices' losses average to the whole's and their gradients (averaged over
+    the ranks as FSDP2 averages them over dp x cp) equal the whole's."""
+    torch.manual_seed(0)
+    logits = torch.randn(16, 8, requires_grad=True)
+    probs = logits.softmax(-1)
+    idx = probs.topk(2, dim=-1).indices
+    whole = load_balancing_loss(probs, idx)
+    (want,) = torch.autograd.grad(whole, logits, retain_graph=True)
+    counts = expert_counts(idx, 8)
+    parts = [load_balancing_loss(p, i, counts=counts, tokens=16) for p, i in zip(probs.split(8), idx.split(8))]
+    assert torch.stack(parts).mean().item() == pytest.approx(whole.item(), rel=1e-6)
+    (got,) = torch.autograd.grad(torch.stack(parts).mean(), logits)
+    torch.testing.assert_close(got, want)
+    alone = torch.stack([load_balancing_loss(p, i) for p, i in zip(probs.split(8), idx.split(8))]).mean()
+    assert abs(alone.item() - whole.item()) > 1e-3  # each slice's own counts: not the whole forward's loss
 
 
 def test_aux_loss_gradient_joins_backward_with_the_engines_scale():
