@@ -113,6 +113,20 @@ class ModelShape:
             object.__setattr__(self, "sparse", (False,) * self.n_layers)
         if len(self.sparse) != self.n_layers:
             raise PlanError(f"{len(self.sparse)} sparse-layer flags for model.n_layers={self.n_layers}")
+        object.__setattr__(self, "_groups", {})  # layer_groups' answers, per tuple of layers (not a field)
+
+    def layer_groups(self, layers: Iterable[int]) -> tuple[tuple[int, int], ...]:
+        """``layers`` as (one of them, how many) per kind of block: blocks of the same width and sparsity have the same
+        parameters, FLOPs and activations, so a sum over a pipeline rank's blocks is a sum over its few kinds (the
+        planner sums them for tens of thousands of candidates: per block it spent most of its time there)."""
+        key = tuple(layers)
+        found = self._groups.get(key)
+        if found is None:
+            counts: dict[tuple[int, bool], list[int]] = {}
+            for i in key:
+                counts.setdefault((self.layer_d_ff[i], self.sparse[i]), []).append(i)
+            found = self._groups[key] = tuple((same[0], len(same)) for same in counts.values())
+        return found
 
     @property
     def kv_dim(self) -> int:

@@ -94,9 +94,17 @@ def borrowing() -> tuple[str, ...]:
     return tuple(d.name for d in DIMENSIONS if d.borrows)
 
 
+_mesh_names_of: tuple[tuple[MeshDim, ...], tuple[str, ...]] | None = None
+"""(the table, its mesh names): the planner asks for them half a million times per plan."""
+
+
 def mesh_names() -> tuple[str, ...]:
     """The world mesh's dimension names, outermost first (``pp``, ``dp``, ``tp``): ``mesh_dim_names``. A
-    borrowing dimension has no place there: its meshes are derived (``parallel/core/meshes.py``)."""
+    borrowing dimension has no place there: its meshes are derived (``parallel/core/meshes.py``). Worked out once
+    per table (a table swapped in, as tests do, is checked anew)."""
+    global _mesh_names_of
+    if _mesh_names_of is not None and _mesh_names_of[0] is DIMENSIONS:
+        return _mesh_names_of[1]
     rows = [d for d in DIMENSIONS if not d.borrows]
     places = sorted(d.mesh_place for d in rows if d.mesh_place is not None)
     if places != list(range(len(rows))):
@@ -107,7 +115,9 @@ def mesh_names() -> tuple[str, ...]:
     placed = [d.name for d in DIMENSIONS if d.borrows and d.mesh_place is not None]
     if placed:
         raise ValueError(f"parallel/core/dims.py: {placed} borrow their ranks, so their mesh_place must be None")
-    return tuple(d.name for d in sorted(rows, key=lambda d: d.mesh_place))
+    found = tuple(d.name for d in sorted(rows, key=lambda d: d.mesh_place))
+    _mesh_names_of = (DIMENSIONS, found)
+    return found
 
 
 def coord_names() -> tuple[str, ...]:

@@ -191,14 +191,15 @@ def rank_params(model: ModelShape, layers: list[int], *, first: bool, last: bool
     layer's mixture of experts, which runs whole on every tp rank (router, experts, shared experts: its experts
     are split by expert parallel instead, ``rank_expert_params``).
     """
-    params = sum(model.layer_params(i) for i in layers)
+    groups = model.layer_groups(layers)
+    params = sum(n * model.layer_params(i) for i, n in groups)
     embedding = model.embedding_params if first else 0
     head = model.head_params if last else 0
     if last and model.tied_embeddings and not first:
         head += model.vocab_size * model.d_model
     if not meshtrain or tp == 1:
         return (params + embedding + head) / tp
-    whole = sum(model.layer_norm_params(i) + model.layer_moe_params(i) for i in layers)  # not split over tp
+    whole = sum(n * (model.layer_norm_params(i) + model.layer_moe_params(i)) for i, n in groups)  # not split over tp
     head_norm = model.head_params - (0 if model.tied_embeddings else model.vocab_size * model.d_model) if last else 0
     tied = model.vocab_size * model.d_model if first and model.tied_embeddings else 0
     return (params - whole + head - head_norm + tied) / tp + whole + embedding - tied + head_norm
@@ -209,7 +210,7 @@ def rank_expert_params(model: ModelShape, layers: list[int], *, tp: int, meshtra
     whole on every tp rank in meshtrain, split over t as Megatron-LM's expert tensor parallel does otherwise.
     Expert parallel divides them by ep, then FSDP2 shards them over the experts' own mesh, the n·c/ep ranks that
     hold the same experts (``parallel/core/meshes.py`` ``expert_meshes``; torchtitan's ``dp_shard_mod_ep``)."""
-    experts = sum(model.layer_expert_params(i) for i in layers)
+    experts = sum(n * model.layer_expert_params(i) for i, n in model.layer_groups(layers))
     return experts if meshtrain else experts / tp
 
 
@@ -594,7 +595,7 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
             cp=c.cp,
             ep=c.ep,
         )
-        per_mb = sum(layer_bytes(model, i, case) for i in layers)
+        per_mb = sum(n * layer_bytes(model, i, case) for i, n in model.layer_groups(layers))
         if meshtrain and layers:  # each of the rank's stages keeps its own table
             per_mb += v * rotary_table_saved_bytes(model, seq_len=s_full)
         held = micro_batches_in_flight(c.schedule, pp=c.pp, m=c.micro_batches, v=v, stage=r)
@@ -616,10 +617,10 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
     tokens = b * s
     passes = {"none": 3.0, "selective": 3.0, "full": 4.0}[c.recompute]
     tp_link = hardware.link_for(span=c.tp, stride=c.stride("tp"))
-    ar_per_layer = [
-        tp_collectives_per_layer(model, meshtrain=meshtrain, recompute=c.recompute, sparse=model.sparse[i])
-        for i in range(model.n_layers)
-    ]
+    ar_of = {  # per block: dense or sparse
+        sparse: tp_collectives_per_layer(model, meshtrain=meshtrain, recompute=c.recompute, sparse=sparse)
+        for sparse in (False, True)
+    }
     tp_ar = ring_allreduce_s(tokens * model.d_model * e, n=c.tp, link=tp_link)
     tp_ar += hardware.tp_collective_s if c.tp > 1 else 0.0
     # Ulysses: each all-to-all moves one of q, k, v or the output, this rank's b·s/c tokens x h/t channels
@@ -639,21 +640,22 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
     busy = hardware.busy_node_slowdown if on_node > 1 else 1.0
     for r, layers in enumerate(layers_of):
         # per token of this rank; attention spans the whole sequence (4·s·h per token, s the full length)
-        flops = sum(passes * model.layer_forward_flops_per_token(i, s_full) for i in layers)
+        groups = model.layer_groups(layers)
+        flops = sum(n * passes * model.layer_forward_flops_per_token(i, s_full) for i, n in groups)
         if c.recompute == "selective":
             flops += 4 * s_full * model.d_model * len(layers)
         if r == last:
             flops += 3 * model.logit_forward_flops_per_token()
         # meshtrain runs a mixture of experts whole on every tp rank: its FLOPs are not divided by t
-        whole = sum(passes * 2 * model.layer_moe_active_params(i) for i in layers) if meshtrain else 0.0
+        whole = sum(n * passes * 2 * model.layer_moe_active_params(i) for i, n in groups) if meshtrain else 0.0
         share = (len(layers) + (r == 0) + (r == last)) / (model.n_layers + 2)
         rank_flops = (flops - whole) / c.tp + whole
         stage_compute.append((rank_flops * tokens / hardware.flops + hardware.microbatch_overhead_s * share) * busy)
         head = TP_HEAD_COLLECTIVES if meshtrain and r == last else 0
-        stage_tp_calls.append(sum(ar_per_layer[i] for i in layers) + head if c.tp > 1 else 0)
+        stage_tp_calls.append(sum(n * ar_of[model.sparse[i]] for i, n in groups) + head if c.tp > 1 else 0)
         stage_tp.append(stage_tp_calls[-1] * tp_ar)
         stage_cp.append(len(layers) * cp_per_layer if c.cp > 1 else 0.0)
-        stage_ep.append(sum(model.sparse[i] for i in layers) * ep_per_layer if c.ep > 1 else 0.0)
+        stage_ep.append(sum(n for i, n in groups if model.sparse[i]) * ep_per_layer if c.ep > 1 else 0.0)
     pp_link = hardware.link_for(span=c.pp, stride=c.stride("pp")) if c.pp > 1 else hardware.p2p
     if pp_link is hardware.intra:
         pp_link = hardware.p2p
