@@ -231,3 +231,23 @@ def write_corpus(folder: Path, *, n_text: int = 6, words: int = 300) -> list[str
     pq.write_table(pa.table({"text": table}), folder / "table.parquet")
     by_file["table.parquet"] = table
     return [d for name in sorted(by_file) for d in by_file[name]]
+
+
+def assert_dry_run_matches_plan(model_config, candidate, *, model, hardware, workload) -> None:
+    """Build ``candidate`` (a plan's first choice) under torch's fake process group for the first rank of its first and
+    of its last pipeline stage (whole FSDP2 shards) and hold their measured model state and saved activations per
+    micro-batch to the plan's, 1% (``python -m parallel.plan ... --dry-run`` samples more ranks: docs/planner.md)."""
+    import pytest
+
+    from parallel.plan.dry_run import dry_run
+
+    first = {n: 0 for n in candidate.mesh_dim_names}
+    ranks = sorted({candidate.rank_of(**first), candidate.rank_of(**{**first, "pp": candidate.pp - 1})})
+    report = dry_run(
+        model_config=model_config, candidate=candidate, model=model, hardware=hardware, workload=workload, ranks=ranks
+    )
+    for r in report.ranks:
+        assert r.error is None, r.error
+        state, acts = r.ratio("model_state"), r.ratio("activations_per_micro_batch")
+        print(f"{model.name} rank {r.rank}: model state x{state:.4f}, activations x{acts:.4f} of the plan")
+        assert state == pytest.approx(1.0, abs=0.01) and acts == pytest.approx(1.0, abs=0.01), r

@@ -19,6 +19,7 @@ from parallel.plan.cost_model import (
 )
 from parallel.plan.search import enumerate_candidates, pitfalls, plan
 from parallel.plan.specs import HardwareSpec, Link, ModelShape, PlanError, Workload
+from tests.helpers import assert_dry_run_matches_plan
 
 #: two blocks: a mixture of 8 experts of width 32 (2 per token), then a dense SwiGLU of width 128
 MOE = ModelShape(
@@ -227,6 +228,8 @@ def test_qwen3_235b_on_1024_h100s_ranks_expert_parallel_first(compose_cfg):
     without = next(e for e in p.ranked if e.candidate.ep == 1)
     assert without.step_time_s > p.ranked[0].step_time_s
     assert f"→ ep={best.ep} (inside a node)" in p.reason and "faster than the best layout without ep" in p.reason
+    # and the first choice builds with the planned bytes (the done-when of issue 35)
+    assert_dry_run_matches_plan(typed_model(cfg.model), best, model=model, hardware=hardware, workload=workload)
 
 
 @pytest.fixture(scope="module")
