@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 #: ``expert_impl`` choices: auto (grouped_mm on CUDA, the loop elsewhere), grouped_mm, loop
 EXPERT_IMPLS = ("auto", "grouped_mm", "loop")
@@ -117,8 +118,10 @@ class LocalDispatch:
         return Routed(rows=x[token], counts=counts, token=token, weight=weights.reshape(-1)[order], dropped=dropped)
 
     def combine(self, y: torch.Tensor, routed: Routed, tokens: int) -> torch.Tensor:
-        out = y.new_zeros(tokens, y.shape[-1])
-        return out.index_add_(0, routed.token, y * routed.weight[:, None])
+        """Each token's rows weighed and summed in the wider of the experts' and the weights' dtype (under autocast
+        bf16 rows, fp32 weights: summed in fp32, as transformers sums in the block input's dtype)."""
+        weighed = y * routed.weight[:, None]
+        return weighed.new_zeros(tokens, y.shape[-1]).index_add_(0, routed.token, weighed)
 
 
 class GroupedExperts(nn.Module):
@@ -140,7 +143,8 @@ class GroupedExperts(nn.Module):
 
     def forward(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         # under expert parallel the weights are DTensors sharded by expert: this rank's experts are the local part
-        w1, w2, w3 = (getattr(w, "to_local", lambda w=w: w)() for w in (self.w1, self.w2, self.w3))
+        # (an isinstance test: torch.compile traced ``getattr(w, "to_local", default)`` as the default, torch 2.13)
+        w1, w2, w3 = (w.to_local() if isinstance(w, DTensor) else w for w in (self.w1, self.w2, self.w3))
         if self.use_grouped_mm(rows):
             offs = counts.cumsum(0).to(torch.int32)
             h = F.silu(torch._grouped_mm(rows, w1.transpose(-2, -1), offs=offs))

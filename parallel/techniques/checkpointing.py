@@ -19,7 +19,12 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import (
+    SAC_IGNORED_OPS,
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
 
 from parallel.core.activations import CountingSACStorage, active_meter, hold_inputs
 
@@ -41,6 +46,19 @@ def _matmul_ops() -> frozenset:
 
 
 SAVE_OPS = _matmul_ops()
+
+# Profiler ranges carry no tensor and their count is not the forward's in the recompute: FSDP2's hooks on a module
+# inside a block (expert parallel's experts, sharded over their own mesh) open one per pre/post-forward, and skip or
+# add some while backward recomputes. Counted, op-level selective checkpointing failed the recompute ("profiler.
+# _record_function_enter_new invocation index 2 ... not found in storage"); torch's own list holds ops of that kind.
+SAC_IGNORED_OPS.update(
+    {
+        torch.ops.profiler._record_function_enter.default,
+        torch.ops.profiler._record_function_enter_new.default,
+        torch.ops.profiler._record_function_exit.default,
+        torch.ops.profiler._record_function_exit._RecordFunction,
+    }
+)
 
 
 def save_matmuls_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:

@@ -8,10 +8,26 @@ outside the compiled region.
 
 from __future__ import annotations
 
+import os
+import sys
+
 import torch
 from torch import nn
 
 from parallel.techniques.checkpointing import blocks_of
+
+
+def _forget_inherited_compile_threads() -> None:
+    """In a forked child: drop the parent's inductor thread pool (its threads did not survive the fork). torch 2.13
+    resets its compile process pool after a fork but not this one; a worker forked by a launcher that had compiled
+    in-process (a multirun's parallel=single job, then a job with workers) queued its C++ builds on the dead pool
+    and waited forever."""
+    module = sys.modules.get("torch._inductor.async_compile")
+    if module is not None:
+        module.AsyncCompile.pool.cache_clear()
+
+
+os.register_at_fork(after_in_child=_forget_inherited_compile_threads)
 
 
 def compile_block(block: nn.Module) -> None:

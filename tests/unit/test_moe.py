@@ -37,6 +37,20 @@ def test_the_dispatch_computes_every_tokens_top_k_experts():
     assert moe_metrics(moe)["moe_dropped_tokens"] == 0
 
 
+def test_bf16_autocast_sums_the_weighed_rows_in_fp32():
+    """Under bf16 autocast (trainer.precision=bf16-mixed without FSDP2) the experts' rows are bf16 and the routing
+    weights fp32 (the block input's dtype): the combine sums in fp32 and trains (it refused to index_add fp32 rows
+    into a bf16 output before), within bf16 rounding of the fp32 block."""
+    moe, x = block(), torch.randn(2, 5, 16, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = moe(x)
+    assert y.dtype == torch.float32
+    y.sum().backward()
+    assert x.grad is not None and moe.experts.w1.grad is not None
+    with torch.no_grad():
+        assert (y - moe(x)).abs().max().item() <= 2e-2 * moe(x).abs().max().item()
+
+
 @pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="this torch has no _grouped_mm")
 def test_grouped_mm_gives_the_loops_numbers():
     """torch 2.13 runs ``_grouped_mm``'s forward on CPU (no backward there: the loop is the CPU default)."""
