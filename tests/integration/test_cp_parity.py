@@ -3,7 +3,11 @@
 
 One multirun runs every case as its own job (Python, Hydra and torch start once), Llama (grouped-query attention:
 4 query heads, 2 key/value heads) and the GPT (learned positions), each alone and:
-- Llama cp2 with full activation checkpointing (the all-to-alls recomputed in backward), FSDP2 over the cp ranks;
+- Llama cp2 with full activation checkpointing (the all-to-alls recomputed in backward) and gradient accumulation (4
+  micro-batches of 2), FSDP2 over the cp ranks;
+- Llama cp2 under bf16-mixed (against bf16-mixed single, within bf16 rounding) and compiled (against compiled
+  single; it runs after that in-process compile, so its forked workers start from a launcher that compiled);
+- parallel=auto at a memory budget where only cp2 fits the plan (Llama, ZeRO-3 over cp, 8 one-sample micro-batches);
 - Llama dp2 x cp2 with DDP over the 4 data ranks (dp.shard=false);
 - Llama cp2 x tp2 with sequence parallel (the heads of each tp rank split over cp), FSDP2 over cp;
 - Llama cp2 x pp2 under 1F1B, GPipe, interleaved 1F1B (2 stages per rank) and ZBV (a V with a split backward);

@@ -14,7 +14,10 @@ expert-load heatmap (one panel per MoE layer) when it ends. Under tensor paralle
 the dense layer, each sparse block whole on every tp rank: ``models/tensor_parallel.py``) tp=2 accumulates 2
 forwards of 4 and dp2 x ep2 x tp2 (sequence parallel, 4 ranks) runs 4 per rank: the same parameters, and the
 balance counted once, not once per tp rank. cp2 x ep2 (2 ranks, each half of every sample, 2 forwards of 4) gives
-them too: the load-balancing loss takes its expert counts over the cp group."""
+them too: the load-balancing loss takes its expert counts over the cp group. dp2 x ep2 also runs with the trainer's techniques: full
+activation checkpointing with gradient accumulation (2 forwards of 2 per rank, against single's forwards of 2), op-level
+selective checkpointing, and bf16-mixed against bf16-mixed single (within bf16 rounding). Compile is not here (a
+compiled MoE block costs ~35-40 s a run on 2 cores): tests/unit/test_expert_parallel.py compiles the sharded experts."""
 
 from __future__ import annotations
 
