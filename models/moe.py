@@ -185,6 +185,14 @@ class _AttachAuxLoss(torch.autograd.Function):
         return grad, torch.full_like(aux, ctx.scale), None
 
 
+@torch._dynamo.disable
+def _attach_aux_loss(out: torch.Tensor, aux: torch.Tensor, scale: float) -> torch.Tensor:
+    """``_AttachAuxLoss`` run eagerly, also inside a compiled block: traced by torch.compile (torch 2.13) the
+    function's gradient for ``aux``, which its output does not depend on, was dropped, so the load-balancing loss
+    trained nothing under ``trainer.compile=true``. One graph break per MoE layer (the dispatch has others)."""
+    return _AttachAuxLoss.apply(out, aux, scale)
+
+
 def expert_counts(idx: torch.Tensor, n_experts: int) -> torch.Tensor:
     """(E,) int64: how often each expert is chosen. A scatter-add rather than ``bincount``, which has no meta kernel
     (the planner's dry run builds and runs the model on the meta device)."""
@@ -292,7 +300,7 @@ class MoE(nn.Module):
         if counted and self.router.expert_bias is not None:
             self.tokens_per_expert = counts if self.tokens_per_expert is None else self.tokens_per_expert + counts
         if self.training and self.aux_loss_coef and torch.is_grad_enabled():
-            y = _AttachAuxLoss.apply(y, aux, self.aux_loss_coef * self.aux_loss_scale)
+            y = _attach_aux_loss(y, aux, self.aux_loss_coef * self.aux_loss_scale)
         return y.reshape(shape)
 
     def _whole_forward(self, counts: torch.Tensor, *, tokens: int) -> dict:

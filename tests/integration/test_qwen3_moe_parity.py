@@ -16,8 +16,8 @@ forwards of 4 and dp2 x ep2 x tp2 (sequence parallel, 4 ranks) runs 4 per rank: 
 balance counted once, not once per tp rank. cp2 x ep2 (2 ranks, each half of every sample, 2 forwards of 4) gives
 them too: the load-balancing loss takes its expert counts over the cp group. dp2 x ep2 also runs with the trainer's techniques: full
 activation checkpointing with gradient accumulation (2 forwards of 2 per rank, against single's forwards of 2), op-level
-selective checkpointing, and bf16-mixed against bf16-mixed single (within bf16 rounding). Compile is not here (a
-compiled MoE block costs ~35-40 s a run on 2 cores): tests/unit/test_expert_parallel.py compiles the sharded experts."""
+selective checkpointing, regional compile (against eager single: the load-balancing loss's gradient and the experts'
+DTensor shards inside compiled blocks), and bf16-mixed against bf16-mixed single (within bf16 rounding)."""
 
 from __future__ import annotations
 
@@ -94,6 +94,14 @@ CASES: dict[str, dict] = {
         "trainer": {**LAST["trainer"], "activation_checkpointing": "selective"},
         **BIAS,
     },
+    # regional compile against eager single: the aux loss's gradient and the sharded experts inside compiled blocks
+    "ep_compile": {
+        **HYBRID,
+        "dp": {"size": 2},
+        "ep": {"size": 2},
+        "trainer": {**LAST["trainer"], "compile": True},
+        **BIAS,
+    },
     "ep_bf16": {**HYBRID, "dp": {"size": 2}, "ep": {"size": 2}, "trainer": {**LAST["trainer"], **BF16}, **BIAS},
     "single_bf16": {**SINGLE, "data": {"micro_batch_size": 4}, "trainer": {**LAST["trainer"], **BF16}, **BIAS},
 }
@@ -150,7 +158,9 @@ def test_matches_single(case, runs):
     assert_losses_close(norms, [m["grad_norm"] for m in ref], rel=1e-4)
 
 
-@pytest.mark.parametrize("case", ["ep", "ep_fsdp4", "ep_tp", "tp", "ep_cp", "ep_ac_full_mb2", "ep_selective"])
+@pytest.mark.parametrize(
+    "case", ["ep", "ep_fsdp4", "ep_tp", "tp", "ep_cp", "ep_ac_full_mb2", "ep_selective", "ep_compile"]
+)
 def test_expert_and_tensor_parallel_match_single_to_the_parameters(case, runs, jobs):
     """Losses, the auxiliary loss (a function of each forward's own tokens, routed before any exchange), gradient
     norms and the final parameters (the experts' DTensor shards read back whole from the checkpoint), the tokens
@@ -181,8 +191,8 @@ def test_expert_and_tensor_parallel_match_single_to_the_parameters(case, runs, j
 def test_bf16_mixed_expert_parallel_matches_bf16_mixed_single(runs):
     """dp2 x ep2 under bf16-mixed (FSDP2's MixedPrecisionPolicy: bf16 rows through the all-to-alls) against single
     under autocast, within bf16 rounding (tests/integration/test_precision_ac_compile_runs.py says why 1e-2): the
-    losses, gradient norms and the auxiliary loss. Not the routing (a bf16 rounding can flip a near tie of the top-k,
-    measured here: tokens per expert differ from step 2) nor the parameters (4 AdamW steps at ~lr each)."""
+    losses, gradient norms and the auxiliary loss. Not the routing (tokens per expert differ from step 2 here) nor
+    the parameters (4 AdamW steps of ~lr each: bf16 rounding moves them by up to ~lr)."""
     metrics, ref = runs["ep_bf16"][1], runs["single_bf16"][1]
     for key in ("loss", "grad_norm", "moe_aux_loss"):
         got, want = [m[key] for m in metrics], [m[key] for m in ref]

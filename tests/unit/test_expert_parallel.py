@@ -104,24 +104,3 @@ def test_dp_is_fsdp2_under_expert_parallel(compose_cfg):
     layout = build_layout(cfg)
     assert layout.dp_shard and layout.ep == 2 and layout.world_size == 2
     validate(cfg)
-
-
-def test_compiled_experts_run_this_ranks_shard(gloo_one_rank):
-    """Under ep the stacked experts are DTensors sharded by expert; compiled (trainer.compile=true), the experts
-    compute on the local shard as eager does. torch.compile traced the former ``getattr(w, "to_local", default)``
-    as the default and multiplied plain rows by DTensor slices ("got mixed torch.Tensor and DTensor")."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Shard
-
-    from models.moe import GroupedExperts
-
-    torch.manual_seed(0)
-    experts = GroupedExperts(8, 16, 4, impl="loop")
-    mesh = init_device_mesh("cpu", (1,))
-    for name, param in list(experts.named_parameters()):
-        local = torch.nn.init.normal_(param.detach(), std=0.1)
-        setattr(experts, name, torch.nn.Parameter(DTensor.from_local(local, mesh, [Shard(0)])))
-    rows, counts = torch.randn(10, 8), torch.tensor([3, 0, 5, 2])
-    eager = experts(rows, counts)
-    compiled = torch.compile(experts)(rows, counts)
-    assert not isinstance(compiled, DTensor) and torch.allclose(compiled, eager, atol=1e-6)
