@@ -12,7 +12,8 @@ One multirun runs every case as its own job (Python, Hydra and torch start once)
 - Llama cp2 x tp2 with sequence parallel (the heads of each tp rank split over cp), FSDP2 over cp;
 - Llama cp2 x pp2 under 1F1B, GPipe, interleaved 1F1B (2 stages per rank) and ZBV (a V with a split backward);
 - the GPT cp2 with DDP.
-Then a run resumes the single run's step-2 checkpoint under cp2 (another cp degree) and continues as single did.
+Then a run resumes the single run's step-2 checkpoint under cp2 (another cp degree) and continues as single did. A
+second multirun trains llama_debug at 1024 tokens under cp2 and dp2 x cp2 x pp2 (8 workers) beside single.
 Qwen3 (Llama's attention path with per-head q/k norms) trains under cp2 from a transformers folder and exports in
 tests/integration/test_hf_init_from_and_export.py.
 """
@@ -76,6 +77,37 @@ CASES: dict[str, dict] = {
 def runs(tmp_path_factory):
     jobs = case_multirun(CASES, *FAST, *STEPS, base=tmp_path_factory.mktemp("cp"), group="cp_case")
     return {name: TrainRun(proc=None, run_dir=job) for name, job in jobs.items()}  # type: ignore[arg-type]
+
+
+#: issue 34's done-when at its own length: llama_debug at 1024 tokens under cp2 and dp2 x cp2 x pp2 (8 workers, FSDP2
+#: over dp x cp, 1F1B) against single, 2 steps (a multirun of its own: the cases above run at 32 tokens)
+LONG = ("trainer.log_every=1", "logger=none", "data.seq_len=1024", "data.global_batch_size=8", "pp.trace_step=0")
+LONG_CASES: dict[str, dict] = {
+    "long_single": case("llama_debug", "single"),
+    "long_cp2": case("llama_debug", **CP2),
+    "long_dp2_cp2_pp2": case(
+        "llama_debug", **CP2, dp={"size": 2}, pp={"size": 2, "schedule": "1f1b", "micro_batches": 2}
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def long_runs(tmp_path_factory):
+    steps = ("trainer.max_steps=2", "trainer.checkpoint_every=2")
+    jobs = case_multirun(LONG_CASES, *LONG, *steps, base=tmp_path_factory.mktemp("cp_long"), group="cp_long")
+    return {name: TrainRun(proc=None, run_dir=job) for name, job in jobs.items()}  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["long_cp2", "long_dp2_cp2_pp2"])
+def test_matches_single_at_1024_tokens(name, long_runs):
+    run, ref = long_runs[name], long_runs["long_single"]
+    worst = assert_parity(run, ref)
+    losses = max(abs(a - b) / abs(b) for a, b in zip(run.losses(), ref.losses()))
+    print(f"{name} at 1024 tokens: max relative loss difference {losses:.1e}; max parameter difference {worst:.1e}")
+    layout = run.summary()["layout"]
+    assert (layout["cp"], layout["world_size"]) == (2, 2 * layout["dp"] * layout["pp"])
+    assert len(run.losses()) == 2 and layout["world_size"] == (8 if name.endswith("pp2") else 2)
+    assert yaml.safe_load((run.run_dir / "resolved_config.yaml").read_text())["data"]["seq_len"] == 1024
 
 
 REFERENCE = {"llama_cp2_bf16": "llama_single_bf16", "llama_cp2_compile": "llama_single_compile"}
