@@ -8,6 +8,7 @@ import time
 import pytest
 import yaml
 
+from tests.faults import FailAt, inject
 from tests.helpers import FAST, run_train
 from trainer.observe.wandb_read import read_run
 from trainer.report.cli import write_report
@@ -220,3 +221,22 @@ def test_validation_loss_search_completes_its_trials_and_one_without_evaluation_
     assert "job 1 skipped: invalid configuration" in run.output and "needs an evaluation" in run.output
     assert "Traceback" not in run.output and "No trials are completed yet" not in run.output
     assert not (skipped_dir / "optimization_results.yaml").exists()
+
+
+@pytest.mark.slow
+def test_a_job_after_a_failed_in_process_job_starts_and_ends(tmp_path):
+    """A parallel=single job runs in the launcher's process; when it fails, its gloo process group is left in a
+    reference cycle. The next job's forked workers collected it in their first gc pass and hung forever (its
+    destructor joined gloo threads that only the launcher has); the launcher now collects before forking."""
+    run = run_train(
+        "parallel=single,ddp",
+        inject(FailAt, step=2),
+        *FAST,
+        *STEPS,
+        run_dir=tmp_path / "sweep",
+        multirun=True,
+        timeout=120,
+        expect_ok=False,
+    )
+    assert "2 jobs: 0 completed, 0 skipped, 2 failed" in run.output, run.output[-3000:]
+    assert run.output.count("injected failure at step 2") >= 2

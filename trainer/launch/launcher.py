@@ -9,6 +9,7 @@ job of a multirun gets its own worker group, port and store. Worker failures com
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import math
 import signal
@@ -124,6 +125,10 @@ def _elastic(cfg: DictConfig, cfg_dict: dict, *, layout: ParallelLayout, run_dir
     start_method = resolve_start_method(topo)
     if start_method == "fork":
         import_for_workers(cfg)
+        # A failed in-process job (a multirun's parallel=single) leaves its gloo process group in a reference cycle
+        # (its traceback's frames). Collected in a forked worker, its destructor joined gloo threads that exist only
+        # here and the worker hung forever (inside its first gc pass): collect it here, where they run.
+        gc.collect()
     nproc = layout.nproc_per_node
     multi_node = layout.nnodes > 1
     port = int(topo.master_port)
