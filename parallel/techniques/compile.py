@@ -22,9 +22,9 @@ def _forget_inherited_compile_threads() -> None:
     resets its compile process pool after a fork but not this one; a worker forked by a launcher that had compiled
     in-process (a multirun's parallel=single job, then a job with workers) queued its C++ builds on the dead pool
     and waited forever."""
-    module = sys.modules.get("torch._inductor.async_compile")
-    if module is not None:
-        module.AsyncCompile.pool.cache_clear()
+    pool = getattr(getattr(sys.modules.get("torch._inductor.async_compile"), "AsyncCompile", None), "pool", None)
+    if callable(getattr(pool, "cache_clear", None)):  # a cached pool (torch 2.13); other versions may keep none
+        pool.cache_clear()
 
 
 os.register_at_fork(after_in_child=_forget_inherited_compile_threads)
