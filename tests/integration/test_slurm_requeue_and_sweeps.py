@@ -145,28 +145,33 @@ def test_time_limit_warning_checkpoints_requeues_and_resumes_to_the_uninterrupte
 
     out, job_dir = sweeps["out"], sweeps["dir"] / "0"
     warning = "SIG" + JobEnvironment.USR_SIG  # the signal submitit asks Slurm for (--signal=USR2@...)
+    rank0_log = job_dir / "logs" / "rank0.log"
+    rank0 = rank0_log.read_text() if rank0_log.exists() else "(no rank0.log)"
+    # what a failure shows: the ends of the sweep's console and of the requeued job's rank-0 log
+    seen = f"\n--- sweep console (end) ---\n{out[-3000:]}\n--- job 0 rank0.log (end) ---\n{rank0[-3000:]}"
+    assert (job_dir / "requeues.json").is_file(), seen
     (requeue,) = json.loads((job_dir / "requeues.json").read_text())
-    assert requeue["kind"] == "timeout" and requeue["signals"] == [warning]
-    assert requeue["slurm_job_id"] == sweeps["ids"][0] and requeue["timeout_requeues_left"] == 2
+    assert requeue["kind"] == "timeout" and requeue["signals"] == [warning], (requeue, seen)
+    assert requeue["slurm_job_id"] == sweeps["ids"][0] and requeue["timeout_requeues_left"] == 2, (requeue, seen)
     stopped = requeue["stopped_at_step"]
-    assert stopped == 4 and requeue["checkpoint_step"] == stopped  # the step the job held before (WAIT)
-    assert (job_dir / "checkpoints" / f"step_{stopped:07d}").is_dir()
-    assert f"job 0 completed after 1 requeue(s): timeout at step {stopped}" in out
-    rank0 = (job_dir / "logs" / "rank0.log").read_text()
-    assert f"preempted ({warning}): checkpoint saved at step {stopped}" in rank0
-    assert f"continuing at step {stopped + 1} of {STEPS}" in rank0
-    assert "UncompletedJobError" not in out + rank0 and "Connection closed" not in rank0
+    # the step the job held before (WAIT)
+    assert stopped == 4 and requeue["checkpoint_step"] == stopped, (requeue, seen)
+    assert (job_dir / "checkpoints" / f"step_{stopped:07d}").is_dir(), seen
+    assert f"job 0 completed after 1 requeue(s): timeout at step {stopped}" in out, seen
+    assert f"preempted ({warning}): checkpoint saved at step {stopped}" in rank0, seen
+    assert f"continuing at step {stopped + 1} of {STEPS}" in rank0, seen
+    assert "UncompletedJobError" not in out + rank0 and "Connection closed" not in rank0, seen
 
     summary = json.loads((job_dir / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["start_step"] == stopped
+    assert summary["status"] == "completed" and summary["start_step"] == stopped, (summary, seen)
     uninterrupted = _losses(sweeps["local"] / "0")
-    assert summary["final_loss"] == uninterrupted[STEPS]  # bitwise (fp32 resume is exact)
+    assert summary["final_loss"] == uninterrupted[STEPS], seen  # bitwise (fp32 resume is exact)
 
     # the requeued job continued the same W&B run: two offline segments (before and after the requeue) with
     # one run id, whose history has every step once with the loss metrics.jsonl has
     wb = read_run(job_dir)
     ident = json.loads((job_dir / "wandb_run.json").read_text())
-    assert len(wb.segments) == 2 and wb.run_ids == [ident["id"]] * 2, wb.run_ids
+    assert len(wb.segments) == 2 and wb.run_ids == [ident["id"]] * 2, (wb.run_ids, seen)
     assert wb.steps() == list(range(1, STEPS + 1))
     losses = _losses(job_dir)
     assert {r["train/step"]: r["train/loss"] for r in wb.history} == pytest.approx(losses, rel=1e-6)
