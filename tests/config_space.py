@@ -185,6 +185,7 @@ def outcome(composer, ovs: list[str], tmp: Path) -> tuple[str, str]:
 
     from trainer.checkpoint.files import CheckpointError
     from trainer.data.datasets import DataError
+    from trainer.observe.startup import StartClock
     from trainer.task import preflight
     from trainer.validate import ConfigError
 
@@ -196,7 +197,7 @@ def outcome(composer, ovs: list[str], tmp: Path) -> tuple[str, str]:
         assert named, f"compose error names no override key: {msg}"
         return "refused", msg
     try:
-        preflight(cfg, run_dir=tmp)
+        preflight(cfg, run_dir=tmp, clock=StartClock.for_job(multirun=True))
     except ConfigError as exc:  # exit 2 (trainer/task.py)
         keys = config_keys(cfg)
         for problem in exc.problems:

@@ -18,6 +18,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from trainer.observe.durable import write_json
+from trainer.observe.startup import STARTED_KEY, StartClock
 from trainer.run_spec import run_spec
 from trainer.sweeps.jobs import sweep_name
 from trainer.validate import ConfigError, ValidatedRun, resolved_container, validate
@@ -36,6 +37,7 @@ def hydra_run_meta() -> tuple[Path, dict[str, Any]]:
     from trainer.observe.wandb_run import provenance
 
     meta: dict[str, Any] = {"multirun": multirun, "overrides": list(hc.overrides.task)}
+    meta[STARTED_KEY] = StartClock.for_job(multirun=multirun).started_unix
     meta["provenance"] = provenance(overrides=meta["overrides"])
     # hydra.verbose and hydra/job_logging, for the workers (trainer/observe/rank_logs.py)
     verbose = hc.verbose
@@ -151,6 +153,9 @@ def dry_run_layout(cfg: DictConfig, layout, *, run_dir: Path) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     summary = {"status": "dry_run", "dry_run": report.to_dict()}
     write_json(run_dir / "dry_run.json", summary["dry_run"])
+    from trainer.observe.files_sink import output_listing
+
+    print(f"dry run written to {run_dir / 'dry_run.json'}; {output_listing(run_dir)}", flush=True)
     failed = [r.error for r in report.ranks if r.error]
     if failed:
         raise ConfigError(failed)
@@ -188,7 +193,7 @@ def planner_warnings(cfg: DictConfig, layout) -> list[str]:
     return run_warnings(run_spec(cfg, layout), model=model, hardware=hardware, workload=workload)
 
 
-def preflight(cfg: DictConfig, *, run_dir: Path) -> tuple[ValidatedRun, dict]:
+def preflight(cfg: DictConfig, *, run_dir: Path, clock: StartClock) -> tuple[ValidatedRun, dict]:
     """Everything that can refuse a run before a worker starts: parallel=auto, validation, the resume
     checkpoint, the data (prepared once here) and its vocabulary. Raises ConfigError, DataError or
     CheckpointError (exit code 2); returns the validated layout and the resolved config for the workers."""
@@ -199,6 +204,7 @@ def preflight(cfg: DictConfig, *, run_dir: Path) -> tuple[ValidatedRun, dict]:
 
     check_resume(cfg, run_dir)
     data = instantiate(cfg.data, seed=int(cfg.trainer.seed))
+    clock.say(f"preparing the data ({describe_data(cfg)})")
     data.prepare()
     if "vocab_size" in cfg.model:
         data.check_vocab(int(cfg.model.vocab_size))
@@ -206,6 +212,12 @@ def preflight(cfg: DictConfig, *, run_dir: Path) -> tuple[ValidatedRun, dict]:
     if note:
         log.warning("warning: %s", note)
     return validated, cfg_dict
+
+
+def describe_data(cfg: DictConfig) -> str:
+    """The data a run reads, as the start-up line names it: its kind and, where it has one, its path."""
+    path = cfg.data.get("path")
+    return f"data={cfg.data.get('name')}" + (f" from {path}" if path else "")
 
 
 def start_from_folder(cfg: DictConfig, *, run_dir: Path) -> None:
@@ -233,10 +245,15 @@ def start_from_folder(cfg: DictConfig, *, run_dir: Path) -> None:
 
 def train(cfg: DictConfig, *, run_dir: Path, run_meta: dict[str, Any]) -> dict | None:
     """Validate, then run the job's workers; returns rank 0's summary (trainer.dry_run: the dry run's)."""
+    clock = StartClock.from_meta(run_meta)
+    clock.say(f"checking the run: parallel={cfg.parallel.name} model={cfg.model.get('name')} in {run_dir}")
     start_from_folder(cfg, run_dir=run_dir)
     if cfg.trainer.dry_run:
-        return dry_run_layout(cfg, checked(cfg).layout, run_dir=run_dir)
-    validated, cfg_dict = preflight(cfg, run_dir=run_dir)
+        layout = checked(cfg).layout
+        clock.say(f"dry run: building the {layout.world_size} ranks of the layout in this process")
+        return dry_run_layout(cfg, layout, run_dir=run_dir)
+    validated, cfg_dict = preflight(cfg, run_dir=run_dir, clock=clock)
+    clock.say("importing torch and the launcher")
     from trainer.launch.launcher import launch
 
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -316,7 +316,7 @@ def test_wandb_never_stops_training(tmp_path):
     def timed(*overrides, name, env=None):
         run = run_train(*job, *overrides, run_dir=tmp_path / name, env=env)
         log = run.run_dir / "logs" / "rank0.log"
-        return run, log_time(log, "INFO outputs in") - log_time(log, "INFO rank 0/1 on")
+        return run, log_time(log, "INFO outputs in") - log_time(log, "rank 0/1 on")
 
     _, base = timed(name="none")
     no_server = {"WANDB_API_KEY": "x" * 40, "WANDB_BASE_URL": "http://127.0.0.1:9", "WANDB_MODE": ""}

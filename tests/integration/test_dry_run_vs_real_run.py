@@ -26,6 +26,9 @@ def test_dry_run_bytes_equal_a_real_run_of_the_same_layout(tmp_path):
     )
     dry = run_train(*LAYOUT, *FAST, "trainer.dry_run=true", run_dir=tmp_path / "dry")
     assert "dry run: dp2 tp1 pp2 m=4 1f1b" in dry.output and not (tmp_path / "dry" / "metrics.jsonl").exists()
+    # where it went, and what the folder holds (issue 42)
+    assert f"dry run written to {tmp_path / 'dry' / 'dry_run.json'}" in dry.proc.stdout
+    assert f"outputs in {tmp_path / 'dry'}: .hydra/, dry_run.json" in dry.proc.stdout
     report = json.loads((tmp_path / "dry" / "dry_run.json").read_text())
     held = real.summary()["model_state_bytes_per_rank"]
     assert [r["rank"] for r in report["ranks"]] == [0, 1, 2, 3]

@@ -25,6 +25,7 @@ from parallel.core.layout import ParallelLayout
 from trainer.launch.environment import ExternalLaunch
 from trainer.launch.loopback import local_only_env, local_rendezvous
 from trainer.launch.preemption import forward_to_children, warning_signals
+from trainer.observe.startup import StartClock
 
 log = logging.getLogger("meshtrain.launch")
 
@@ -61,6 +62,7 @@ def launch(
     if external is not None:
         summary = worker.run(cfg_dict, run_dir, layout, run_meta, worker.DistEnv.from_environ())
     elif layout.world_size == 1 and layout.nnodes == 1:
+        StartClock.from_meta(run_meta).say("starting the one rank in this process")
         env = worker.DistEnv(rank=0, local_rank=0, world_size=1, in_process=True)
         with local_only_env():  # gloo on loopback
             summary = worker.run(cfg_dict, run_dir, layout, run_meta, env)
@@ -122,8 +124,10 @@ def _elastic(cfg: DictConfig, cfg_dict: dict, *, layout: ParallelLayout, run_dir
     from trainer.launch.start_method import import_for_workers, resolve_start_method
 
     topo = cfg.topology
+    clock = StartClock.from_meta(run_meta)
     start_method = resolve_start_method(topo)
     if start_method == "fork":
+        clock.say("importing the rest of what the workers need (they fork from this process)")
         import_for_workers(cfg)
         # A failed in-process job (a multirun's parallel=single) leaves its gloo process group in a reference cycle
         # (its traceback's frames). Collected in a forked worker, its destructor joined gloo threads that exist only
@@ -167,6 +171,7 @@ def _elastic(cfg: DictConfig, cfg_dict: dict, *, layout: ParallelLayout, run_dir
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     # time-limit warnings (SIGUSR1, submitit's signal): the agent does not handle them, so pass them on
     previous = {sig: signal.signal(sig, lambda signum, frame: forward_to_children(signum)) for sig in warning_signals()}
+    clock.say(f"starting {nproc} worker(s) on this node ({start_method})")
     try:
         meta = {**run_meta, "start_method": start_method}
         with contextlib.nullcontext() if multi_node else local_only_env(worker_store=rdzv["rdzv_endpoint"]):

@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from omegaconf import OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from parallel.core.base import WorkerContext
+from parallel.core.dims import coord_names
 from parallel.core.layout import ParallelLayout
 from parallel.core.memory import tensor_bytes
 from trainer.launch.attempts import previous_attempt_report, restart_count, write_exit_record
@@ -34,8 +35,10 @@ from trainer.launch.loopback import WORKER_STORE
 from trainer.launch.preemption import EXIT_PREEMPTED, PreemptionFlag
 from trainer.loop.fit import Trainer
 from trainer.observe.console import throughput
+from trainer.observe.files_sink import output_listing
 from trainer.observe.rank_logs import TRACE_LOGGER_NAME, setup_rank_logging, teardown_rank_logging
-from trainer.observe.sinks import build_sinks, finish_sinks, output_listing
+from trainer.observe.sinks import build_sinks, finish_sinks
+from trainer.observe.startup import StartClock
 from trainer.run_spec import run_spec
 
 
@@ -131,6 +134,8 @@ class TrainerContext(WorkerContext):
     config its own parts (the loop, the sinks, the checkpointer) read."""
 
     cfg: Any = None
+    clock: StartClock = field(default_factory=lambda: StartClock(time.time()))
+    """The command's start-up clock (``trainer/observe/startup.py``): the stage lines and time_to_first_step_s."""
 
 
 def data_sampler(cfg: Any) -> Callable[[int], tuple[Any, Any]]:
@@ -143,6 +148,24 @@ def data_sampler(cfg: Any) -> Callable[[int], tuple[Any, Any]]:
         return inputs[:rows], targets[:rows]
 
     return sample
+
+
+def mesh_place(layout: ParallelLayout, rank: int) -> str:
+    """Where a rank sits, every dimension named once: ``mesh pp 0/1, dp 1/2, cp 0/1, tp 0/1; ep 0/1 (borrowed)``."""
+    coords = layout.coords(rank)
+    world = [f"{n} {coords[n]}/{layout.size(n)}" for n in layout.mesh_dim_names]
+    borrowed = [f"{n} {c}/{layout.size(n)}" for n, c in coords.items() if n not in layout.mesh_dim_names]
+    return "mesh " + ", ".join(world) + (f"; {', '.join(borrowed)} (borrowed)" if borrowed else "")
+
+
+def layout_label(layout: ParallelLayout) -> str:
+    """``hybrid: dp2 x tp2 x pp2 on 8 ranks``: the strategy and its degrees above 1."""
+    sizes = [f"{n}{layout.size(n)}" for n in coord_names() if layout.size(n) > 1]
+    return (
+        f"{layout.strategy}: {' x '.join(sizes)} on {layout.world_size} ranks"
+        if sizes
+        else f"{layout.strategy}: one rank"
+    )
 
 
 def check_shared_run_dir(cfg, run_dir: Path, layout: ParallelLayout, env: DistEnv, log: logging.Logger) -> None:
@@ -228,9 +251,11 @@ def run(
         if layout.nnodes > 1:
             check_shared_run_dir(cfg, run_dir, layout, env, log)
         mesh = init_device_mesh(device.type, layout.mesh_shape, mesh_dim_names=layout.mesh_dim_names)
+        clock = StartClock.from_meta(run_meta)
         ctx = TrainerContext(
             run=run_spec(cfg, layout),
             cfg=cfg,
+            clock=clock,
             sample_batch=data_sampler(cfg),
             rank=env.rank,
             world_size=env.world_size,
@@ -240,28 +265,31 @@ def run(
             run_dir=run_dir,
             log=log,
         )
+        started = run_meta.get("start_method") or ("in-process" if env.in_process else "by torchrun / srun")
         log.info(
-            "rank %d/%d on %s (%s), mesh %s=%s, started: %s",
-            env.rank,
-            env.world_size,
-            device,
-            backend,
-            layout.mesh_dim_names,
-            layout.coords(env.rank),
-            run_meta.get("start_method") or ("in-process" if env.in_process else "by torchrun / srun"),
+            clock.line(
+                f"rank {env.rank}/{env.world_size} on {device} ({backend}), {mesh_place(layout, env.rank)}, "
+                f"started: {started}"
+            )
         )
         log.debug("rank %d: layout %s", env.rank, layout.to_dict())
         log.debug("rank %d: config %s", env.rank, cfg_dict)
         if env.rank == 0 and (report := previous_attempt_report(run_dir, env.world_size)):
             log.warning(report)
         strategy = instantiate(cfg.parallel)
+        log.info(
+            clock.line(
+                f"building the model ({cfg.model.get('name')}) and composing the layout ({layout_label(layout)})"
+            )
+        )
         engine = strategy.build(ctx=ctx)
         ctx.model_init.update(local_param_bytes=tensor_bytes(engine.parameters()))
-        log.info("model built (%s): %s", cfg.model.get("name"), ctx.model_init)
+        log.info(clock.line(f"model built ({cfg.model.get('name')}): {ctx.model_init}"))
         trainer = Trainer(ctx=ctx, engine=engine)
         start_step = trainer.resume()
         if start_step and env.rank == 0:
             log.info("continuing at step %d of %d", start_step + 1, cfg.trainer.max_steps)
+        log.info(clock.line(f"first step ({start_step + 1} of {cfg.trainer.max_steps}) running"))
         if env.rank == 0:
             sinks = build_sinks(ctx=ctx, cfg_dict=cfg_dict, run_meta=run_meta, start_step=start_step)
         summary = trainer.fit(sinks=sinks, start_step=start_step, preemption=preemption)

@@ -145,7 +145,8 @@ class Trainer:
         self.step_started: float | None = None
         """perf_counter() when the current step began (a collective timeout cannot come sooner than timeout_s)."""
         self.first_step_s: float | None = None
-        """Seconds from ``fit`` to the end of its first step (shape inference, first collectives)."""
+        """Seconds from ``fit`` to the end of its first step (shape inference, first collectives): the summary's
+        ``fit_to_first_step_s``; its ``time_to_first_step_s`` counts from the command's start (``ctx.clock``)."""
         self.first_step_end_unix: float | None = None
         self._checkpointer: Any = None
         self.val_history: list[tuple[int, float]] = []
@@ -232,6 +233,7 @@ class Trainer:
         if self.first_step_s is None:
             self.first_step_s = time.perf_counter() - self.started_at
             self.first_step_end_unix = time.time()
+            self.ctx.log.info(self.ctx.clock.line(f"first step done ({dt * 1000:.0f} ms)"))
         if self._eval_due(step) and not preempt:  # every rank: the evaluation is collective
             evaluation = self.evaluate(step)
             extras.update(evaluation)
@@ -459,6 +461,7 @@ class Trainer:
         if path is None:
             return self._init_from() if self.ctx.weights_from_checkpoint else 0
         self.resumed_from = str(path)
+        self.ctx.log.info(self.ctx.clock.line(f"reading checkpoint {path}"))
         return self.checkpointer.load(path)
 
     def _init_from(self) -> int:
@@ -467,6 +470,7 @@ class Trainer:
         from trainer.hf.load import load_hf_weights
 
         folder = str(self.cfg.model.init_from)
+        self.ctx.log.info(self.ctx.clock.line(f"reading the weights this rank holds from {folder}"))
         info = load_hf_weights(state_view(self.engine.model_parts), folder=folder, model_cfg=self.cfg.model)
         self.ctx.model_init["hf_load"] = info
         self.ctx.log.info("weights read from %s: %s", folder, info)
@@ -519,7 +523,11 @@ class Trainer:
             "median_step_time_s": self.stats.median_step_time(),
             # each rank's process CPU seconds per steady step: the host's work, apart from waiting
             "median_step_cpu_s_per_rank": [g[2] for g in gathered],
-            "time_to_first_step_s": self.first_step_s,
+            # from the command's start (trainer/observe/startup.py); fit_to_first_step_s: from the loop's
+            "time_to_first_step_s": self.first_step_end_unix - ctx.clock.started_unix
+            if self.first_step_end_unix is not None
+            else None,
+            "fit_to_first_step_s": self.first_step_s,
             "data_time_s_total": self.data_wait_s,
             "data_wait_fraction": self.data_wait_s / self.step_time_total_s if self.step_time_total_s else None,
             **self._val_summary(),

@@ -1,22 +1,42 @@
 """Rank 0's console: a rich progress bar with loss and tokens/s (samples/s for image data) on a terminal, a log line
-per logged step (above the bar on a terminal; always in logs/rank0.log)."""
+per logged step (above the bar on a terminal; always in logs/rank0.log). Off a terminal (a file, a pipe, a batch job's
+log), where no bar moves, a line comes at least every ``HEARTBEAT_S`` seconds even when logged steps are further
+apart."""
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from trainer.observe.sink import Sink
 
+HEARTBEAT_S = 30.0
+"""Off a terminal, the longest the console stays silent during the loop."""
+
 
 class ConsoleSink(Sink):
-    def __init__(self, *, total_steps: int, start_step: int, log: logging.Logger):
+    def __init__(
+        self,
+        *,
+        total_steps: int,
+        start_step: int,
+        log: logging.Logger,
+        terminal: bool | None = None,
+        heartbeat_s: float = HEARTBEAT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.log = log
         console = Console()
         self.progress = None
-        if console.is_terminal:
+        self.total_steps = total_steps
+        self.heartbeat_s, self.clock = heartbeat_s, clock
+        self.last_line = (clock(), start_step)
+        """(when, at which step) the console last had a line: the heartbeat's reference."""
+        if console.is_terminal if terminal is None else terminal:
             self.progress = Progress(
                 TextColumn("[bold]train"),
                 BarColumn(),
@@ -35,6 +55,15 @@ class ConsoleSink(Sink):
     def advance(self, step: int) -> None:
         if self.progress is not None:
             self.progress.update(self.task, completed=step)
+            return
+        now = self.clock()
+        since, at = self.last_line
+        if now - since >= self.heartbeat_s and step > at:
+            self.log.info(
+                f"step {step:>5} of {self.total_steps} | {(now - since) / (step - at):.1f} s/step over the last "
+                f"{step - at} step(s) (a line at least every {self.heartbeat_s:.0f} s; losses every trainer.log_every)"
+            )
+            self.last_line = (now, step)
 
     def log_step(self, record: dict) -> None:
         extras = ""
@@ -58,6 +87,7 @@ class ConsoleSink(Sink):
             f"{record['step_time_s'] * 1000:.0f} ms/step | {rate}{extras}"
         )
         self.log.info(line)  # above the live bar on a terminal; always in logs/rank0.log
+        self.last_line = (self.clock(), int(record["step"]))
 
     def log_summary(self, summary: dict) -> None:
         self.close(exit_code=0)  # the loop is over: the bar goes before the run's last lines

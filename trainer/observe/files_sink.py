@@ -34,3 +34,12 @@ class FilesSink(Sink):
 
     def close(self, *, exit_code: int) -> None:
         self.metrics.close()
+
+
+def output_listing(run_dir: Path) -> str:
+    """``outputs in DIR: a, b/, ...``: what the run folder holds when the run ends, read from the folder (files, and
+    folders with a ``/``), so that every file and figure a run wrote is named. Hidden files (the folder's lock) are
+    left out; hidden folders (``.hydra/``) are not."""
+    entries = sorted(run_dir.iterdir(), key=lambda p: p.name) if run_dir.is_dir() else []
+    names = [p.name + "/" if p.is_dir() else p.name for p in entries if p.is_dir() or not p.name.startswith(".")]
+    return f"outputs in {run_dir}: " + ", ".join(names)

@@ -6,7 +6,6 @@ both (``logger=wandb_tensorboard`` or ``logger=[wandb,tensorboard]``), or none (
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from parallel.core.base import WorkerContext
@@ -67,9 +66,3 @@ def finish_sinks(sinks: list[Sink], summary: dict[str, Any] | None, *, exit_code
                 failures.append(exc)
         if failures:
             raise failures[0]
-
-
-def output_listing(run_dir: Path) -> str:
-    names = ["metrics.jsonl", "summary.json", "logs/", "wandb/", "tensorboard/", ".hydra/"]
-    present = [n for n in names if (run_dir / n.rstrip("/")).exists()]
-    return f"outputs in {run_dir}: " + ", ".join(present)

@@ -1,0 +1,56 @@
+"""Start-up progress: what a run is doing before its first step, each line with the seconds since the command started.
+
+The clock starts when the command's process started (``python train.py``, ``meshtrain``, a torchrun or srun rank); a
+job of a multirun starts it when Hydra hands it the job, so each job counts its own start-up. The launcher passes the
+start to the workers (``run_meta[STARTED_KEY]``), which log their stages on the same clock (rank 0 on the console, every
+rank in its own ``logs/rank{N}.log``); ``summary.json``'s ``time_to_first_step_s`` is measured on it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+STARTED_KEY = "started_unix"
+"""run_meta's key for the clock's start (seconds since the epoch)."""
+
+
+def process_started_unix() -> float:
+    """When this process started (psutil), or now where the system does not say."""
+    import psutil
+
+    try:
+        return float(psutil.Process(os.getpid()).create_time())
+    except (psutil.Error, OSError):  # pragma: no cover - no process table: from now
+        return time.time()
+
+
+@dataclass(frozen=True)
+class StartClock:
+    started_unix: float
+
+    @classmethod
+    def for_job(cls, *, multirun: bool) -> StartClock:
+        """A single run's clock starts with its process; a multirun job's when it begins."""
+        return cls(time.time() if multirun else process_started_unix())
+
+    @classmethod
+    def from_meta(cls, run_meta: dict) -> StartClock:
+        """The launcher's clock (a worker's run_meta); a run without one (a test's) starts it now."""
+        started = run_meta.get(STARTED_KEY)
+        return cls(float(started) if started is not None else time.time())
+
+    def elapsed(self) -> float:
+        return max(0.0, time.time() - self.started_unix)
+
+    def line(self, message: str) -> str:
+        """``[+2.1 s] message``: a stage of the start-up as the console and the rank logs show it."""
+        return f"[+{self.elapsed():.1f} s] {message}"
+
+    def say(self, message: str) -> None:
+        """A stage of the launcher process (before any worker has a log): on the console, at once. Under torchrun or
+        srun every rank runs the launcher's code; only rank 0 says it."""
+        if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
+            print(self.line(message), file=sys.stdout, flush=True)
