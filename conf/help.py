@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import textwrap
 
-#: (key, what) shown under "Main keys"; ``{choices}`` is replaced by the values the key's enum type accepts
+#: (key, what) shown under "Main keys"; ``{choices}`` is replaced by the values the key's enum type accepts; the
+#: parallel degrees' lines come first, from the mesh dimensions' table (``degree_keys``)
 MAIN_KEYS = (
-    ("dp.size tp.size pp.size", "parallel degrees; their product is the world size"),
     ("pp.micro_batches", "micro-batches per step (pipeline)"),
     ("pp.schedule", "{choices}"),
     ("pp.split_points=[2]", "blocks where a stage starts; empty: pp.split={choices:pp.split} decides"),
@@ -23,6 +23,8 @@ MAIN_KEYS = (
     ("topology.nproc_per_node", "also topology.nnodes, topology.node_rank (multi-node)"),
     ("topology.device", "{choices}; topology.backend={choices:topology.backend}"),
     ("logger.wandb.mode", "{choices}"),
+    ("model.init_from", "a Hugging Face folder (config.json, safetensors): its model, weights"),
+    ("model.lora.rank", "LoRA adapters on frozen weights; also .alpha, .dropout, .targets"),
 )
 
 HIDDEN_ROOTS = ("hydra", "schema")
@@ -49,6 +51,18 @@ def _enum_choices(dotted: str) -> str:
     return "|".join(values()) if callable(values) else "?"
 
 
+def degree_keys() -> tuple[tuple[str, str], ...]:
+    """The degrees' lines: the dimensions that multiply the world size, then each that borrows its ranks."""
+    from parallel.core import dims
+
+    keys = " ".join(dims.dim(n).key for n in dims.multiplying())
+    lines = [(keys, f"parallel degrees; the world size is {' x '.join(dims.multiplying())}")]
+    for name in dims.borrowing():
+        d = dims.dim(name)
+        lines.append((d.key, f"{d.summary.split(':')[0]}: ranks borrowed from {' x '.join(d.borrows)}, none added"))
+    return tuple(lines)
+
+
 def help_keys() -> str:
     def fill(key: str, text: str) -> str:
         text = text.replace("{choices}", _enum_choices(key))
@@ -58,7 +72,7 @@ def help_keys() -> str:
             text = text[:start] + _enum_choices(text[start + 9 : end]) + text[end + 1 :]
         return text
 
-    return "\n".join(f"  {key:<36} {fill(key, text)}" for key, text in MAIN_KEYS)
+    return "\n".join(f"  {key:<36} {fill(key, text)}" for key, text in (*degree_keys(), *MAIN_KEYS))
 
 
 def help_groups() -> str:

@@ -1,1 +1,5 @@
 """Models whose layers can be split into stages with their parameter names (FQNs) kept."""
+
+from conf.quiet import quiet_torchao
+
+quiet_torchao()

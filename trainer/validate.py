@@ -34,7 +34,7 @@ from trainer.checks.findings import Check, ConfigError, Findings
 from trainer.checks.lora import check_lora
 from trainer.checks.optim import check_optim
 from trainer.checks.run import check_callbacks, check_trainer
-from trainer.checks.topology import check_backend, check_topology
+from trainer.checks.topology import check_backend, check_cores, check_topology
 from trainer.hf.checks import check_init_from
 from trainer.launch.environment import ExternalLaunch, detect_external_launch
 from trainer.run_spec import memory_budget_bytes, plain_values, run_spec, typed_model
@@ -355,6 +355,7 @@ CHECKS: list[Check] = [
     check_trainer,
     check_callbacks,
     check_topology,
+    check_cores,
     check_init_from,  # trainer/hf/checks.py: model.init_from's config.json and tensors against this model
 ]
 

@@ -76,9 +76,17 @@ def test_model_option_instantiates(compose_cfg, name):
     cfg = compose_cfg(f"model={name}")
     cfg = compose_cfg(f"model={name}", _data_for(cfg.model))
     m = cfg.model
-    if "d_model" in m and 12 * m.n_layers * m.d_model**2 > 50e6:
-        pytest.skip(f"{name} is a planner-only description ({m.n_layers} layers x {m.d_model})")
     from models.spec import builder_kwargs
+
+    if str(m.get("_target_")).endswith("refuse_to_build"):  # gpt_7b ...: described to the planner, never built
+        with pytest.raises(Exception, match="is a description for the planner"):
+            instantiate(builder_kwargs(m))
+        return
+    if "d_model" in m and 12 * m.n_layers * m.d_model**2 > 50e6:
+        pytest.skip(
+            f"{name}: a full-size model ({m.n_layers} layers x {m.d_model}), trained from its Hugging Face folder "
+            "(model.init_from) and too large to build in a unit test; its family builds here at debug size"
+        )
 
     model = instantiate(builder_kwargs(m))  # as WorkerContext.build_model: without meshtrain's own keys
     assert sum(p.numel() for p in model.parameters()) > 0

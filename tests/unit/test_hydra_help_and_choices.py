@@ -38,6 +38,11 @@ def test_help_is_meshtrains_own_and_fits_one_screen(help_text):
     assert "gpipe|1f1b|interleaved_1f1b" in help_text and "offline|online|disabled" in help_text
     assert "cosine|linear|constant" in help_text and "stop|skip" in help_text
     assert "meshtrain parallel=hybrid pp.micro_batches=8" in help_text
+    # every degree (ep borrows its ranks, so it is not in the world size), and fine-tuning's keys (issue 42)
+    keys = {line.split("  ")[1].strip(): line for line in lines if line.startswith("  ") and "  " in line[2:]}
+    assert "the world size is dp x tp x pp x cp" in keys["dp.size tp.size pp.size cp.size"]
+    assert "borrowed from dp x cp" in keys["ep.size"]
+    assert "model.init_from" in keys and "model.lora.rank" in keys
 
 
 def test_schemas_are_not_choices():

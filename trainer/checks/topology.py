@@ -4,10 +4,12 @@ a hang or a C++ trace. ``topology.backend`` and ``topology.device`` are enum-typ
 
 from __future__ import annotations
 
+import os
 import socket
 
 from omegaconf import DictConfig
 
+from parallel.core.layout import ParallelLayout
 from trainer.checks.findings import Findings
 
 
@@ -65,4 +67,28 @@ def check_topology(cfg: DictConfig, layout: object, f: Findings) -> None:
         f.error(
             f"topology.master_port={port}: the port is in use on this host (node 0 serves the rendezvous there); "
             "choose a free port and give the same one to every node"
+        )
+
+
+def cpu_cores() -> int:
+    """The cores this process may run on (its affinity, as under a container's or Slurm's limit; else the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def check_cores(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
+    """A warning (the run goes on) when this node's CPU ranks outnumber its cores: ``dp.size=8`` on 2 cores runs, but
+    the ranks take turns on the cores, so its steps time the machine's crowding rather than the layout."""
+    if f.external is not None or str(cfg.topology.device) == "cuda":
+        return
+    if str(cfg.topology.device) == "auto" and str(cfg.topology.backend) == "nccl":
+        return
+    ranks, cores = layout.nproc_per_node, cpu_cores()
+    if ranks > cores:
+        f.warn(
+            f"{ranks} ranks on this node and {cores} CPU core(s): the ranks take turns on the cores, so each step "
+            f"takes longer than the layout needs and its timings (tokens/s, comm and bubble shares) measure the "
+            f"crowding. Fine for trying a layout; for numbers, use at most {cores} ranks per node"
         )
