@@ -2,7 +2,7 @@
 
 Runs ``train.py parallel=hybrid cp.size=C`` as a user would (llama_debug, one sample per step, dp = tp = pp = 1,
 so the world is cp ranks) once per (seq_len, cp) and reads each run's summary.json: the peak of the bytes autograd
-keeps saved for backward on each rank (``peak_saved_activation_bytes_per_rank``, parallel/core/activations.py),
+keeps saved for backward on each rank (``peak_saved_activation_bytes_per_rank``, parallel/foundation/activations.py),
 the peak RSS of each rank, tokens/s per rank and the share of the step in cp's all-to-alls
 (``cp_comm_fraction_median``). Beside them, the planner's prediction of one rank's saved activations (the cost
 model's ``rank_activation_per_micro_batch``, parallel/plan/cost_model.py, at the same seq_len and cp).

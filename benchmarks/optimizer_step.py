@@ -56,7 +56,7 @@ def worker(rounds: int) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from parallel.core.optimizer import build_optimizer_over
+    from parallel.foundation.optimizer import build_optimizer_over
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from parallel.core.intervals import IntervalLog  # noqa: E402
+from parallel.foundation.intervals import IntervalLog  # noqa: E402
 from parallel.plan.cli import compose, specs_from_cfg, typed_model  # noqa: E402
 from parallel.plan.cost_model import Candidate, estimate  # noqa: E402
 from parallel.plan.search import describe, strategy_of  # noqa: E402
@@ -318,7 +318,7 @@ def _ddp_parts_worker(rank: int, port: int, out: str, cycles: int) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from models.losses import token_cross_entropy as cross_entropy
-    from parallel.core.grad_clip import clip_grad_norm_
+    from parallel.foundation.grad_clip import clip_grad_norm_
     from parallel.plan.calibrate import build_family, family_kwargs
 
     torch.set_num_threads(1)

@@ -53,7 +53,7 @@ def _enum_choices(dotted: str) -> str:
 
 def degree_keys() -> tuple[tuple[str, str], ...]:
     """The degrees' lines: the dimensions that multiply the world size, then each that borrows its ranks."""
-    from parallel.core import dims
+    from parallel.foundation import dims
 
     keys = " ".join(dims.dim(n).key for n in dims.multiplying())
     lines = [(keys, f"parallel degrees; the world size is {' x '.join(dims.multiplying())}")]

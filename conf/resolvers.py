@@ -1,7 +1,7 @@
 """OmegaConf resolvers needed before Hydra composes the config.
 
 ``mt_strategy`` gives ``parallel._target_`` its default: the class the strategy registry
-(``parallel/core/registry.py``) names for ``parallel.name``.
+(``parallel/assembly/registry.py``) names for ``parallel.name``.
 
 ``mt_stamp`` formats the launch time of this job. Under torchrun every rank runs ``hydra.main`` and
 Hydra's ``${now:}`` may differ by a second between ranks, giving one output folder per rank
@@ -57,7 +57,7 @@ def help_text(part: str) -> str:
 
 
 def register_resolvers() -> None:
-    from parallel.core.registry import strategy_target
+    from parallel.assembly.registry import strategy_target
 
     if not OmegaConf.has_resolver("mt_stamp"):
         OmegaConf.register_new_resolver("mt_stamp", launch_stamp)

@@ -21,16 +21,16 @@ from typing import Any, List, Optional, get_type_hints
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from conf.choices import choices
 from models.registry import model_schemas
 from models.spec import import_object
 from parallel.config import MPConfig, ParallelConfig, PlannerConfig, TopologyConfig
-from parallel.core import dims
-from parallel.core.checkpointing_modes import AC_MODES
-from parallel.core.optimizer import IMPLEMENTATIONS
-from parallel.core.precision import FP8_RECIPES, PRECISIONS
+from parallel.foundation import dims
+from parallel.foundation.checkpointing_modes import AC_MODES
+from parallel.foundation.choices import choices
+from parallel.foundation.optimizer import IMPLEMENTATIONS
+from parallel.foundation.precision import FP8_RECIPES, PRECISIONS
 
-#: enum-typed choices of the trainer's keys: a typo fails at compose time (conf/choices.py). Precision and
+#: enum-typed choices of the trainer's keys: a typo fails at compose time (parallel/foundation/choices.py). Precision and
 #: ActivationCheckpointing follow their one list: a new precision is one more name in PRECISIONS.
 Precision = choices("Precision", PRECISIONS, module=__name__)
 ActivationCheckpointing = choices("ActivationCheckpointing", AC_MODES, module=__name__)
@@ -237,7 +237,7 @@ class OptimConfig:
     null: warmup_steps + decay."""
     implementation: OptimImplementation = OptimImplementation["auto"]
     """auto (torch's fused kernel where the optimizer and device have one), fused, foreach or for-loop
-    (parallel/core/optimizer.py)."""
+    (parallel/foundation/optimizer.py)."""
 
 
 @dataclass
@@ -261,7 +261,7 @@ NOT_OPTIMIZER_KEYS = ("name", "warmup_steps", "decay", "min_lr_ratio", "schedule
 
 def _dimension_groups() -> list[tuple[str, type, Any]]:
     """One root field per mesh dimension (``dp``, ``tp``, ``pp``), typed by the class its row of
-    ``parallel/core/dims.py`` names: a new dimension's config group needs no line here."""
+    ``parallel/foundation/dims.py`` names: a new dimension's config group needs no line here."""
     out = []
     for d in dims.DIMENSIONS:
         cls = import_object(d.config)
@@ -291,19 +291,6 @@ MeshtrainConfig = make_dataclass(
 )
 MeshtrainConfig.__module__ = __name__
 
-
-#: the keys that name a file or folder of the user's (each with the words it takes that are no path): ``~`` expanded,
-#: and a relative path read against the folder the command ran in, also when ``hydra.job.chdir=true`` moves the job
-#: into its run folder (trainer/task.py ``user_paths``); on the command line ``~`` is expanded before Hydra parses
-#: it (conf/command_line.py)
-USER_PATH_KEYS = {
-    "model.init_from": (),
-    "data.path": (),
-    "data.tokenizer": (),
-    "data.prepared": (),
-    "data.cache_dir": (),
-    "trainer.resume": ("auto", "never"),
-}
 
 #: schemas live under their own path, ``schema/<group>/<shape>``, not among a group's options: ``--help``
 #: and shell completion list only the YAML options. An option extends one with ``/schema/model/gpt@_here_``.

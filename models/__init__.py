@@ -1,5 +1,5 @@
 """Models whose layers can be split into stages with their parameter names (FQNs) kept."""
 
-from conf.quiet import quiet_torchao
+from models.quiet import quiet_torchao
 
 quiet_torchao()

@@ -4,7 +4,7 @@ Every engine (one module, accumulated chunks, pipeline stages, evaluation) calls
 loss, ``ctx.model_spec.loss_fn()``: the strategy decides how the model runs, the family what it is trained
 to predict. A loss takes the model's output, the targets and ``reduction`` (``"mean"`` over the predictions, or
 their ``"sum"``, which the engines divide by the global batch's count of targets, ``count_targets``:
-``parallel/core/token_loss.py``), computed in float32 whatever the model's precision (bf16 logits are upcast
+``parallel/foundation/token_loss.py``), computed in float32 whatever the model's precision (bf16 logits are upcast
 first). A target equal to ``IGNORE_INDEX`` (a prompt token of a chat, padding) is no prediction: it adds nothing
 to the loss and is not counted.
 """

@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from conf.choices import choices
+from parallel.foundation.choices import choices
 from parallel.pipeline.schedules import SCHEDULES
 from parallel.pipeline.split import POLICIES
 
-#: enum-typed choices: a typo fails at compose time with the valid values (conf/choices.py)
+#: enum-typed choices: a typo fails at compose time with the valid values (parallel/foundation/choices.py)
 Schedule = choices("Schedule", SCHEDULES, module=__name__)
 SplitPolicy = choices("SplitPolicy", POLICIES, module=__name__)
 Backend = choices("Backend", ("auto", "gloo", "nccl"), module=__name__)
@@ -26,7 +26,7 @@ CPAttention = choices("CPAttention", CP_ATTENTION, module=__name__)
 
 @dataclass
 class ParallelConfig:
-    """Which strategy builds the engine: a built-in ``name`` (``parallel/core/registry.py``) brings its class;
+    """Which strategy builds the engine: a built-in ``name`` (``parallel/assembly/registry.py``) brings its class;
     a user's own ``Strategy`` subclass sets ``_target_`` with a name of its own."""
 
     _target_: str = "${mt_strategy:${.name}}"

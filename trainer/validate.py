@@ -4,7 +4,7 @@ Each check reads the composed config (and the layout derived from it) and report
 "key=value: what is wrong; what would fix it". This module holds the generic checks (layout arithmetic, batch
 division, the model's config and memory) and asks the rest of whom they belong to: the model family's
 ``ModelSpec`` (``check``, ``tp_check``, ``inputs``, ``data_check``: models/spec.py), the strategy's
-``StrategySpec.checks`` (parallel/core/registry.py), and the checks of a concern of their own in
+``StrategySpec.checks`` (parallel/assembly/registry.py), and the checks of a concern of their own in
 ``trainer/checks/`` (data and files, optimizer, compute, run keys, topology). ``CHECKS`` lists them in the order they run. What
 the schema types (enums: pp.schedule, topology.backend, optim.decay ...) fails at compose and is not re-checked.
 No torch import: refusing takes well under a second.
@@ -19,26 +19,25 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from models.spec import ConfigView
-from parallel.core import dims
-from parallel.core.layout import (
+from parallel.assembly.registry import STRATEGIES, checks_for, describe_factorization, strategy_spec
+from parallel.assembly.strategy_checks import nearest_multiples as _nearest_multiples
+from parallel.foundation import dims
+from parallel.foundation.layout import (
     ParallelLayout,
     dp_needs_fsdp,
     factorizations,
     why_dp_needs_fsdp,
 )
-from parallel.core.registry import STRATEGIES, checks_for, describe_factorization, strategy_spec
-from parallel.core.strategy_checks import nearest_multiples as _nearest_multiples
 from trainer.checks.compute import check_precision
 from trainer.checks.data import check_data
 from trainer.checks.findings import Check, ConfigError, Findings
-from trainer.checks.keys import check_keys
 from trainer.checks.lora import check_lora
 from trainer.checks.optim import check_optim
 from trainer.checks.run import check_callbacks, check_trainer
 from trainer.checks.topology import check_backend, check_cores, check_topology
 from trainer.hf.checks import check_init_from
 from trainer.launch.environment import ExternalLaunch, detect_external_launch
-from trainer.run_spec import memory_budget_bytes, plain_values, run_spec, typed_model
+from trainer.typed.run_spec import memory_budget_bytes, plain_values, run_spec, typed_model
 
 
 @dataclass(frozen=True)
@@ -259,7 +258,7 @@ def check_model(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
     """What the model's spec says its config must satisfy, and whether this layout can hold its weights."""
     from models.spec import INIT_DEVICES, builder_kwargs, hydra_schema
 
-    model = typed_model(cfg.model)  # the family's typed config (trainer/run_spec.py): what its rules read
+    model = typed_model(cfg.model)  # the family's typed config (trainer/typed/run_spec.py): what its rules read
     spec = model_spec(cfg, f)
     if spec is None:
         return
@@ -332,14 +331,13 @@ def check_strategy_rules(cfg: DictConfig, layout: ParallelLayout, f: Findings) -
     checks = checks_for(cfg.parallel.name)
     if not checks:
         return
-    run = run_spec(cfg, layout)  # the typed run the checks read (parallel/core/run.py)
+    run = run_spec(cfg, layout)  # the typed run the checks read (parallel/foundation/run.py)
     for check in checks:
         for problem in check(run, strategy_spec(cfg.parallel.name)):
             f.error(problem)
 
 
 CHECKS: list[Check] = [
-    check_keys,  # trainer/checks/keys.py: a key nothing reads (+paralel=fsdp) is refused, with the nearest one
     check_positive,
     check_strategy,
     check_borrowing,

@@ -1,9 +1,9 @@
 """What a pipelined run (parallel=pp, mp, hybrid with pp.size > 1) needs of its config, checked before any worker
 starts: the shape a strategy fixes (parallel=mp), the schedule's micro-batches and stages per rank, and
 the split points against the model's blocks. Each check takes ``(run, strategy)`` (the typed run,
-``parallel/core/run.py``, and the strategy's ``StrategySpec``, None for a user's own) and returns the problems as
+``parallel/foundation/run.py``, and the strategy's ``StrategySpec``, None for a user's own) and returns the problems as
 "key=value: what is wrong; the fix"; the strategies list them in ``StrategySpec.checks``
-(``parallel/core/registry.py``). No torch import.
+(``parallel/assembly/registry.py``). No torch import.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from models.registry import UnknownModel, spec_for
 from parallel.pipeline.schedules import SCHEDULES
 
 if TYPE_CHECKING:
-    from parallel.core.run import RunSpec
+    from parallel.foundation.run import RunSpec
 
 
 def fixed_pipeline_problems(run: RunSpec, strategy: Any) -> list[str]:

@@ -91,7 +91,7 @@ class ScheduleSpec:
     """Activation/gradient round trips per virtual-stage boundary and micro-batch the cost model counts."""
     splits_backward: bool = False
     """Backward runs as input (I) then weight (W) actions: torch differentiates the weights the stage module holds
-    when I starts, so FSDP2 must keep them gathered from forward to backward (``parallel/core/compose.py``)."""
+    when I starts, so FSDP2 must keep them gathered from forward to backward (``parallel/assembly/compose.py``)."""
 
     @property
     def modeled(self) -> bool:

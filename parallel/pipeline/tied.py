@@ -56,7 +56,7 @@ def _find(modules: Sequence[nn.Module], fqn: str) -> tuple[int, nn.Parameter] | 
 
 
 def share_across_stages(modules: Sequence[nn.Module], ties: Sequence[tuple[str, str]]) -> None:
-    """Where one rank holds both ends of a tie (``(alias, original)`` names, ``parallel.core.ties.tied_parameters``)
+    """Where one rank holds both ends of a tie (``(alias, original)`` names, ``parallel.foundation.ties.tied_parameters``)
     in two of its stage ``modules``, the alias's owner takes the original's Parameter: one weight, one gradient."""
     for alias, original in ties:
         found_alias, found_original = _find(modules, alias), _find(modules, original)

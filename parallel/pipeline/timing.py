@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from parallel.core.activations import active_meter
-from parallel.core.intervals import union_seconds
+from parallel.foundation.activations import active_meter
+from parallel.foundation.intervals import union_seconds
 
 
 @dataclass

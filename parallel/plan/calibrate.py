@@ -184,7 +184,7 @@ def measure_compute(model_config: Any, *, seq_len: int, threads: int, max_rows: 
     import torch
 
     from models.spec import config_values
-    from parallel.core.optimizer import build_optimizer_over
+    from parallel.foundation.optimizer import build_optimizer_over
 
     torch.set_num_threads(threads)
     spec = model_shape(model_config)
@@ -338,8 +338,8 @@ def _training_step(
     trainer builds it by default (``build_optimizer_over``: grouped by kind, fused kernels)."""
     import torch
 
-    from parallel.core.grad_clip import clip_grad_norm_
-    from parallel.core.optimizer import build_optimizer_over
+    from parallel.foundation.grad_clip import clip_grad_norm_
+    from parallel.foundation.optimizer import build_optimizer_over
 
     opt = build_optimizer_over(functools.partial(torch.optim.AdamW, lr=1e-4), params)
 

@@ -14,7 +14,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from models.shape import kv_repeats
-from parallel.core.dims import Sized, lenders, with_dim_kwargs
+from parallel.foundation.dims import Sized, lenders, with_dim_kwargs
 from parallel.pipeline.schedules import SCHEDULES, schedule_spec, stage_to_rank
 from parallel.plan.specs import HardwareSpec, Link, ModelShape, Workload
 
@@ -29,7 +29,7 @@ class Candidate(Sized):
     """One layout the planner may choose: degrees, micro-batching, schedule, sharding, recomputation."""
 
     sizes: dict[str, int] = field(default_factory=dict)
-    """Degree per mesh dimension (``parallel/core/dims.py``), read as ``c.dp``, ``c.tp`` ...;
+    """Degree per mesh dimension (``parallel/foundation/dims.py``), read as ``c.dp``, ``c.tp`` ...;
     ``Candidate(dp=2, tp=2)`` fills it."""
     micro_batches: int = 1
     schedule: str = "none"
@@ -209,7 +209,7 @@ def rank_expert_params(model: ModelShape, layers: list[int], *, tp: int, meshtra
     """The routed experts among ``rank_params`` (one tp rank of a pipeline rank, before expert and data parallel):
     whole on every tp rank in meshtrain, split over t as Megatron-LM's expert tensor parallel does otherwise.
     Expert parallel divides them by ep, then FSDP2 shards them over the experts' own mesh, the n·c/ep ranks that
-    hold the same experts (``parallel/core/meshes.py`` ``expert_meshes``; torchtitan's ``dp_shard_mod_ep``)."""
+    hold the same experts (``parallel/foundation/meshes.py`` ``expert_meshes``; torchtitan's ``dp_shard_mod_ep``)."""
     experts = sum(n * model.layer_expert_params(i) for i, n in model.layer_groups(layers))
     return experts if meshtrain else experts / tp
 
@@ -365,7 +365,7 @@ def saved_layer_activation_bytes(model: ModelShape, layer: int, case: Activation
     Counted from the tensors autograd saves in the blocks of ``models/gpt/model.py`` and ``models/llama/model.py``
     (Qwen3 included) under DTensor tensor parallel and Ulysses context parallel (``parallel/techniques/cp.py``), as
     the dry run measures them (``parallel/plan/dry_run.py``: fake tensors, the saved-tensor hook, one count per
-    storage; recomputation with the trainer's meter, ``parallel/core/activations.py``), per token: the block's two
+    storage; recomputation with the trainer's meter, ``parallel/foundation/activations.py``), per token: the block's two
     norms (``norm_saved_bytes``, /t with sequence parallel), its attention (``attention_saved_bytes``) and its
     MLP (``mlp_saved_bytes``: dense, or a sparse layer's mixture of experts). No dropout masks, no s² scores (Megatron-LM's ``layer_activation_bytes``
     counts both). Selective recomputation (the trainer's op-level policy: matmul and attention outputs kept, the
@@ -497,7 +497,7 @@ def all_to_all_s(nbytes: float, *, n: int, link: Link) -> float:
 
 def ep_stride(c: Candidate) -> int:
     """Ranks between neighbours of an ep group: ep is the inner factor of its lenders (dp x cp) flattened in mesh
-    order (``parallel/core/meshes.py`` ``expert_meshes``), so its stride is the innermost lender's (t)."""
+    order (``parallel/foundation/meshes.py`` ``expert_meshes``), so its stride is the innermost lender's (t)."""
     return c.stride(lenders("ep")[-1])
 
 

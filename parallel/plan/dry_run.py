@@ -24,11 +24,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from parallel.core import dims
-from parallel.core.compose import Composition, PipelinePlan, compose
-from parallel.core.precision import PLANNER_PRECISIONS
-from parallel.core.run import ComposeSettings
-from parallel.core.state_bytes import model_state_bytes
+from parallel.assembly.compose import Composition, PipelinePlan, compose
+from parallel.foundation import dims
+from parallel.foundation.precision import PLANNER_PRECISIONS
+from parallel.foundation.run import ComposeSettings
+from parallel.foundation.state_bytes import model_state_bytes
 from parallel.pipeline.stages import build_stage_module
 from parallel.plan.cost_model import Candidate, estimate
 from parallel.plan.specs import HardwareSpec, ModelShape, Workload
@@ -68,7 +68,7 @@ class DryRunReport:
 
 def sample_ranks(**sizes: int) -> list[int]:
     """First and last rank of every pipeline stage, and one in the middle of the mesh, for degrees given by
-    dimension name (``pp=8, dp=32, tp=4``; ranks as ``parallel/core/layout.py`` lays them out)."""
+    dimension name (``pp=8, dp=32, tp=4``; ranks as ``parallel/foundation/layout.py`` lays them out)."""
     c = Candidate(**sizes)
     others = [n for n in dims.mesh_names() if n != "pp"]
     ranks = {c.rank_of(**{n: c.size(n) // 2 for n in dims.mesh_names()})}
@@ -94,7 +94,7 @@ def build_meta_model(model_config: Any, *, seq_len: int | None = None):
     with torch.device("meta"):
         model = build_family(family, kwargs)
     lora = LoRA.of(model_config)
-    if lora is not None:  # as the trainer builds it (parallel/core/base.py): adapters beside frozen weights
+    if lora is not None:  # as the trainer builds it (parallel/assembly/base.py): adapters beside frozen weights
         apply_lora(model, lora)
     return model
 
@@ -141,14 +141,14 @@ def _saved_activation_bytes(
 ) -> int:
     """Bytes autograd saves for one micro-batch through ``module`` (fake tensors: nothing is allocated), and under
     activation checkpointing what its regions keep instead: their inputs and the selective policy's matmul outputs
-    (``parallel/core/activations.py``: the trainer's meter counts the same)."""
+    (``parallel/foundation/activations.py``: the trainer's meter counts the same)."""
     from types import SimpleNamespace
 
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed.tensor import DTensor
 
-    from parallel.core.activations import metering
+    from parallel.foundation.activations import metering
 
     def local(t):
         return t._local_tensor if isinstance(t, DTensor) else t
@@ -241,7 +241,7 @@ def _measure_rank(
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from parallel.core.meshes import expert_meshes
+    from parallel.foundation.meshes import expert_meshes
     from parallel.techniques.ep import apply_ep
 
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)

@@ -15,17 +15,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from models.shape import count_text
-from parallel.core import dims
-from parallel.core.checkpointing_modes import AC_MODES
-from parallel.core.layout import factorizations
-from parallel.core.precision import planner_precision
-from parallel.core.registry import TRAINABLE_RECOMPUTE, TRAINABLE_ZERO_STAGES, plannable, strategy_for
+from parallel.assembly.registry import TRAINABLE_RECOMPUTE, TRAINABLE_ZERO_STAGES, plannable, strategy_for
+from parallel.foundation import dims
+from parallel.foundation.checkpointing_modes import AC_MODES
+from parallel.foundation.layout import factorizations
+from parallel.foundation.precision import planner_precision
 from parallel.pipeline.schedules import SCHEDULES, schedule_spec
 from parallel.plan.cost_model import Candidate, Estimate, ep_stride, estimate
 from parallel.plan.specs import GB, HardwareSpec, ModelShape, PlanError, Workload
 
 if TYPE_CHECKING:
-    from parallel.core.run import ComposeSettings, RunSpec
+    from parallel.foundation.run import ComposeSettings, RunSpec
 
 DEEP_LAYERS = 50
 """The seed's "deep" threshold: from about 50 layers, pipeline stages beat splitting each layer."""

@@ -2,7 +2,7 @@
 
 Besides ``ModelShape`` (a decoder-only transformer's shape: parameter count and FLOPs per token; ``models/shape.py``,
 built by the model family's ``ModelSpec.shape``), two frozen dataclasses: ``HardwareSpec`` (one device and its links,
-from ``topology``) and ``Workload`` (batch, sequence, precision: ``parallel/core/precision.py``). Their builders read the
+from ``topology``) and ``Workload`` (batch, sequence, precision: ``parallel/foundation/precision.py``). Their builders read the
 typed ``topology`` and ``planner`` sections (``parallel/config.py``) and the model's typed config, which the planner's
 entry point (``parallel/plan/cli.py``) and the trainer make of the composed config, so the planner works for models
 far too big to build here (``conf/model/gpt_175b.yaml``).
@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from models.shape import ModelShape, PlanError
-from parallel.core.checkpointing_modes import AC_MODES
-from parallel.core.precision import PLANNER_PRECISIONS, planner_precision
+from parallel.foundation.checkpointing_modes import AC_MODES
+from parallel.foundation.precision import PLANNER_PRECISIONS, planner_precision
 
 if TYPE_CHECKING:
     from parallel.config import PlannerConfig, TopologyConfig
@@ -187,7 +187,7 @@ class Workload:
         gbs = planner.global_batch_size or (model.get("global_batch_size") if described else global_batch_size)
         seq = planner.seq_len or (model.get("max_seq_len") if described else seq_len)
         precision = str(planner.precision)
-        if precision == "auto":  # what the run will train in (parallel/core/precision.py's one mapping)
+        if precision == "auto":  # what the run will train in (parallel/foundation/precision.py's one mapping)
             precision = planner_precision(trainer_precision or "fp32", device=hardware.device)
         if precision not in PLANNER_PRECISIONS:
             raise PlanError(

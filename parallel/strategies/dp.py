@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from parallel.core.base import Engine, ModuleEngine, Strategy, WorkerContext
-from parallel.core.build import build_engine
-from parallel.core.compose import Composition
-from parallel.core.precision import MIXED_PRECISIONS, enable_autocast
+from parallel.assembly.base import Engine, ModuleEngine, Strategy, WorkerContext
+from parallel.assembly.build import build_engine
+from parallel.assembly.compose import Composition
+from parallel.foundation.precision import MIXED_PRECISIONS, enable_autocast
 
 
 class DataParallelStrategy(Strategy):

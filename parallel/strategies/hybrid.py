@@ -3,7 +3,7 @@
 Its composition comes from the degrees: tensor parallel when tp > 1; on the dp dimension FSDP2 ``fully_shard``
 when ``dp.shard``, else DDP; with tp > 1 or pp > 1 always FSDP2 (DDP over DTensor modules fails on torch 2.13, and
 DDP inside a ``PipelineStage`` with several micro-batches crashes or gives wrong gradients; ``build_layout`` sets
-``dp_shard`` and ``trainer/validate.py`` says why); a pipeline when pp > 1. ``parallel/core/compose.py`` applies
+``dp_shard`` and ``trainer/validate.py`` says why); a pipeline when pp > 1. ``parallel/assembly/compose.py`` applies
 them in its one order (TP → activation checkpointing → compile → FSDP2/DDP) to the whole model, or, pipelined, to
 each stage this rank keeps before it becomes a ``PipelineStage`` driven by ``pp.schedule``.
 
@@ -14,10 +14,10 @@ The engine adds to its own measurements the tp group's communication time and th
 
 from __future__ import annotations
 
-from parallel.core.base import Engine, Strategy, WorkerContext
-from parallel.core.build import build_engine
-from parallel.core.compose import Composition
-from parallel.core.layout import why_dp_needs_fsdp
+from parallel.assembly.base import Engine, Strategy, WorkerContext
+from parallel.assembly.build import build_engine
+from parallel.assembly.compose import Composition
+from parallel.foundation.layout import why_dp_needs_fsdp
 
 
 def describe_dp(ctx: WorkerContext) -> str:

@@ -1,15 +1,15 @@
 """parallel=pp and parallel=mp: one strategy, the pipeline engine over unwrapped stages.
 
 What makes ``mp`` model parallel (one micro-batch, GPipe, one stage per rank, blocks split evenly,
-``mp.split_points``) is its registry entry's ``FixedPipeline`` (``parallel/core/registry.py``), which validation
+``mp.split_points``) is its registry entry's ``FixedPipeline`` (``parallel/assembly/registry.py``), which validation
 and the pipeline's split read; this class is the same for both.
 """
 
 from __future__ import annotations
 
-from parallel.core.base import Engine, Strategy, WorkerContext
-from parallel.core.build import build_engine
-from parallel.core.compose import Composition
+from parallel.assembly.base import Engine, Strategy, WorkerContext
+from parallel.assembly.build import build_engine
+from parallel.assembly.compose import Composition
 
 
 class PipelineStrategy(Strategy):

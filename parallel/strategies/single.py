@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from parallel.core.base import Engine, Strategy, WorkerContext
-from parallel.core.build import build_engine
-from parallel.core.compose import Composition
+from parallel.assembly.base import Engine, Strategy, WorkerContext
+from parallel.assembly.build import build_engine
+from parallel.assembly.compose import Composition
 
 
 class SingleStrategy(Strategy):

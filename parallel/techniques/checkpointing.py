@@ -1,4 +1,4 @@
-"""Activation checkpointing, per block of a model (or a pipeline stage): one step of ``parallel/core/compose.py``'s
+"""Activation checkpointing, per block of a model (or a pipeline stage): one step of ``parallel/assembly/compose.py``'s
 order, after tensor parallel, before compile and data parallel (torchtitan's TP → AC → compile → FSDP).
 
 Each block in ``module.layers`` keeps its name: its instance ``forward`` is replaced by a checkpointed one, so
@@ -26,7 +26,7 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-from parallel.core.activations import CountingSACStorage, active_meter, hold_inputs
+from parallel.foundation.activations import CountingSACStorage, active_meter, hold_inputs
 
 
 def _matmul_ops() -> frozenset:

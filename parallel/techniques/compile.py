@@ -1,5 +1,5 @@
 """Regional compile: each block of a model (or pipeline stage) compiled on its own, one step of
-``parallel/core/compose.py``'s order (after activation checkpointing, before FSDP2/DDP).
+``parallel/assembly/compose.py``'s order (after activation checkpointing, before FSDP2/DDP).
 
 One compiled graph is reused by every block of the same shape, so compile time does not grow with depth; the
 block's instance ``forward`` is replaced, so parameter names do not change and FSDP2's per-block hooks stay

@@ -1,8 +1,8 @@
 """Context parallel, DeepSpeed-Ulysses style: each sample's sequence split into cp contiguous chunks, attention by
-all-to-all. One step of ``parallel/core/compose.py``'s order, after tensor parallel.
+all-to-all. One step of ``parallel/assembly/compose.py``'s order, after tensor parallel.
 
 Every rank of a cp group holds the same weights (replicated across cp; FSDP2 or DDP reduce the gradients over
-dp x cp, ``parallel/core/meshes.py``) and ``tokens / cp`` contiguous tokens of each sample
+dp x cp, ``parallel/foundation/meshes.py``) and ``tokens / cp`` contiguous tokens of each sample
 (``Engine.local_batch``). Everything but attention is per token, so it runs on the chunk unchanged; positions
 start at the chunk's first token (the model's ``seq_chunk``, ``models/attention.py``). Attention needs the whole
 sequence: q, k and v, split by sequence, become split by heads over the full sequence by one all-to-all over
@@ -28,8 +28,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from models.moe import moe_layers
 from models.shape import kv_repeats
 from parallel.config import CP_ATTENTION
-from parallel.core.all_to_all import timed_all_to_all
-from parallel.core.intervals import union_seconds
+from parallel.foundation.all_to_all import timed_all_to_all
+from parallel.foundation.intervals import union_seconds
 
 Attend = Callable[..., torch.Tensor]
 

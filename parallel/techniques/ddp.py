@@ -5,7 +5,7 @@ bucket's all-reduce launch to the last one's completion, and how much of that ov
 ``ReducerCommMeter`` turns that on for the steps the loop logs (the loop says which) and reads it after them, so DDP
 keeps its C++ all-reduce path on every step. A Python comm hook would time each bucket, but it replaces that
 path and cost 2-5% of the tokens/s on 2 CPU ranks (docs/benchmarks.md). ``dp.measure_comm=false`` measures
-nothing. The wrapping order (after activation checkpointing and compile) is ``parallel/core/compose.py``'s.
+nothing. The wrapping order (after activation checkpointing and compile) is ``parallel/assembly/compose.py``'s.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def wrap_ddp(
     sync_batchnorm: bool = False,
     measure_comm: bool = True,
 ) -> tuple[DDP, ReducerCommMeter | None]:
-    """DDP over ``dp_mesh`` (the gradient-reduction mesh, ``parallel/core/meshes.py``: dp, and cp once it is a
+    """DDP over ``dp_mesh`` (the gradient-reduction mesh, ``parallel/foundation/meshes.py``: dp, and cp once it is a
     dimension), SyncBatchNorm if asked, its reducer timing the logged steps unless
     ``measure_comm`` is off (``dp.measure_comm=false``)."""
     group = dp_mesh.get_group()

@@ -6,14 +6,14 @@ back by all-to-all (torchtitan's and Megatron-core's dispatch; GShard's layout).
 1. The stacked expert weights (E, ...) become DTensors sharded on dim 0 over the ep mesh (``Shard(0)``): rank
    ``r`` of ``ep`` holds experts ``r x E/ep`` to ``(r + 1) x E/ep - 1``. The router and everything else stay
    replicated: every rank routes its own tokens. FSDP2 then shards the experts over their own mesh, the ranks
-   the ep groups leave (``parallel/core/meshes.py`` ``expert_meshes``), and the rest over dp x cp.
+   the ep groups leave (``parallel/foundation/meshes.py`` ``expert_meshes``), and the rest over dp x cp.
 2. The block's ``LocalDispatch`` seam gets an ``AllToAllDispatch``: after the local sort by expert, the rows
    for expert e go to the rank owning it (``all_to_all_single`` with this step's uneven splits, the counts
    exchanged first), are grouped there by local expert, run through the local experts and come back the same
    way, where ``combine`` weighs and sums them into their tokens exactly as without expert parallel.
 
 Gradients: an expert's gradient on its owner sums the contributions of the tokens every ep rank sent it, each
-rank's loss already scaled to the global token mean over dp x cp (``parallel/core/token_loss.py``), and FSDP2
+rank's loss already scaled to the global token mean over dp x cp (``parallel/foundation/token_loss.py``), and FSDP2
 then averages over the experts' own mesh only; so the outputs' gradient is divided by ep on its way back into the
 experts and the rows' gradient multiplied by ep on its way out (exact for powers of two): the experts' gradients
 are the mean over every data-parallel rank, the rest unchanged, and the update equals one process's. (FSDP2's
@@ -30,8 +30,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from models.moe import LocalDispatch, Routed, has_values, moe_layers
-from parallel.core.all_to_all import exchange, timed_all_to_all
-from parallel.core.intervals import IntervalLog
+from parallel.foundation.all_to_all import exchange, timed_all_to_all
+from parallel.foundation.intervals import IntervalLog
 
 
 class A2AMeter(IntervalLog):

@@ -1,5 +1,5 @@
 """float8 training (``trainer.precision=fp8``) through torchao's ``Float8Linear``: the first step of
-``parallel/core/compose.py``'s order, before tensor parallel and FSDP2 (torchtitan's converters run at model build).
+``parallel/assembly/compose.py``'s order, before tensor parallel and FSDP2 (torchtitan's converters run at model build).
 
 ``fp8`` is ``bf16-mixed`` (fp32 master weights, bf16 compute elsewhere) with the matmuls of the eligible
 ``nn.Linear`` layers in float8: inputs and weights cast to e4m3, gradients to e5m2 (tensorwise) or e4m3
@@ -31,7 +31,7 @@ from typing import Any
 
 from torch import nn
 
-from parallel.core.run import Float8Settings
+from parallel.foundation.run import Float8Settings
 
 log = logging.getLogger("meshtrain")
 

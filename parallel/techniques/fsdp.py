@@ -35,7 +35,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
-from parallel.core.intervals import IntervalLog
+from parallel.foundation.intervals import IntervalLog
 
 
 class FSDPCommTimer(IntervalLog):

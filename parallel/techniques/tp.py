@@ -1,5 +1,5 @@
 """Tensor parallel with DTensor over the mesh's tp dimension: the model family's plan applied, and the meter of the
-tp group's collectives. The first step of ``parallel/core/compose.py``'s order.
+tp group's collectives. The first step of ``parallel/assembly/compose.py``'s order.
 
 The model is built whole on every rank from the same seed (or on the meta device, ``model.init_device``), then its
 family's plan (``ModelSpec.parallelize``) shards its
@@ -19,7 +19,7 @@ from typing import Any
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from parallel.core.comm_timer import CollectiveTimer, SampledCommMeter
+from parallel.foundation.comm_timer import CollectiveTimer, SampledCommMeter
 
 
 def apply_tp(

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from parallel.core.dims import mesh_names
+from parallel.foundation.dims import mesh_names
 from tests.helpers import FAST, assert_losses_close, assert_parity, run_train
 from trainer.validate import validate
 

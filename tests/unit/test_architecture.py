@@ -185,6 +185,52 @@ def test_no_import_circles():
     )
 
 
+def folder_graph(graph: dict[str, set[str]], sources: dict[str, tuple[Path, str | None]]) -> dict[str, set[str]]:
+    """folder -> the folders its modules import, from the module graph: a module's folder is the one its file
+    lies in (``parallel/assembly``; a package's top-level modules are the package's folder, ``trainer``)."""
+
+    def folder(name: str) -> str:
+        return sources[name][0].parent.relative_to(ROOT).as_posix()
+
+    out: dict[str, set[str]] = {folder(name): set() for name in graph}
+    for name, targets in graph.items():
+        out[folder(name)] |= {folder(t) for t in targets} - {folder(name)}
+    return out
+
+
+def test_folder_loop_finder_catches_a_planted_loop():
+    """The check itself: two folders whose modules import each other's (no module circle among them) are a
+    loop; a folder importing its own modules and a one-way import between folders are not."""
+    root = ROOT / "parallel"
+    planted = {
+        "parallel.low.a": (root / "low" / "a.py", "import torch\n"),
+        "parallel.low.b": (root / "low" / "b.py", "from parallel.low import a\n"),
+        "parallel.high.c": (root / "high" / "c.py", "from parallel.low.b import f\n"),
+        "parallel.high.d": (root / "high" / "d.py", "import parallel.high.c\n"),
+        "parallel.high.e": (root / "high" / "e.py", "import torch\n"),
+    }
+    graph = module_graph(planted)
+    assert import_circles(graph) == []
+    assert import_circles(folder_graph(graph, planted)) == []
+    # low/a.py now imports high/e.py, which imports nothing of low/: no module circle, but a folder loop
+    planted["parallel.low.a"] = (root / "low" / "a.py", "def f():\n    from parallel.high import e\n")
+    graph = module_graph(planted)
+    assert import_circles(graph) == []
+    assert import_circles(folder_graph(graph, planted)) == [["parallel/high", "parallel/low"]]
+
+
+def test_no_folder_loops():
+    """Imports between folders run one way too: ``parallel/foundation`` (what techniques and the pipeline stand
+    on) <- ``parallel/techniques``, ``parallel/pipeline`` <- ``parallel/assembly`` (compose, the engines, the
+    registry) <- ``parallel/strategies``; conf/ assembles the layers' schemas and none of them imports it back.
+    A folder that holds two floors (a piece that folders below it use, beside one that uses them) shows here."""
+    sources = project_sources()
+    loops = import_circles(folder_graph(module_graph(sources), sources))
+    assert not loops, "folders that import each other (move the piece the lower one needs down):\n" + "\n".join(
+        " <-> ".join(c) for c in loops
+    )
+
+
 #: a string that names a module or object by import path: ``package.module``, ``package.module:attr``
 IMPORT_PATH = re.compile(r"^([A-Za-z_]\w*)(\.\w+)+(:[\w.]+)?$")
 
@@ -341,13 +387,13 @@ def test_readme_architecture_matches_the_tree():
     assert rest, "README.md's architecture section has no step path block"
     step_path = list(rest[0])
     assert step_path[0] == "train.py" and step_path[-1] == "trainer/observe/sinks.py", step_path
-    assert "trainer/loop/fit.py" in step_path and "parallel/core/compose.py" in step_path, step_path
+    assert "trainer/loop/fit.py" in step_path and "parallel/assembly/compose.py" in step_path, step_path
     assert all((ROOT / p).is_file() for p in step_path), step_path
 
 
-#: a path into the repository as docs write it: `parallel/pipeline/engine.py`, `conf/topology/local_cpu.yaml`
+#: a path into the repository as docs write it: `parallel/assembly/pipeline_engine.py`, `conf/topology/local_cpu.yaml`
 PATH = re.compile(r"(?<![\w./~-])((?:\.ci|conf|models|parallel|trainer|tests|benchmarks|docs)/[\w./-]*)")
-#: a module as docs write it: `parallel.core.base.Strategy`, `python -m trainer.report`
+#: a module as docs write it: `parallel.assembly.base.Strategy`, `python -m trainer.report`
 DOTTED = re.compile(r"(?<![\w./])((?:conf|models|parallel|trainer|benchmarks)(?:\.\w+)+)")
 
 

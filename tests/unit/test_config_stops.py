@@ -1,4 +1,4 @@
-"""The config stops at the trainer: ``parallel/`` and ``models/`` take typed objects (``parallel/core/run.py``, each
+"""The config stops at the trainer: ``parallel/`` and ``models/`` take typed objects (``parallel/foundation/run.py``, each
 family's frozen config) and never read a composed config. A grep of their sources for ``DictConfig``, ``OmegaConf``
 and ``cfg.`` finds nothing outside the planner's command-line entry point, which composes the config and hands typed
 objects on (``parallel/plan/cli.py``)."""
@@ -35,7 +35,9 @@ def config_reads(root: Path) -> list[str]:
 
 def test_parallel_and_models_read_no_config():
     hits = config_reads(ROOT)
-    assert not hits, "a config read below the trainer (take a typed object: parallel/core/run.py):\n" + "\n".join(hits)
+    assert not hits, "a config read below the trainer (take a typed object: parallel/foundation/run.py):\n" + "\n".join(
+        hits
+    )
 
 
 def test_the_grep_finds_a_planted_config_read(tmp_path):

@@ -8,8 +8,8 @@ import pytest
 import torch
 from PIL import Image
 
-from parallel.core.expert_load import KEY, ExpertLoad
-from parallel.core.figures import draw_announced
+from parallel.foundation.expert_load import KEY, ExpertLoad
+from parallel.foundation.figures import draw_announced
 from trainer.observe.expert_load_figure import (
     FILE,
     IMAGE,
@@ -63,7 +63,7 @@ def test_the_heatmap_is_drawn_from_metrics_jsonl_when_the_run_ends(tmp_path):
     announce_expert_load(run_dir=tmp_path, summary=summary)
     png = tmp_path / FILE
     assert summary["artifacts"] == {"images": {"rank_map": "rank_map.png", IMAGE: str(png)}, "files": ["trace.json"]}
-    assert not png.exists()  # announced: drawn as the run ends (parallel/core/figures.py)
+    assert not png.exists()  # announced: drawn as the run ends (parallel/foundation/figures.py)
     assert png in draw_announced() and png.stat().st_size > 0
     with Image.open(png) as image:
         assert image.format == "PNG" and image.size == figure_size_px(3)  # one panel per MoE layer

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parallel.core import dims
-from parallel.core.compose import Composition
-from parallel.core.layout import ParallelLayout
+from parallel.assembly.compose import Composition
+from parallel.foundation import dims
+from parallel.foundation.layout import ParallelLayout
 from parallel.techniques.ep import _by_local_expert
 
 

@@ -18,19 +18,19 @@ PACKAGES = ("conf", "models", "parallel", "trainer")
 def canonical_tables() -> dict[str, tuple[str, frozenset[str]]]:
     """What each table of names holds and the one file that defines it."""
     from models.registry import REGISTRY
-    from parallel.core.checkpointing_modes import AC_MODES
-    from parallel.core.precision import PLANNER_PRECISIONS, PRECISIONS
-    from parallel.core.registry import STRATEGIES
+    from parallel.assembly.registry import STRATEGIES
+    from parallel.foundation.checkpointing_modes import AC_MODES
+    from parallel.foundation.precision import PLANNER_PRECISIONS, PRECISIONS
     from parallel.pipeline.schedules import SCHEDULES
     from parallel.pipeline.split import POLICIES
 
     return {
-        "strategy names": ("parallel/core/registry.py", frozenset(STRATEGIES)),
+        "strategy names": ("parallel/assembly/registry.py", frozenset(STRATEGIES)),
         "schedule names": ("parallel/pipeline/schedules.py", frozenset(SCHEDULES)),
         "split policies": ("parallel/pipeline/split.py", frozenset(POLICIES)),
-        "trainer precisions": ("parallel/core/precision.py", frozenset(PRECISIONS)),
-        "planner precisions": ("parallel/core/precision.py", frozenset(PLANNER_PRECISIONS)),
-        "activation-checkpointing modes": ("parallel/core/checkpointing_modes.py", frozenset(AC_MODES)),
+        "trainer precisions": ("parallel/foundation/precision.py", frozenset(PRECISIONS)),
+        "planner precisions": ("parallel/foundation/precision.py", frozenset(PLANNER_PRECISIONS)),
+        "activation-checkpointing modes": ("parallel/foundation/checkpointing_modes.py", frozenset(AC_MODES)),
         "model families": ("models/registry.py", frozenset(REGISTRY)),
     }
 
@@ -116,8 +116,8 @@ def _attrs(node: ast.AST) -> set[str]:
 
 
 def test_the_rank_memory_budget_is_computed_once():
-    """device_memory_gb x memory_fraction lives in parallel/core/memory.py's rank_budget_bytes."""
-    home = "parallel/core/memory.py"
+    """device_memory_gb x memory_fraction lives in parallel/foundation/memory.py's rank_budget_bytes."""
+    home = "parallel/foundation/memory.py"
     bad = []
     for path in product_files():
         rel = path.relative_to(ROOT).as_posix()

@@ -20,8 +20,8 @@ def test_auto_picks_meta_only_when_the_weights_do_not_fit():
 
 
 def _ctx(cfg, tmp_path):
-    from parallel.core.base import WorkerContext
-    from trainer.run_spec import run_spec
+    from parallel.assembly.base import WorkerContext
+    from trainer.typed.run_spec import run_spec
     from trainer.validate import build_layout
 
     return WorkerContext(

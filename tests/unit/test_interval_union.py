@@ -1,4 +1,4 @@
-from parallel.core.intervals import union_seconds
+from parallel.foundation.intervals import union_seconds
 
 
 def test_union_merges_overlaps_and_clamps():

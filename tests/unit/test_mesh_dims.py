@@ -1,4 +1,4 @@
-"""The mesh dimensions are one table (parallel/core/dims.py): today's rank order is pinned, a row added to the
+"""The mesh dimensions are one table (parallel/foundation/dims.py): today's rank order is pinned, a row added to the
 table alone (a hypothetical ``xp``) brings its config group, and context parallel's row (``cp``, added as a row
 of the table) reaches the layout, the rank map, the factorizations, the planner's candidates, validation and a
 DeviceMesh."""
@@ -12,10 +12,10 @@ from dataclasses import dataclass, fields, make_dataclass, replace
 import pytest
 from omegaconf import OmegaConf
 
-from parallel.core import dims
-from parallel.core.dims import MeshDim
-from parallel.core.layout import ParallelLayout, factorizations
-from parallel.core.registry import describe_factorization, strategy_for
+from parallel.assembly.registry import describe_factorization, strategy_for
+from parallel.foundation import dims
+from parallel.foundation.dims import MeshDim
+from parallel.foundation.layout import ParallelLayout, factorizations
 from parallel.plan.cost_model import Candidate
 
 

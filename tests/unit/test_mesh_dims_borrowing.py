@@ -1,7 +1,7 @@
 """A dimension that borrows its ranks: an ep row (borrows dp x cp, and tp where the model asks) added to the table
 (with its cp row, which multiplies the world size and splits the data) by monkeypatch reaches the world size, the
 rank map, the factorizations, the planner's candidates, validation and real DeviceMeshes cut out of the
-world mesh (parallel/core/meshes.py)."""
+world mesh (parallel/foundation/meshes.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import math
 import pytest
 from omegaconf import OmegaConf
 
-from parallel.core import dims
-from parallel.core.dims import MeshDim
-from parallel.core.layout import ParallelLayout, factorizations
-from parallel.core.registry import describe_factorization, strategy_for
+from parallel.assembly.registry import describe_factorization, strategy_for
+from parallel.foundation import dims
+from parallel.foundation.dims import MeshDim
+from parallel.foundation.layout import ParallelLayout, factorizations
 
 
 @pytest.fixture
@@ -140,12 +140,12 @@ def _groups(mesh) -> list[int]:
 
 
 def _meshes_on(rank: int, layout: ParallelLayout, asked=()):
-    """The world mesh and what parallel/core/meshes.py derives from it, on ``rank`` of a fake process group."""
+    """The world mesh and what parallel/foundation/meshes.py derives from it, on ``rank`` of a fake process group."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from parallel.core.meshes import expert_meshes, fsdp_mesh, loss_mesh
+    from parallel.foundation.meshes import expert_meshes, fsdp_mesh, loss_mesh
 
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.world_size)
     try:
@@ -205,7 +205,7 @@ def test_expert_meshes_refuse_a_degree_that_does_not_divide(with_cp_ep):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from parallel.core.meshes import expert_meshes
+    from parallel.foundation.meshes import expert_meshes
 
     layout = ParallelLayout(strategy="hybrid", dp=2, cp=2, ep=4)
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)

@@ -11,8 +11,8 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
-from parallel.core.grad_clip import clip_grad_norm_
-from parallel.core.optimizer import build_optimizer_over, implementation_kwargs, param_groups_by_kind
+from parallel.foundation.grad_clip import clip_grad_norm_
+from parallel.foundation.optimizer import build_optimizer_over, implementation_kwargs, param_groups_by_kind
 
 
 def _params(n: int = 3) -> list[nn.Parameter]:

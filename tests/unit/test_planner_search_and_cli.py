@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from parallel.core.layout import ParallelLayout
+from parallel.foundation.layout import ParallelLayout
 from parallel.plan.cli import CONF, main, specs_from_cfg
 from parallel.plan.cost_model import Candidate
 from parallel.plan.search import (

@@ -23,8 +23,8 @@ def test_precision_and_ac_values_stay_as_users_write_them(compose_cfg):
     """Schema enums (a typo: tests/unit/test_hydra_help_and_choices.py) named by their values, bf16-mixed included,
     built from the one list of each (a new precision is one name in PRECISIONS)."""
     from conf.schema import ActivationCheckpointing, Precision
-    from parallel.core.checkpointing_modes import AC_MODES
-    from parallel.core.precision import PRECISIONS
+    from parallel.foundation.checkpointing_modes import AC_MODES
+    from parallel.foundation.precision import PRECISIONS
     from trainer.validate import resolved_container
 
     assert Precision.values() == list(PRECISIONS) and ActivationCheckpointing.values() == list(AC_MODES)
@@ -65,7 +65,7 @@ def test_compile_without_compiler_refused(compose_cfg, monkeypatch, tmp_path):
 def _grads_and_saved(mode: str, every: int = 1) -> tuple[dict[str, torch.Tensor], int]:
     from models.gpt.model import GPT
     from models.losses import token_cross_entropy as cross_entropy
-    from parallel.core.activations import SavedActivationMeter
+    from parallel.foundation.activations import SavedActivationMeter
     from parallel.techniques.checkpointing import apply_activation_checkpointing
 
     torch.manual_seed(0)
@@ -99,7 +99,7 @@ def test_plan_choice_sets_precision_and_checkpointing(compose_cfg):
     from parallel.plan.search import available_strategies, candidate_of, trainable
     from tests.helpers import CONF
     from trainer.launch.auto import apply_candidate
-    from trainer.run_spec import run_spec
+    from trainer.typed.run_spec import run_spec
 
     strategies = available_strategies(CONF)
     chosen = Candidate(dp=2, micro_batches=1, zero_stage=3, recompute="selective")

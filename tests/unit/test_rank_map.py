@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from parallel.core.layout import ParallelLayout
-from parallel.core.rank_map import draw_rank_map, gather_rank_map, held_layers, short_label
+from parallel.foundation.layout import ParallelLayout
+from parallel.foundation.rank_map import draw_rank_map, gather_rank_map, held_layers, short_label
 
 
 def test_rank_map_rows_cover_every_rank_once_with_mesh_coordinates():
@@ -53,8 +53,8 @@ def test_announce_prints_the_table_now_and_draws_the_png_when_asked(tmp_path):
     from types import SimpleNamespace
 
     from models.gpt.model import GPT
-    from parallel.core.figures import draw_announced
-    from parallel.core.rank_map import announce_rank_map
+    from parallel.foundation.figures import draw_announced
+    from parallel.foundation.rank_map import announce_rank_map
 
     ctx = SimpleNamespace(
         layout=ParallelLayout(strategy="tp", tp=1),

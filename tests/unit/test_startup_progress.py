@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from parallel.core.layout import ParallelLayout
+from parallel.foundation.layout import ParallelLayout
 from trainer.launch.worker import layout_label, mesh_place
 from trainer.observe.console import HEARTBEAT_S, ConsoleSink
 from trainer.observe.files_sink import output_listing

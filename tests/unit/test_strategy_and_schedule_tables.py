@@ -7,7 +7,7 @@ import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from parallel.core.registry import MODEL_PARALLEL, STRATEGIES, describe_factorization, strategy_for
+from parallel.assembly.registry import MODEL_PARALLEL, STRATEGIES, describe_factorization, strategy_for
 from parallel.pipeline.schedules import SCHEDULES
 from parallel.plan.cost_model import MODELED_SCHEDULES, Candidate, bubble_fraction, last_chunk_rank, rank_layers
 from parallel.plan.search import available_strategies, schedules_for, strategy_of

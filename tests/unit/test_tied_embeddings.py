@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from parallel.core.grad_clip import clip_grad_norm_
+from parallel.foundation.grad_clip import clip_grad_norm_
 from parallel.pipeline.tied import (
     TiedCopies,
     embedding_group_ranks,
@@ -107,7 +107,7 @@ def stages(model, *, first_and_last_here: bool):
 
 
 def test_a_v_schedules_first_and_last_stage_share_one_parameter():
-    from parallel.core.ties import tied_parameters
+    from parallel.foundation.ties import tied_parameters
 
     model = tied_llama()
     ties = tied_parameters(model)

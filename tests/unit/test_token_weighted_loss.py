@@ -1,4 +1,4 @@
-"""The loss is the mean over the global batch's target tokens (``parallel/core/token_loss.py``), in one process:
+"""The loss is the mean over the global batch's target tokens (``parallel/foundation/token_loss.py``), in one process:
 accumulated micro-batches holding different numbers of targets give the full batch's token mean and its
 gradients, not a mean of per-micro-batch means. The ranks' side is tests/integration/test_token_weighted_parity.py."""
 
@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.losses import IGNORE_INDEX, count_targets, token_cross_entropy
-from parallel.core.base import ModuleEngine
-from parallel.core.token_loss import TokenMean
+from parallel.assembly.base import ModuleEngine
+from parallel.foundation.token_loss import TokenMean
 
 VOCAB = 13
 

@@ -13,8 +13,8 @@ import torch
 
 from models.registry import REGISTRY
 from models.spec import ConfigView, hydra_schema, make_config
-from parallel.core.precision import PLANNER_PRECISIONS, PRECISIONS, planner_precision
-from parallel.core.run import RunSpec
+from parallel.foundation.precision import PLANNER_PRECISIONS, PRECISIONS, planner_precision
+from parallel.foundation.run import RunSpec
 
 DECODERS = ("gpt", "llama", "qwen3", "qwen3_moe")
 FAMILIES = (*DECODERS, "cnn")
@@ -61,7 +61,7 @@ def test_an_unknown_key_is_named_with_the_keys_there_are():
 
 def test_nested_values_become_nested_configs_and_hydra_composes_a_mutable_twin(compose_cfg):
     from models.llama.config import LlamaConfig, RopeScaling
-    from trainer.run_spec import typed_model
+    from trainer.typed.run_spec import typed_model
 
     cfg = compose_cfg("model=llama_debug", "model.rope_scaling.factor=8")
     typed = typed_model(cfg.model)
@@ -76,7 +76,7 @@ def test_nested_values_become_nested_configs_and_hydra_composes_a_mutable_twin(c
 
 def test_a_description_for_the_planner_types_as_its_own_schema(compose_cfg):
     from models.gpt.config import GPTDescriptionConfig
-    from trainer.run_spec import typed_model
+    from trainer.typed.run_spec import typed_model
 
     typed = typed_model(compose_cfg("model=gpt_175b").model)
     assert type(typed) is GPTDescriptionConfig and typed.planner_only and typed.n_layers == 96
@@ -91,7 +91,7 @@ def test_a_model_without_a_schema_is_a_read_only_view():
 
 
 def test_the_run_spec_is_what_the_config_says(compose_cfg):
-    from trainer.run_spec import run_spec
+    from trainer.typed.run_spec import run_spec
     from trainer.validate import validate
 
     cfg = compose_cfg(

@@ -103,8 +103,8 @@ def test_refused_on_the_command_line_without_workers(tmp_path):
 def test_each_strategy_lists_the_checks_of_the_dimensions_it_uses():
     """A strategy's rules are its ``StrategySpec.checks``: one that uses tp runs the tensor-parallel checks, one that
     pipelines runs the pipeline checks, and a user's own strategy runs every built-in one."""
-    from parallel.core.registry import STRATEGIES, checks_for
-    from parallel.core.strategy_checks import (
+    from parallel.assembly.registry import STRATEGIES, checks_for
+    from parallel.assembly.strategy_checks import (
         context_parallel_problems,
         expert_parallel_problems,
         tensor_parallel_problems,

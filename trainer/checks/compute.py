@@ -1,5 +1,5 @@
 """How a run computes: ``trainer.precision``, activation checkpointing, compile and profiling
-(parallel/core/precision.py, parallel/techniques/checkpointing.py, trainer/observe/perf.py), and the GPU it needs for them.
+(parallel/foundation/precision.py, parallel/techniques/checkpointing.py, trainer/observe/perf.py), and the GPU it needs for them.
 No torch import: the GPUs are asked through nvidia-smi."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import subprocess
 from omegaconf import DictConfig
 
 from models.registry import UnknownModel, spec_for
-from parallel.core.precision import FP8_MIN_CAPABILITY
+from parallel.foundation.precision import FP8_MIN_CAPABILITY
 from trainer.checks.findings import Findings
-from trainer.run_spec import typed_model
+from trainer.typed.run_spec import typed_model
 
 
 def cuda_compute_capabilities() -> list[float] | None:

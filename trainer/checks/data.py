@@ -11,7 +11,7 @@ from models.registry import UnknownModel, spec_for
 from trainer.checks.findings import Findings, number
 from trainer.checks.run import VAL_OBJECTIVES
 from trainer.data.packing import PACKINGS
-from trainer.run_spec import typed_model
+from trainer.typed.run_spec import typed_model
 
 
 def check_data(cfg: DictConfig, layout: object, f: Findings) -> None:

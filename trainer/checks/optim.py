@@ -8,7 +8,7 @@ from __future__ import annotations
 from omegaconf import DictConfig, ListConfig
 
 from models.spec import import_object
-from parallel.core.optimizer import KERNEL_ARGUMENTS, implementation_problem
+from parallel.foundation.optimizer import KERNEL_ARGUMENTS, implementation_problem
 from trainer.checks.findings import Findings, finite, number
 
 

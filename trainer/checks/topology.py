@@ -9,7 +9,7 @@ import socket
 
 from omegaconf import DictConfig
 
-from parallel.core.layout import ParallelLayout
+from parallel.foundation.layout import ParallelLayout
 from trainer.checks.findings import Findings
 
 

@@ -19,7 +19,7 @@ from torch.distributed.tensor import DTensor
 
 from models.lora import is_adapter
 from models.registry import spec_for
-from parallel.core.memory import peak_rss_since_reset, reset_peak_rss
+from parallel.foundation.memory import peak_rss_since_reset, reset_peak_rss
 from trainer.hf.folder import HFFolder
 
 

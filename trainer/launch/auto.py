@@ -16,9 +16,9 @@ import time
 
 from omegaconf import DictConfig, OmegaConf
 
-from parallel.core import dims
-from parallel.core.precision import PLANNER_PRECISIONS
-from parallel.core.registry import STRATEGIES
+from parallel.assembly.registry import STRATEGIES
+from parallel.foundation import dims
+from parallel.foundation.precision import PLANNER_PRECISIONS
 from parallel.plan.cli import CONF, print_table, specs_from_cfg
 from parallel.plan.cost_model import Candidate
 from parallel.plan.search import TRAINER_AC, available_strategies, describe, plan, strategy_of

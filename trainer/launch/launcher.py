@@ -21,7 +21,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from parallel.core.layout import ParallelLayout
+from parallel.foundation.layout import ParallelLayout
 from trainer.launch.environment import ExternalLaunch
 from trainer.launch.loopback import local_only_env, local_rendezvous
 from trainer.launch.preemption import forward_to_children, warning_signals

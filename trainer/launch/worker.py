@@ -25,10 +25,10 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from parallel.core.base import WorkerContext
-from parallel.core.dims import coord_names
-from parallel.core.layout import ParallelLayout
-from parallel.core.memory import tensor_bytes
+from parallel.assembly.base import WorkerContext
+from parallel.foundation.dims import coord_names
+from parallel.foundation.layout import ParallelLayout
+from parallel.foundation.memory import tensor_bytes
 from trainer.launch.attempts import previous_attempt_report, restart_count, write_exit_record
 from trainer.launch.environment import rendezvous_port
 from trainer.launch.loopback import WORKER_STORE
@@ -39,7 +39,7 @@ from trainer.observe.files_sink import output_listing
 from trainer.observe.rank_logs import TRACE_LOGGER_NAME, setup_rank_logging, teardown_rank_logging
 from trainer.observe.sinks import build_sinks, finish_sinks
 from trainer.observe.startup import StartClock
-from trainer.run_spec import run_spec
+from trainer.typed.run_spec import run_spec
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ def nodes_without_run_dir(run_dir: Path, *, rank: int, world_size: int, nproc_pe
 
 @dataclass
 class TrainerContext(WorkerContext):
-    """A worker's context as the trainer holds it: the typed run for ``parallel/`` (``trainer/run_spec.py``), and the
+    """A worker's context as the trainer holds it: the typed run for ``parallel/`` (``trainer/typed/run_spec.py``), and the
     config its own parts (the loop, the sinks, the checkpointer) read."""
 
     cfg: Any = None

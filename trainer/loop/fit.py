@@ -17,7 +17,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -25,10 +25,9 @@ from hydra.utils import instantiate
 from torch import nn
 
 from models.losses import count_targets
-from parallel.core.base import Engine, WorkerContext
-from parallel.core.state_bytes import model_state_bytes
+from parallel.assembly.base import Engine, WorkerContext
+from parallel.foundation.state_bytes import model_state_bytes
 from trainer.data.prefetch import Prefetcher
-from trainer.launch.preemption import PreemptionFlag
 from trainer.loop.callbacks import build_callbacks, call
 from trainer.loop.optim import build_optimizer, build_scheduler
 from trainer.observe.expert_load_figure import announce_expert_load
@@ -85,6 +84,19 @@ def warn_small_batchnorm(engine: Engine, ctx: WorkerContext) -> None:
         )
 
 
+class StopFlag(Protocol):
+    """What the loop reads of the launcher's stop-signal flag (``trainer/launch/preemption.py``: the worker
+    hands it in; the loop sits below the launcher and does not import it)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def requested(self) -> bool: ...
+
+    def honoured(self) -> None: ...
+
+
 @dataclass
 class StepOutcome:
     """What one optimizer step left behind, for the log and the step boundary."""
@@ -130,7 +142,7 @@ class Trainer:
         self.callbacks = build_callbacks(self.cfg.trainer.get("callbacks"))
         self.sinks: list[Sink] = []
         """Rank 0's sinks (``fit``'s); none on the other ranks."""
-        self.preemption: PreemptionFlag | None = None
+        self.preemption: StopFlag | None = None
         """``fit``'s stop-signal flag (a callback may wait for it)."""
         self.stats = StepStats()
         self.instruments = StepInstruments(ctx=ctx, tokens_per_step=self.tokens_per_step)
@@ -158,7 +170,7 @@ class Trainer:
     # ---- the loop ----------------------------------------------------------------------------
 
     def fit(
-        self, *, sinks: list[Sink] | None = None, start_step: int = 0, preemption: PreemptionFlag | None = None
+        self, *, sinks: list[Sink] | None = None, start_step: int = 0, preemption: StopFlag | None = None
     ) -> dict[str, Any]:
         warn_small_batchnorm(self.engine, self.ctx)
         self.engine.train()
@@ -211,7 +223,7 @@ class Trainer:
         call(self.callbacks, "on_train_end", self, summary=summary)
         return summary
 
-    def step(self, step: int, *, preemption: PreemptionFlag | None = None) -> StepOutcome:
+    def step(self, step: int, *, preemption: StopFlag | None = None) -> StepOutcome:
         """One optimizer step: forward/backward and clip, agree across ranks, update (or skip), measure."""
         call(self.callbacks, "on_step_start", self, step=step)
         t0, cpu0 = time.perf_counter(), time.process_time()
@@ -311,7 +323,7 @@ class Trainer:
             sink.advance(step)
         return record
 
-    def _boundary(self, step: int, outcome: StepOutcome, *, preemption: PreemptionFlag | None) -> bool:
+    def _boundary(self, step: int, outcome: StepOutcome, *, preemption: StopFlag | None) -> bool:
         """Checkpoint when due or asked to stop; True when the run stops here (preempted)."""
         if outcome.preempt and preemption is not None:
             preemption.honoured()
@@ -386,7 +398,7 @@ class Trainer:
 
     def _reduce_loss(self, loss: torch.Tensor | None) -> float:
         """Mean of the loss over the ranks that computed one (last pipeline stage, all replicas): each returned its
-        part of the global token mean scaled by the loss mesh's size (``parallel/core/token_loss.py``)."""
+        part of the global token mean scaled by the loss mesh's size (``parallel/foundation/token_loss.py``)."""
         buf = torch.zeros(2, dtype=torch.float64, device=self.ctx.device)
         if loss is not None:
             buf[0] = loss.detach().double()

@@ -21,12 +21,12 @@ from omegaconf import DictConfig, OmegaConf
 from torch.optim import lr_scheduler
 
 from conf.schema import NOT_OPTIMIZER_KEYS
-from parallel.core.optimizer import build_optimizer_over
+from parallel.foundation.optimizer import build_optimizer_over
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: DictConfig) -> torch.optim.Optimizer:
     """``cfg``'s optimizer over ``params``, grouped by kind and with ``optim.implementation``'s kernels
-    (parallel/core/optimizer.py)."""
+    (parallel/foundation/optimizer.py)."""
     kwargs = {
         k: v
         for k, v in OmegaConf.to_container(cfg, resolve=True, enum_to_str=True).items()

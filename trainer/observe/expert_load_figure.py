@@ -4,7 +4,7 @@ step as a multiple of the layer's mean, on one diverging colour scale for all pa
 above (an expert the router crowds), blue below (a starved one, darkest at 0); each panel's title gives its worst
 step's max / mean.
 
-Drawn by rank 0 when the run ends (``parallel/core/figures.py``: matplotlib stays out of the first step), from the
+Drawn by rank 0 when the run ends (``parallel/foundation/figures.py``: matplotlib stays out of the first step), from the
 whole metrics.jsonl (a resumed run's earlier steps too), and listed among the summary's images, which the W&B sink
 logs (``moe/moe_expert_load``)."""
 
@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from parallel.core.expert_load import KEY
-from parallel.core.figures import draw_later
+from parallel.foundation.expert_load import KEY
+from parallel.foundation.figures import draw_later
 from trainer.observe.metrics import read_metrics
 
 FILE = "moe_expert_load.png"

@@ -8,7 +8,7 @@
   get no ``mfu``.
 - **Memory**: CUDA allocated and reserved bytes (the maximum over ranks at the logged step); on CPU the
   resident set size. ``peak_memory_bytes_per_rank`` (the run's peak) stays in the summary as before.
-- **Saved activations**: ``parallel/core/activations.py`` counts the bytes autograd keeps for backward;
+- **Saved activations**: ``parallel/foundation/activations.py`` counts the bytes autograd keeps for backward;
   each logged step reports the largest per-step peak over ranks, the summary the run's peak per rank. Only
   the logged steps are counted (the loop passes ``measure``): the hooks run Python for every saved tensor,
   about 2% of a gpt_small step on this machine, and every step of a run has the same shapes, so the steps
@@ -32,9 +32,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from parallel.core.activations import SavedActivationMeter
-from parallel.core.base import WorkerContext
-from parallel.core.precision import compute_dtype
+from parallel.assembly.base import WorkerContext
+from parallel.foundation.activations import SavedActivationMeter
+from parallel.foundation.precision import compute_dtype
 
 #: dense bf16 peak TFLOP/s of common GPUs (vendor data sheets, without sparsity), matched on the device name
 KNOWN_BF16_PEAK_TFLOPS = {

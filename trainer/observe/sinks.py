@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from parallel.core.base import WorkerContext
-from parallel.core.figures import draw_announced
+from parallel.assembly.base import WorkerContext
+from parallel.foundation.figures import draw_announced
 from trainer.observe.console import ConsoleSink
 from trainer.observe.files_sink import FilesSink
 from trainer.observe.sink import Sink

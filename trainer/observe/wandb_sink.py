@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from parallel.core.layout import ParallelLayout
+from parallel.foundation.layout import ParallelLayout
 from trainer.observe.files_sink import config_files
 from trainer.observe.sink import Sink
 from trainer.observe.wandb_client import WandbClient

@@ -129,7 +129,7 @@ def planner_prediction(config: dict[str, Any]) -> float | None:
     from parallel.plan.cost_model import estimate
     from parallel.plan.search import candidate_of
     from parallel.plan.specs import PlanError
-    from trainer.run_spec import run_spec
+    from trainer.typed.run_spec import run_spec
     from trainer.validate import ConfigError, build_layout
 
     try:

@@ -4,11 +4,11 @@ How one rank gets its engine (``build_pipeline_engine``), in order:
 1. split: explicit split points, or a policy (``parallel/pipeline/split.py``) — the same on every rank;
 2. place: stage s runs on pp rank ``stage_to_rank`` (one per rank, looped, or V; ``parallel/pipeline/schedules.py``);
 3. build: each local stage is the full model pruned to its blocks, names kept (``parallel/pipeline/stages.py``),
-   wrapped in ``parallel/core/compose.py``'s order (TP, AC, compile, FSDP2/DDP as the strategy's ``Composition``
+   wrapped in ``parallel/assembly/compose.py``'s order (TP, AC, compile, FSDP2/DDP as the strategy's ``Composition``
    says; none for pp and mp), then a ``PipelineStage``;
 4. schedule: torch's class for ``pp.schedule`` with ``scale_grads=False`` and the model family's loss
    (``ModelSpec.loss``) summed over each micro-batch's targets and divided by the step's count of targets over
-   the loss mesh (``parallel/core/token_loss.py``, counted by the last stage before the schedule runs), so the
+   the loss mesh (``parallel/foundation/token_loss.py``, counted by the last stage before the schedule runs), so the
    accumulated gradient is exactly the gradient of the global batch's token-mean loss (torch's default
    ``scale_grads=True`` divides the accumulated gradients after the fact instead; torchtitan#1733);
 5. tie: a tied embedding's copies on the first and last stage start equal and have their gradients summed over
@@ -35,16 +35,16 @@ import torch.distributed as dist
 from torch import nn
 
 from models.moe import moe_step_table, set_aux_loss_scale
-from parallel.core.base import Engine, WorkerContext
-from parallel.core.comm_timer import SampledCommMeter
-from parallel.core.compose import Composition, PipelinePlan, compose
-from parallel.core.expert_load import ExpertLoad
-from parallel.core.intervals import IntervalLog, union_seconds
-from parallel.core.rank_map import announce_rank_map
-from parallel.core.registry import strategy_spec
-from parallel.core.run import ComposeSettings
-from parallel.core.ties import tied_parameters
-from parallel.core.token_loss import TokenMean
+from parallel.assembly.base import Engine, WorkerContext
+from parallel.assembly.compose import Composition, PipelinePlan, compose
+from parallel.assembly.registry import strategy_spec
+from parallel.foundation.comm_timer import SampledCommMeter
+from parallel.foundation.expert_load import ExpertLoad
+from parallel.foundation.intervals import IntervalLog, union_seconds
+from parallel.foundation.rank_map import announce_rank_map
+from parallel.foundation.run import ComposeSettings
+from parallel.foundation.ties import tied_parameters
+from parallel.foundation.token_loss import TokenMean
 from parallel.pipeline.schedules import (
     action_order,
     bubble_parts,
@@ -361,7 +361,7 @@ class PipelineEngine(Engine):
         return [t.tolist() for t in out]
 
     def _write_timeline(self, rec: StepRecord) -> None:
-        from parallel.core.figures import draw_later
+        from parallel.foundation.figures import draw_later
         from parallel.pipeline.timeline import write_chrome_trace, write_gantt_png
 
         mine = {

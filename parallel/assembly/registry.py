@@ -15,12 +15,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from parallel.core import dims
-from parallel.core.checkpointing_modes import AC_MODES
-from parallel.core.strategy_checks import context_parallel_problems, expert_parallel_problems, tensor_parallel_problems
+from parallel.assembly.strategy_checks import (
+    context_parallel_problems,
+    expert_parallel_problems,
+    tensor_parallel_problems,
+)
+from parallel.foundation import dims
+from parallel.foundation.checkpointing_modes import AC_MODES
 from parallel.pipeline.checks import fixed_pipeline_problems, pipeline_problems
 
-#: the mesh dimension names in written order, as the table (``parallel/core/dims.py``) stood at import
+#: the mesh dimension names in written order, as the table (``parallel/foundation/dims.py``) stood at import
 DIMS = dims.names()
 
 #: what the trainer can build of the planner's options: FSDP2 (ZeRO-3) or no sharding, and every recomputation
@@ -103,7 +107,7 @@ class StrategySpec:
     checks: tuple[Callable[[Any, StrategySpec | None], list[str]], ...] = ()
     """``fn(run, strategy) -> problems`` (``run``: the typed ``RunSpec``): the strategy's own rules, run by ``trainer/validate.py`` before any worker
     starts (torch-free functions beside the strategy's facts: ``parallel/pipeline/checks.py``,
-    ``parallel/core/strategy_checks.py``)."""
+    ``parallel/assembly/strategy_checks.py``)."""
 
     @property
     def split_points_key(self) -> str:
@@ -130,7 +134,7 @@ def _only(*dims: str, **when: object) -> Callable[[LayoutShape], bool]:
 
 def _combined(shape: LayoutShape) -> bool:
     """Several dimensions > 1, or one that no single-dimension strategy lists (a dimension added to
-    ``parallel/core/dims.py`` is hybrid's until a strategy of its own is registered)."""
+    ``parallel/foundation/dims.py`` is hybrid's until a strategy of its own is registered)."""
     if len(shape.used) != 1:
         return len(shape.used) > 1
     return not any(s.dims == shape.used for s in STRATEGIES.values())

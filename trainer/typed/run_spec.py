@@ -1,4 +1,4 @@
-"""Where the config stops: the composed Hydra config becomes the typed run (``parallel/core/run.py``), once.
+"""Where the config stops: the composed Hydra config becomes the typed run (``parallel/foundation/run.py``), once.
 
 Validation's strategy checks read the ``RunSpec`` this module builds, and so does every worker (through its
 ``WorkerContext``); ``parallel/`` and ``models/`` never see a config node. The trainer's own parts (the loop, sinks,
@@ -15,9 +15,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from models.registry import UnknownModel, spec_for
 from models.spec import ConfigView
-from parallel.core.layout import ParallelLayout
-from parallel.core.memory import rank_budget_bytes
-from parallel.core.run import BatchSpec, ComposeSettings, DDPSettings, Float8Settings, PipelineOptions, RunSpec
+from parallel.foundation.layout import ParallelLayout
+from parallel.foundation.memory import rank_budget_bytes
+from parallel.foundation.run import BatchSpec, ComposeSettings, DDPSettings, Float8Settings, PipelineOptions, RunSpec
 
 
 def plain_values(node: DictConfig) -> dict[str, Any]:

@@ -4,7 +4,7 @@ Chat data masks prompt tokens (``models.losses.IGNORE_INDEX``), so ranks and mic
 numbers of targets: a mean of per-micro-batch or per-rank means would weigh a token by how crowded its
 micro-batch is. Instead every engine sums the token losses of each micro-batch (the family's loss with
 ``reduction="sum"``) and divides by one number per step, ``TokenMean.start(targets)``: this rank's count of
-targets all-reduced over the loss mesh (``parallel/core/meshes.py``'s ``loss_mesh``: the ranks that see different
+targets all-reduced over the loss mesh (``parallel/foundation/meshes.py``'s ``loss_mesh``: the ranks that see different
 tokens, dp x cp), divided by that mesh's size because the gradient reduction (DDP, FSDP2) averages over it. So the
 gradients after the reduction are those of ``sum of token losses / global count``, and the value an engine
 returns (the sum of its micro-batches' terms) averages over the ranks that computed one to that same loss (the

@@ -5,7 +5,7 @@ layers a rank holds is only known once its strategy has built its stage, so each
 (one ``all_gather_object`` after build) and rank 0 prints the table, draws the grid (nodes × local
 ranks, coloured by pipeline stage, labelled with dp/tp coordinates) and stores both in the run.
 
-The grid is drawn when the run ends (``parallel/core/figures.py``): drawn at build, matplotlib's import and
+The grid is drawn when the run ends (``parallel/foundation/figures.py``): drawn at build, matplotlib's import and
 the drawing held rank 0 for 0.9-1.4 s before the first step, and every other rank with it.
 """
 
@@ -20,8 +20,8 @@ from typing import Any
 import torch.distributed as dist
 from torch import nn
 
-from parallel.core import dims
-from parallel.core.figures import draw_later
+from parallel.foundation import dims
+from parallel.foundation.figures import draw_later
 
 
 def held_layers(modules: Sequence[nn.Module]) -> list[str]:
@@ -68,7 +68,7 @@ def gather_rank_map(
     """Every rank's row (collective: call on all ranks).
 
     Coordinates come from the layout; each rank also reports where the DeviceMesh actually put it
-    (``mesh_coordinate``, in the mesh's order: ``parallel.core.dims.mesh_names()``), so a disagreement is visible in summary.json.
+    (``mesh_coordinate``, in the mesh's order: ``parallel.foundation.dims.mesh_names()``), so a disagreement is visible in summary.json.
     """
     coordinate = mesh.get_coordinate() if mesh is not None else None
     mine = {

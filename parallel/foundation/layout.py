@@ -3,7 +3,7 @@
 A ``ParallelLayout`` is computed from the config before any process starts (no torch import here),
 checked once, and then asked by everyone else: the launcher (how many workers), the worker (which
 mesh), the data loader (which dp shard), the reports (the rank map). The degrees are one ``sizes``
-entry per mesh dimension of ``parallel/core/dims.py`` (read as ``layout.dp``, ``layout.tp`` ...). Global
+entry per mesh dimension of ``parallel/foundation/dims.py`` (read as ``layout.dp``, ``layout.tp`` ...). Global
 ranks are laid out row-major over the mesh dimensions in mesh order (``pp, dp, tp``): tp neighbours are
 adjacent ranks, so they share a node first, where bandwidth is highest, as Megatron and torchtitan order
 them.
@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from parallel.core import dims
-from parallel.core.dims import Sized, with_dim_kwargs
+from parallel.foundation import dims
+from parallel.foundation.dims import Sized, with_dim_kwargs
 
 #: the mesh dimension names, outermost first, as the table stood at import (``dims.mesh_names()`` follows it)
 MESH_DIMS = dims.mesh_names()

@@ -1,16 +1,16 @@
-"""A rank's engine from a ``Composition``: ``compose`` (``parallel/core/compose.py``) wraps the model, and the
-engine that drives it is the pipeline engine (``parallel/pipeline/engine.py``) or one module with gradient
+"""A rank's engine from a ``Composition``: ``compose`` (``parallel/assembly/compose.py``) wraps the model, and the
+engine that drives it is the pipeline engine (``parallel/assembly/pipeline_engine.py``) or one module with gradient
 accumulation (``ModuleEngine``). Every named strategy calls ``build_engine``; a user's own ``Strategy`` subclass
 may too, or build its engine its own way.
 """
 
 from __future__ import annotations
 
-from parallel.core.base import Engine, ModuleEngine, WorkerContext
-from parallel.core.comm_timer import SampledCommMeter
-from parallel.core.compose import Composition, compose
-from parallel.core.rank_map import announce_rank_map
-from parallel.pipeline.engine import build_pipeline_engine
+from parallel.assembly.base import Engine, ModuleEngine, WorkerContext
+from parallel.assembly.compose import Composition, compose
+from parallel.assembly.pipeline_engine import build_pipeline_engine
+from parallel.foundation.comm_timer import SampledCommMeter
+from parallel.foundation.rank_map import announce_rank_map
 
 
 def build_engine(*, ctx: WorkerContext, composition: Composition) -> Engine:

@@ -3,7 +3,7 @@
 The training loop knows only ``Engine``: it hands it the rank's share of the global batch and gets
 back that share's part of the step's loss (the mean over the global batch's target tokens), scaled so that
 its average over the ranks that computed one is that loss (``None`` on ranks that compute no loss, such as
-early pipeline stages; ``parallel/core/token_loss.py``). How the forward and backward passes run (one
+early pipeline stages; ``parallel/foundation/token_loss.py``). How the forward and backward passes run (one
 module, accumulated micro-batches, a pipeline schedule) is the engine's business, and so are the extra
 measurements it reports. A user plugs in a
 strategy of their own by pointing ``parallel._target_`` at a ``Strategy`` subclass.
@@ -27,16 +27,16 @@ from torch import nn
 from models.lora import LoRA, apply_lora, init_lora
 from models.losses import token_cross_entropy
 from models.moe import moe_step_table, set_aux_loss_scale
-from parallel.core.comm_timer import SampledCommMeter
-from parallel.core.expert_load import ExpertLoad
-from parallel.core.grad_clip import clip_grad_norm_
-from parallel.core.intervals import StepCommMeter
-from parallel.core.layout import ParallelLayout
-from parallel.core.memory import BuildPeak, tensor_bytes
-from parallel.core.meshes import loss_mesh
-from parallel.core.run import ComposeSettings, RunSpec
-from parallel.core.ties import retie, tied_parameters
-from parallel.core.token_loss import TokenMean
+from parallel.foundation.comm_timer import SampledCommMeter
+from parallel.foundation.expert_load import ExpertLoad
+from parallel.foundation.grad_clip import clip_grad_norm_
+from parallel.foundation.intervals import StepCommMeter
+from parallel.foundation.layout import ParallelLayout
+from parallel.foundation.memory import BuildPeak, tensor_bytes
+from parallel.foundation.meshes import loss_mesh
+from parallel.foundation.run import ComposeSettings, RunSpec
+from parallel.foundation.ties import retie, tied_parameters
+from parallel.foundation.token_loss import TokenMean
 from parallel.techniques.cp import local_chunk
 from parallel.techniques.tp import tp_meter
 
@@ -44,7 +44,7 @@ from parallel.techniques.tp import tp_meter
 @dataclass
 class WorkerContext:
     """Everything a strategy needs to build its engine on one rank: the typed run (``RunSpec``) and this rank's
-    place in it. The trainer hands a subclass of its own (``trainer/run_spec.py``) that also carries the config for
+    place in it. The trainer hands a subclass of its own (``trainer/typed/run_spec.py``) that also carries the config for
     its loop; nothing here reads it."""
 
     run: RunSpec
@@ -109,7 +109,7 @@ class WorkerContext:
         that shard or split pass ``materialize=False`` and call ``place`` on what this rank keeps, after
         sharding (torchtitan's order: meta -> parallelize / split -> to_empty -> init_weights).
         """
-        from parallel.core.precision import cast_parameters
+        from parallel.foundation.precision import cast_parameters
 
         device = self.init_device()
         self._build_peak.start()
@@ -172,7 +172,7 @@ class WorkerContext:
 
     @property
     def precision(self) -> str:
-        """``trainer.precision``: fp32, bf16-mixed, bf16 or fp8 (``parallel/core/precision.py``)."""
+        """``trainer.precision``: fp32, bf16-mixed, bf16 or fp8 (``parallel/foundation/precision.py``)."""
         return self.run.precision
 
     def compose_settings(self) -> ComposeSettings:
@@ -259,7 +259,7 @@ class Engine(ABC):
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Clip by the global gradient norm (over every shard and, with ``pp_group``, every stage);
-        returns the norm before clipping. One path for every engine: ``parallel/core/grad_clip.py``. The
+        returns the norm before clipping. One path for every engine: ``parallel/foundation/grad_clip.py``. The
         parameter list is taken at the first call (after any checkpoint or weights were loaded in place): walking
         the modules every step is host time a GPU waits for."""
         params = self.__dict__.get("_clip_params")
@@ -286,7 +286,7 @@ class Engine(ABC):
 
 class ModuleEngine(Engine):
     """One (possibly wrapped) module per rank; gradient accumulation over ``accumulation`` chunks. The engine of
-    every strategy without a pipeline: single, ddp, fsdp, tp, hybrid with pp.size=1 (``parallel/core/compose.py``).
+    every strategy without a pipeline: single, ddp, fsdp, tp, hybrid with pp.size=1 (``parallel/assembly/compose.py``).
 
     ``loss_fn`` is the model family's loss (``ctx.model_spec.loss_fn()``), summed over each chunk's target tokens
     and divided by the step's count of targets over ``loss_mesh`` (``TokenMean``); a loss that comes back as a
@@ -382,7 +382,7 @@ class ModuleEngine(Engine):
 
     def _moe_balance(self) -> dict[str, Any]:
         """The step's expert balance and tokens per expert over every data-parallel rank
-        (``parallel/core/expert_load.py``), added up over the run for the summary."""
+        (``parallel/foundation/expert_load.py``), added up over the run for the summary."""
         taken = moe_step_table(self.module, reduce=self._sum_over_data_ranks)
         return {} if taken is None else self.expert_load.add(*taken)
 

@@ -1,4 +1,4 @@
-"""The meshes derived from the world mesh by the dimension table (``parallel/core/dims.py``).
+"""The meshes derived from the world mesh by the dimension table (``parallel/foundation/dims.py``).
 
 The world mesh has one dimension per multiplying row (pp, dp, cp, tp). What the techniques shard or reduce
 over is cut out of it with DeviceMesh's own operations, never by listing ranks: the FSDP mesh and the loss
@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 
 from torch.distributed.device_mesh import DeviceMesh
 
-from parallel.core import dims
+from parallel.foundation import dims
 
 
 def flat_mesh(world_mesh: DeviceMesh, over: Iterable[str], sizes: Mapping[str, int]) -> DeviceMesh:

@@ -18,7 +18,7 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from parallel.core.intervals import union_seconds
+from parallel.foundation.intervals import union_seconds
 
 _funcol = torch.ops._c10d_functional
 COLLECTIVES = {

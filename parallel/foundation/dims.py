@@ -3,7 +3,7 @@
 Everything that spells the degrees reads ``DIMENSIONS`` through the functions below, at call time: the
 layout (world size, coordinates, rank map, factorizations), the registry (which strategy trains a
 layout), validation (each ``<dim>.size``, a borrowed degree that does not divide its lenders), the worker's
-and the dry run's ``DeviceMesh``, the derived meshes (``parallel/core/meshes.py``: FSDP's, the loss's, the
+and the dry run's ``DeviceMesh``, the derived meshes (``parallel/foundation/meshes.py``: FSDP's, the loss's, the
 experts') and the planner's ``Candidate``. A dimension either multiplies the world size (dp, tp, pp, cp:
 its own place in the world mesh) or borrows its ranks from others (ep from dp x cp, as torchtitan cuts
 expert parallel out of its data-parallel ranks): a borrowed dimension adds no rank, its degree divides the
@@ -100,7 +100,7 @@ _mesh_names_of: tuple[tuple[MeshDim, ...], tuple[str, ...]] | None = None
 
 def mesh_names() -> tuple[str, ...]:
     """The world mesh's dimension names, outermost first (``pp``, ``dp``, ``tp``): ``mesh_dim_names``. A
-    borrowing dimension has no place there: its meshes are derived (``parallel/core/meshes.py``). Worked out once
+    borrowing dimension has no place there: its meshes are derived (``parallel/foundation/meshes.py``). Worked out once
     per table (a table swapped in, as tests do, is checked anew)."""
     global _mesh_names_of
     if _mesh_names_of is not None and _mesh_names_of[0] is DIMENSIONS:
@@ -109,12 +109,12 @@ def mesh_names() -> tuple[str, ...]:
     places = sorted(d.mesh_place for d in rows if d.mesh_place is not None)
     if places != list(range(len(rows))):
         raise ValueError(
-            f"parallel/core/dims.py: mesh places {[(d.name, d.mesh_place) for d in rows]} must be "
+            f"parallel/foundation/dims.py: mesh places {[(d.name, d.mesh_place) for d in rows]} must be "
             f"0..{len(rows) - 1}, each once; renumber them"
         )
     placed = [d.name for d in DIMENSIONS if d.borrows and d.mesh_place is not None]
     if placed:
-        raise ValueError(f"parallel/core/dims.py: {placed} borrow their ranks, so their mesh_place must be None")
+        raise ValueError(f"parallel/foundation/dims.py: {placed} borrow their ranks, so their mesh_place must be None")
     found = tuple(d.name for d in sorted(rows, key=lambda d: d.mesh_place))
     _mesh_names_of = (DIMENSIONS, found)
     return found
@@ -129,7 +129,7 @@ def dim(name: str) -> MeshDim:
     for d in DIMENSIONS:
         if d.name == name:
             return d
-    raise KeyError(f"no mesh dimension {name!r}; the dimensions are {', '.join(names())} (parallel/core/dims.py)")
+    raise KeyError(f"no mesh dimension {name!r}; the dimensions are {', '.join(names())} (parallel/foundation/dims.py)")
 
 
 def lenders(name: str, *, asked: Iterable[str] = ()) -> tuple[str, ...]:

@@ -1,13 +1,13 @@
 """The run after validation, typed: what ``parallel/`` reads of it, as frozen objects. No torch import.
 
-The config stops at the trainer: ``trainer/run_spec.py`` turns the composed Hydra config into a ``RunSpec`` once
+The config stops at the trainer: ``trainer/typed/run_spec.py`` turns the composed Hydra config into a ``RunSpec`` once
 (validation's strategy checks read it, and so does each worker), and nothing below it reads a config node. A new
 option a technique needs is a field here, filled there.
 
 - ``RunSpec``: the layout with its degrees (``ParallelLayout``), the model's own config (its family's frozen
   dataclass, ``ModelSpec.typed``), the batch, how the model is wrapped (``ComposeSettings``: precision, activation
   checkpointing, compile, tensor-parallel and DDP options), the pipeline's options, seed and budget;
-- ``ComposeSettings`` / ``DDPSettings`` / ``Float8Settings``: what ``compose`` (``parallel/core/compose.py``) reads;
+- ``ComposeSettings`` / ``DDPSettings`` / ``Float8Settings``: what ``compose`` (``parallel/assembly/compose.py``) reads;
 - ``BatchSpec``: the global batch, its sequence length and the accumulation chunk;
 - ``PipelineOptions``: the split policy and the timeline's step.
 """
@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from parallel.core.precision import FP8_RECIPES
+from parallel.foundation.precision import FP8_RECIPES
 
 if TYPE_CHECKING:
-    from parallel.core.layout import ParallelLayout
+    from parallel.foundation.layout import ParallelLayout
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ class RunSpec:
     seed: int = 0
     max_steps: int = 1
     memory_budget_bytes: float = float("inf")
-    """What one rank may hold (``parallel.core.memory.rank_budget_bytes``): ``model.init_device=auto`` reads it."""
+    """What one rank may hold (``parallel.foundation.memory.rank_budget_bytes``): ``model.init_device=auto`` reads it."""
 
     @property
     def precision(self) -> str:

@@ -1,9 +1,9 @@
 """What a tensor-parallel run (parallel=tp, hybrid with tp.size > 1), an expert-parallel one and a context-parallel one
 (cp.size > 1) need of their config, checked before any worker starts: the model's own rules for a tp degree (its
 ``ModelSpec.tp_check``), those of loss and sequence parallelism, the experts' split, and how heads and the sequence
-split over cp. Each check takes ``(run, strategy)`` (the typed run, ``parallel/core/run.py``, and the strategy's
+split over cp. Each check takes ``(run, strategy)`` (the typed run, ``parallel/foundation/run.py``, and the strategy's
 ``StrategySpec``) and returns the problems as "key=value: what is wrong; the fix";
-the strategies list them in ``StrategySpec.checks`` (``parallel/core/registry.py``). No torch import.
+the strategies list them in ``StrategySpec.checks`` (``parallel/assembly/registry.py``). No torch import.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from models.registry import UnknownModel, spec_for
-from parallel.core import dims
+from parallel.foundation import dims
 
 if TYPE_CHECKING:
-    from parallel.core.run import RunSpec
+    from parallel.foundation.run import RunSpec
 
 
 def nearest_multiples(value: int, base: int) -> str:

@@ -8,7 +8,7 @@ becomes a ``PipelineStage``. Each step is one module of
 ``parallel/techniques/`` (or ``parallel/pipeline/``); this module only orders them.
 
 A named strategy (``parallel=single|ddp|fsdp|tp|pp|mp|hybrid``) is a preset: a ``Composition`` chosen from its name
-and the layout's degrees; ``parallel/core/build.py`` turns it into the rank's engine. The dry run
+and the layout's degrees; ``parallel/assembly/build.py`` turns it into the rank's engine. The dry run
 (``parallel/plan/dry_run.py``) calls ``compose`` on the meta device under a fake process group.
 """
 
@@ -25,11 +25,11 @@ from torch.distributed.pipelining import PipelineStage
 
 from models.moe import moe_layers, uncounted
 from models.spec import PipelineUnits
-from parallel.core.intervals import StepCommMeter
-from parallel.core.meshes import expert_meshes, fsdp_mesh, loss_mesh
-from parallel.core.precision import MIXED_PRECISIONS, enable_autocast, fsdp_mp_policy
-from parallel.core.run import ComposeSettings
-from parallel.core.ties import tied_parameters
+from parallel.foundation.intervals import StepCommMeter
+from parallel.foundation.meshes import expert_meshes, fsdp_mesh, loss_mesh
+from parallel.foundation.precision import MIXED_PRECISIONS, enable_autocast, fsdp_mp_policy
+from parallel.foundation.run import ComposeSettings
+from parallel.foundation.ties import tied_parameters
 from parallel.pipeline.schedules import schedule_class, schedule_spec
 from parallel.pipeline.stages import StageSpec, build_stage_module
 from parallel.pipeline.tied import share_across_stages
@@ -88,7 +88,7 @@ class Composition:
     def dp_wrap(layout: Any) -> str:
         """What the layout's data dimensions (dp x cp: the ranks that see different tokens) ask for: nothing when
         both are 1, FSDP2 where the layout shards dp (``dp.shard``, or forced by tp/pp > 1:
-        ``parallel/core/layout.py``), DDP otherwise; either over ``meshes.fsdp_mesh`` / ``loss_mesh``."""
+        ``parallel/foundation/layout.py``), DDP otherwise; either over ``meshes.fsdp_mesh`` / ``loss_mesh``."""
         if layout.dp * layout.cp == 1:
             return "none"
         return "fsdp" if layout.dp_shard else "ddp"
@@ -104,7 +104,7 @@ class PipelinePlan:
     schedule: str
     micro_batches: int
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    """The loss the schedule computes after the last stage (the step's token mean: ``parallel/core/token_loss.py``)."""
+    """The loss the schedule computes after the last stage (the step's token mean: ``parallel/foundation/token_loss.py``)."""
     group: Any
     """The pp process group."""
     units: PipelineUnits | None = None

@@ -7,8 +7,8 @@ config, before anything starts, with the valid values in the message:
 
 Members are named as users write them (``1f1b`` included, hence the functional API) and are ``str``
 subclasses that print as their value, so code compares them with plain strings (``schedule == "1f1b"``),
-uses them as dict keys and formats them unchanged. Workers receive plain strings
-(``OmegaConf.to_container(..., enum_to_str=True)``). No torch.
+uses them as dict keys and formats them unchanged. Workers receive plain strings (the trainer converts the
+config with enum_to_str). No torch.
 """
 
 from __future__ import annotations

@@ -1,1 +1,0 @@
-"""What every strategy shares: Strategy/Engine, the layout and rank map, gradient clipping, timers."""
