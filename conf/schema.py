@@ -56,6 +56,18 @@ class FP8Config:
 
 
 @dataclass
+class PreferenceConfig:
+    """``trainer.objective=dpo`` or ``simpo`` on ``data=preference`` (models/preference.py)."""
+
+    beta: float = 0.1
+    """DPO: the strength of the implicit KL penalty (TRL's default 0.1); SimPO: the reward scale (paper: 2.0-2.5)."""
+    label_smoothing: float = 0.0
+    """The share of pairs taken as mislabelled (conservative DPO): the loss mixes in logsigmoid(-beta delta)."""
+    gamma: float = 0.5
+    """SimPO's target reward margin."""
+
+
+@dataclass
 class TrainerConfig:
     max_steps: int = 200
     seed: int = 0
@@ -70,7 +82,10 @@ class TrainerConfig:
     computed and logged as grad_norm."""
     objective: str = "tokens_per_s"
     """summary.json key the task returns to Hydra sweepers (val_loss: the final validation loss; needs
-    trainer.eval_every > 0 and a sweeper that minimises)."""
+    trainer.eval_every > 0 and a sweeper that minimises); or a training objective on data=preference, dpo or simpo
+    (trainer.preference), whose run returns its final validation loss (else its final loss) to sweepers."""
+    preference: PreferenceConfig = field(default_factory=PreferenceConfig)
+    """trainer.objective=dpo / simpo: beta, label_smoothing, gamma."""
     callbacks: List[Any] = field(default_factory=list)
     """Trainer callbacks, each ``{_target_: module.Class, ...}`` (trainer/loop/callbacks.py: on_train_start,
     on_step_end, on_validation, on_checkpoint, on_train_end), called on every rank."""
@@ -204,6 +219,29 @@ class ChatDataConfig:
 
 
 @dataclass
+class PreferenceDataConfig:
+    _target_: str = "trainer.data.preference.PreferenceData"
+    name: str = "preference"
+    path: Optional[str] = None
+    """A .jsonl of preference pairs in TRL's forms (prompt/chosen/rejected as strings or message lists, or
+    chosen/rejected with the prompt implicit), or a folder of them."""
+    tokenizer: Optional[str] = "${oc.select:model.init_from,null}"
+    """The folder whose tokenizer and chat template render the pairs (by default model.init_from)."""
+    prepared: Optional[str] = None
+    """Where the tokenized shards (and the reference log-probabilities) go; null: under cache_dir, named by a
+    fingerprint of inputs and tokenizer."""
+    cache_dir: str = "${oc.env:MESHTRAIN_CACHE,${oc.env:HOME}/.cache/meshtrain}/preference"
+    val_fraction: float = 0.1
+    """The share of the pairs held out as the validation split (a seeded draw)."""
+    max_prompt_len: Optional[int] = None
+    """Keep only a prompt's last N tokens (null: the whole prompt); a pair still longer than seq_len + 1 is refused."""
+    global_batch_size: int = 16
+    """Sequences per step, two per pair (chosen and rejected): even, and even per micro-batch."""
+    micro_batch_size: Optional[int] = None
+    seq_len: int = 128
+
+
+@dataclass
 class ImageDataConfig:
     _target_: str = "trainer.data.datasets.SyntheticImages"
     name: str = "images"
@@ -306,5 +344,6 @@ def register_configs() -> None:
     cs.store(group=f"{SCHEMA_ROOT}/data", name="tokens", node=TokensDataConfig)
     cs.store(group=f"{SCHEMA_ROOT}/data", name="images", node=ImageDataConfig)
     cs.store(group=f"{SCHEMA_ROOT}/data", name="chat", node=ChatDataConfig)
+    cs.store(group=f"{SCHEMA_ROOT}/data", name="preference", node=PreferenceDataConfig)
     cs.store(group=f"{SCHEMA_ROOT}/optim", name="adamw", node=OptimConfig)
     cs.store(group=f"{SCHEMA_ROOT}/optim", name="sgd", node=SGDConfig)

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +64,21 @@ class LoRALinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias) + self.lora_B(self.lora_A(self.lora_dropout(x))) * self.scaling
+
+
+@contextmanager
+def adapters_disabled(modules: Iterable[nn.Module]) -> Iterator[int]:
+    """Run ``modules`` as their base (every ``LoRALinear``'s adapters scaled by 0), as PEFT's ``disable_adapter``:
+    the reference a preference objective compares with, no copy held. Yields how many layers it switched off."""
+    adapted = [m for part in modules for m in part.modules() if isinstance(m, LoRALinear)]
+    saved = [m.scaling for m in adapted]
+    for m in adapted:
+        m.scaling = 0.0
+    try:
+        yield len(adapted)
+    finally:
+        for m, scaling in zip(adapted, saved):
+            m.scaling = scaling
 
 
 def is_adapter(fqn: str) -> bool:

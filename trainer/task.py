@@ -17,6 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from models.objectives import OBJECTIVES as PREFERENCE_OBJECTIVES
 from trainer.observe.durable import write_json
 from trainer.observe.startup import STARTED_KEY, StartClock
 from trainer.sweeps.jobs import sweep_name
@@ -102,8 +103,17 @@ def _run_owned(cfg: DictConfig, *, run_dir: Path, meta: dict[str, Any]) -> float
         raise
     if summary is None:  # not rank 0: nothing to report
         return None
-    value = summary.get(str(cfg.trainer.objective))
+    value = summary.get(sweep_key(cfg, summary))
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def sweep_key(cfg: DictConfig, summary: dict) -> str:
+    """The summary key sweepers get: ``trainer.objective``, or for a training objective (dpo, simpo) its final
+    validation loss when the run evaluated, else its final loss."""
+    objective = str(cfg.trainer.objective)
+    if objective not in PREFERENCE_OBJECTIVES:
+        return objective
+    return "val_loss" if "val_loss" in summary else "final_loss"
 
 
 def _fail(run_dir: Path, meta: dict, status: str, reason: str, code: int) -> float | None:

@@ -69,6 +69,17 @@ class WorkerContext:
     def layout(self) -> ParallelLayout:
         return self.run.layout
 
+    def loss_fn(self) -> Callable[..., torch.Tensor]:
+        """The loss every engine of this rank calls: the run's objective (``RunSpec.objective``: a preference loss,
+        one object per rank, whose step statistics the loop reads) or the model family's own."""
+        if self.run.objective is None:
+            return self.model_spec.loss_fn()
+        if "_objective_loss" not in self.__dict__:
+            from models.preference import PreferenceLoss
+
+            self.__dict__["_objective_loss"] = PreferenceLoss(self.run.objective)
+        return self.__dict__["_objective_loss"]
+
     @property
     def model_spec(self):
         """The model family's ``ModelSpec`` (``models/registry.py``): loss, TP plan, pipeline units, formulas."""

@@ -33,7 +33,7 @@ def build_engine(*, ctx: WorkerContext, composition: Composition) -> Engine:
     engine = ModuleEngine(
         part.module,
         accumulation=ctx.accumulation_steps(),
-        loss_fn=ctx.model_spec.loss_fn(),
+        loss_fn=ctx.loss_fn(),
         loss_mesh=ctx.loss_mesh(),
         no_sync=part.no_sync,
         dp_timer=part.dp_timer,

@@ -95,7 +95,7 @@ def choose_split(model: nn.Module, *, ctx: WorkerContext, num_stages: int) -> Sp
     if ctx.rank == 0:
         mb = max(1, ctx.per_replica_batch() // max(1, layout.micro_batches))
         inputs, targets = ctx.sample_batch(mb)
-        costs = profile_blocks(model, inputs[:mb], targets[:mb], loss_fn=ctx.model_spec.loss_fn())
+        costs = profile_blocks(model, inputs[:mb], targets[:mb], loss_fn=ctx.loss_fn())
         box[0] = costs
         ctx.log.info(
             "balanced split: measured block costs (ms) pre %.2f, blocks %s, post %.2f",
@@ -524,7 +524,7 @@ def build_pipeline_engine(
     group = ctx.mesh["pp"].get_group()
     recorder = StageRecorder()
     m = layout.micro_batches
-    loss = TokenMean(ctx.model_spec.loss_fn(), loss_mesh=ctx.loss_mesh())
+    loss = TokenMean(ctx.loss_fn(), loss_mesh=ctx.loss_mesh())
 
     def instrument(stage: Any, s: StageSpec) -> None:
         recorder.instrument(

@@ -126,6 +126,9 @@ class RunSpec:
     max_steps: int = 1
     memory_budget_bytes: float = float("inf")
     """What one rank may hold (``parallel.foundation.memory.rank_budget_bytes``): ``model.init_device=auto`` reads it."""
+    objective: Any = None
+    """A training objective that replaces the family's loss (``models.preference.PreferenceObjective``: dpo,
+    simpo); None: the family's own."""
 
     @property
     def precision(self) -> str:

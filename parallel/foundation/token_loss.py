@@ -38,7 +38,7 @@ class TokenMean:
     def start(self, targets: torch.Tensor) -> torch.Tensor:
         """Count this rank's targets for the step (or evaluation batch) about to run, all-reduced over the loss
         mesh: every rank of that mesh calls it with its own targets. Returns the global count."""
-        count = count_targets(targets)
+        count = getattr(self.loss_fn, "count", count_targets)(targets)  # a loss over pairs counts pairs
         if self.group is not None:
             dist.all_reduce(count, group=self.group)
         self.count = count

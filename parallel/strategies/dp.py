@@ -33,4 +33,4 @@ class DataParallelStrategy(Strategy):
         if ctx.precision in MIXED_PRECISIONS:
             model = enable_autocast(model, device_type="cuda")
         ctx.log.info("parallel=dp: DataParallel over %d CUDA devices", gpus)
-        return ModuleEngine(model, accumulation=ctx.accumulation_steps(), loss_fn=ctx.model_spec.loss_fn())
+        return ModuleEngine(model, accumulation=ctx.accumulation_steps(), loss_fn=ctx.loss_fn())

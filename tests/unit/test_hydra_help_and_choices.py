@@ -30,7 +30,7 @@ def test_help_is_meshtrains_own_and_fits_one_screen(help_text):
     assert (
         "gpt_small" in groups["model"]
         and groups["optim"] == "adamw, sgd"
-        and groups["data"] == "chat, images, text, tokens"
+        and groups["data"] == "chat, images, preference, text, tokens"
     )
     # schemas are not options, Hydra's own groups are not listed
     assert "schema" not in help_text and "hydra/" not in help_text

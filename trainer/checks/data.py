@@ -7,6 +7,7 @@ import os
 
 from omegaconf import DictConfig
 
+from models.objectives import OBJECTIVES as PREFERENCE_OBJECTIVES
 from models.registry import UnknownModel, spec_for
 from trainer.checks.findings import Findings, number
 from trainer.checks.run import VAL_OBJECTIVES
@@ -30,6 +31,7 @@ def check_data(cfg: DictConfig, layout: object, f: Findings) -> None:
         }.get(str(cfg.data.get("name")), "a UTF-8 text file or a .npy/.bin token file")
         f.error(f"data.path={path}: no such file or folder; point it at {what}")
     check_chat_and_packing(cfg, layout, f)
+    check_preference(cfg, layout, f)
     if str(cfg.trainer.objective) in VAL_OBJECTIVES and int(cfg.trainer.eval_every) <= 0:
         f.error(
             f"trainer.objective={cfg.trainer.objective} needs an evaluation: set trainer.eval_every to a "
@@ -86,3 +88,41 @@ def check_chat_and_packing(cfg: DictConfig, layout: object, f: Findings) -> None
             f"data.packing=documents with cp.size={layout.cp}: the documents' attention mask spans the whole "
             "sequence and context parallel does not split it yet; set data.packing=none, or cp.size=1"
         )
+
+
+def check_preference(cfg: DictConfig, layout: object, f: Findings) -> None:
+    """data=preference and trainer.objective=dpo/simpo come together; each micro-batch holds whole pairs (an even
+    number of rows); a pair is not split over context-parallel ranks (its log-probability is one sum)."""
+    objective, preference = str(cfg.trainer.objective), cfg.data.get("name") == "preference"
+    if objective in PREFERENCE_OBJECTIVES and not preference:
+        f.error(f"trainer.objective={objective} trains on preference pairs: set data=preference data.path=PAIRS.jsonl")
+    if not preference:
+        return
+    if objective not in PREFERENCE_OBJECTIVES:
+        f.error(
+            f"data=preference with trainer.objective={objective}: name the loss, "
+            f"trainer.objective={' or '.join(PREFERENCE_OBJECTIVES)}"
+        )
+    if not cfg.data.get("path"):
+        f.error("data=preference needs data.path=<a .jsonl of pairs (prompt/chosen/rejected per line)>")
+    if not cfg.data.get("tokenizer"):
+        f.error("data=preference needs a tokenizer with a chat template: model.init_from=DIR or data.tokenizer=DIR")
+    rows = int(cfg.data.global_batch_size) // max(1, int(getattr(layout, "dp", 1)))
+    if getattr(layout, "pp", 1) > 1:
+        rows //= max(1, int(getattr(layout, "micro_batches", 1)))
+    elif cfg.data.get("micro_batch_size"):
+        rows = int(cfg.data.micro_batch_size)
+    if int(cfg.data.global_batch_size) % 2 or rows % 2:
+        f.error(
+            f"data.global_batch_size={cfg.data.global_batch_size}: data=preference counts sequences, two per pair, "
+            f"and a pair stays in one micro-batch, but a micro-batch here holds {rows} rows; use a multiple of "
+            "2 x dp.size x (pp.micro_batches, or the accumulation chunks)"
+        )
+    if int(getattr(layout, "cp", 1)) > 1:
+        f.error(
+            f"data=preference with cp.size={layout.cp}: a completion's log-probability is one sum over its tokens "
+            "and context parallel splits them over ranks; set cp.size=1"
+        )
+    limit = cfg.data.get("max_prompt_len")
+    if limit is not None and int(limit) < 0:
+        f.error(f"data.max_prompt_len={limit}: must be >= 0 tokens, or null (the whole prompt)")

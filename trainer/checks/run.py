@@ -8,6 +8,7 @@ import math
 
 from omegaconf import DictConfig
 
+from models.objectives import OBJECTIVES as PREFERENCE_OBJECTIVES
 from trainer.checks.findings import Findings, finite, number
 from trainer.loop.callbacks import callback_problems
 
@@ -37,8 +38,18 @@ def check_trainer(cfg: DictConfig, layout: object, f: Findings) -> None:
         ok,
         "must be a number: the max global gradient norm (<= 0 or inf disables clipping)",
     )
-    ok = str(t.objective) in OBJECTIVES
-    f.require("trainer.objective", t.objective, ok, f"not a summary.json number; use one of {', '.join(OBJECTIVES)}")
+    ok = str(t.objective) in (*OBJECTIVES, *PREFERENCE_OBJECTIVES)
+    f.require(
+        "trainer.objective",
+        t.objective,
+        ok,
+        f"not a summary.json number; use one of {', '.join(OBJECTIVES)} (or a training objective on "
+        f"data=preference: {', '.join(PREFERENCE_OBJECTIVES)})",
+    )
+    p = t.preference
+    f.require("trainer.preference.beta", p.beta, finite(p.beta) and number(p.beta) > 0, "must be a number > 0")
+    ok = finite(p.label_smoothing) and 0 <= number(p.label_smoothing) < 0.5
+    f.require("trainer.preference.label_smoothing", p.label_smoothing, ok, "must be in [0, 0.5)")
     f.require("trainer.keep_checkpoints", t.keep_checkpoints, int(t.keep_checkpoints) >= 1, "must be >= 1")
     f.require("trainer.stop_grace_s", t.stop_grace_s, float(t.stop_grace_s) >= 0, "must be >= 0 seconds")
     resume = str(t.resume)

@@ -169,10 +169,7 @@ def prepare_chat(
             problems.append(f"{where}: no assistant token after the first: nothing to train on")
         else:
             docs.append((ids, flags))
-    if problems:
-        more = len(problems) - SHOWN_PROBLEMS
-        listed = "\n  ".join(problems[:SHOWN_PROBLEMS]) + (f"\n  ... and {more} more" if more > 0 else "")
-        raise DataError(f"data=chat: {len(problems)} conversation(s) refused:\n  {listed}")
+    refuse_problems(problems, source="data=chat", things="conversation(s)")
     if not docs:
         raise DataError(f"data.path: no conversation in {', '.join(map(str, files))}")
     n_val = int(round(len(docs) * val_fraction)) if len(docs) > 1 else 0
@@ -186,13 +183,7 @@ def prepare_chat(
     splits = {}
     for split in SPLITS:
         chosen = [d for i, d in enumerate(docs) if (i in val) == (split == "validation")]
-        tokens = np.array([t for ids, _ in chosen for t in ids], dtype=dtype)
-        flags = np.array([f for _, fl in chosen for f in fl], dtype=np.uint8)
-        offsets = np.concatenate([[0], np.cumsum([len(ids) for ids, _ in chosen], dtype=np.int64)])
-        tokens.tofile(tmp / f"{split}_tokens.bin")
-        flags.tofile(tmp / f"{split}_targets.bin")
-        np.save(tmp / f"{split}_offsets.npy", offsets)
-        splits[split] = {"conversations": len(chosen), "tokens": int(len(tokens)), "targets": int(flags.sum())}
+        splits[split] = {"conversations": len(chosen), **write_documents(tmp, split, chosen, dtype=dtype)}
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     meta = {
         "format": FORMAT,
@@ -208,6 +199,34 @@ def prepare_chat(
     shutil.rmtree(output, ignore_errors=True)
     tmp.rename(output)
     return meta
+
+
+def write_documents(folder: Path, split: str, docs: list[tuple[list[int], list[bool]]], *, dtype: str) -> dict:
+    """One split's documents (token ids, target flags) as ``<split>_tokens.bin``, ``<split>_targets.bin`` and
+    ``<split>_offsets.npy`` in ``folder``; returns its token and target counts."""
+    tokens = np.array([t for ids, _ in docs for t in ids], dtype=dtype)
+    flags = np.array([f for _, fl in docs for f in fl], dtype=np.uint8)
+    offsets = np.concatenate([[0], np.cumsum([len(ids) for ids, _ in docs], dtype=np.int64)])
+    tokens.tofile(folder / f"{split}_tokens.bin")
+    flags.tofile(folder / f"{split}_targets.bin")
+    np.save(folder / f"{split}_offsets.npy", offsets)
+    return {"tokens": int(len(tokens)), "targets": int(flags.sum())}
+
+
+def read_documents(folder: Path, split: str, *, dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tokens, target flags, offsets) of a split ``write_documents`` wrote."""
+    tokens = np.fromfile(folder / f"{split}_tokens.bin", dtype=dtype)
+    flags = np.fromfile(folder / f"{split}_targets.bin", dtype=np.uint8).astype(bool)
+    return tokens, flags, np.load(folder / f"{split}_offsets.npy")
+
+
+def refuse_problems(problems: list[str], *, source: str, things: str) -> None:
+    """Raise ``DataError`` listing the first ``SHOWN_PROBLEMS`` of ``problems`` (each naming its file and line)."""
+    if not problems:
+        return
+    more = len(problems) - SHOWN_PROBLEMS
+    listed = "\n  ".join(problems[:SHOWN_PROBLEMS]) + (f"\n  ... and {more} more" if more > 0 else "")
+    raise DataError(f"{source}: {len(problems)} {things} refused:\n  {listed}")
 
 
 class ChatData:
@@ -295,12 +314,7 @@ class ChatData:
 
     @cached_property
     def _splits(self) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        out = {}
-        for split in SPLITS:
-            tokens = np.fromfile(self.folder / f"{split}_tokens.bin", dtype=self.metadata["dtype"])
-            flags = np.fromfile(self.folder / f"{split}_targets.bin", dtype=np.uint8).astype(bool)
-            out[split] = (tokens, flags, np.load(self.folder / f"{split}_offsets.npy"))
-        return out
+        return {split: read_documents(self.folder, split, dtype=self.metadata["dtype"]) for split in SPLITS}
 
     def _document(self, split: str):
         tokens, flags, offsets = self._splits[split]

@@ -25,11 +25,13 @@ from hydra.utils import instantiate
 from torch import nn
 
 from models.losses import count_targets
+from models.preference import mean_stats
 from parallel.assembly.base import Engine, WorkerContext
 from parallel.foundation.state_bytes import model_state_bytes
 from trainer.data.prefetch import Prefetcher
 from trainer.loop.callbacks import build_callbacks, call
 from trainer.loop.optim import build_optimizer, build_scheduler
+from trainer.loop.reference import attach_reference
 from trainer.observe.expert_load_figure import announce_expert_load
 from trainer.observe.memory import peak_memory_bytes
 from trainer.observe.metrics import StepStats, read_metrics
@@ -115,6 +117,8 @@ class StepOutcome:
     extras: dict[str, float]
     data_seconds: float = 0.0
     """How long the step waited for its global batch (the prefetcher's queue, or building it)."""
+    pairs: torch.Tensor | None = None
+    """A preference objective's summed pair statistics on this rank (``models.preference.STATS``)."""
 
 
 class Trainer:
@@ -166,6 +170,10 @@ class Trainer:
         self._prefetch: Prefetcher | None = None
         self.data_wait_s = 0.0
         self.step_time_total_s = 0.0
+        self.objective = ctx.loss_fn() if ctx.run.objective is not None else None
+        """The preference loss (``models/preference.py``) whose pair statistics the log reads; None otherwise."""
+        self.last_pairs: dict[str, float] = {}
+        self.reference: dict[str, Any] | None = None
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -186,6 +194,7 @@ class Trainer:
             self.val_history, first = history_before(self.ctx.run_dir / "metrics.jsonl", through_step=start_step)
             if first is not None:
                 self.first_loss_step, self.first_loss = first
+        self.reference = attach_reference(trainer=self, start_step=start_step)  # before any batch is built
         self._prefetch = Prefetcher(
             self.data.global_batch,
             first_step=start_step + 1,
@@ -229,6 +238,7 @@ class Trainer:
         t0, cpu0 = time.perf_counter(), time.process_time()
         self.step_started = t0
         loss, grad_norm, data_s = self._forward_backward(step)
+        pairs = self.objective.take(self.ctx.device) if self.objective is not None else None
         preempt, bad_ranks = self._agree(
             preempt=bool(preemption and preemption.requested), grad_norm=grad_norm, loss=loss
         )
@@ -260,6 +270,7 @@ class Trainer:
             preempt=preempt,
             extras=extras,
             data_seconds=data_s,
+            pairs=pairs,
         )
 
     def _forward_backward(self, step: int) -> tuple[torch.Tensor | None, torch.Tensor, float]:
@@ -314,6 +325,7 @@ class Trainer:
                 "data_time_s": outcome.data_seconds,
                 **self.instruments.logged(step, outcome.seconds),  # mfu, memory, saved activations (collective)
                 **outcome.extras,
+                **self._pair_means(outcome.pairs),
             }
             if self.unit == "samples":  # an image model: the same number, named for what it counts
                 record["samples_per_s"] = int(self.cfg.data.global_batch_size) / outcome.seconds
@@ -322,6 +334,17 @@ class Trainer:
         for sink in self.sinks:
             sink.advance(step)
         return record
+
+    def _pair_means(self, sums: torch.Tensor | None, *, prefix: str = "") -> dict[str, float]:
+        """A preference objective's per-pair means (rewards, margin, accuracy, log-probs) over every rank's pairs
+        (one all-reduce; every rank calls it on the same steps); empty for other objectives."""
+        if sums is None:
+            return {}
+        if self.ctx.world_size > 1:
+            dist.all_reduce(sums)
+        means = mean_stats(sums, prefix=prefix)
+        self.last_pairs.update(means)
+        return means
 
     def _boundary(self, step: int, outcome: StepOutcome, *, preemption: StopFlag | None) -> bool:
         """Checkpoint when due or asked to stop; True when the run stops here (preempted)."""
@@ -368,7 +391,7 @@ class Trainer:
                 x, y = engine.local_batch(ctx, inputs, targets)
                 loss = engine.eval_step(x, y)
                 if loss is not None:
-                    weight = float(count_targets(targets))
+                    weight = float(self._count(targets))
                     buf[0] += loss.detach().double() * weight
                     buf[1] += weight
         finally:
@@ -377,8 +400,15 @@ class Trainer:
             dist.all_reduce(buf)
         value = (buf[0] / buf[1]).item() if buf[1] > 0 else float("nan")
         self.val_history.append((step, value))
+        if self.objective is not None:  # a preference loss has no perplexity: its pair statistics instead
+            pairs = self._pair_means(self.objective.take(ctx.device), prefix="val_")
+            return {"val_loss": value, **pairs, "eval_time_s": time.perf_counter() - t0}
         ppl = math.exp(value) if value < 700 else float("inf")
         return {"val_loss": value, "val_ppl": ppl, "eval_time_s": time.perf_counter() - t0}
+
+    def _count(self, targets: torch.Tensor) -> torch.Tensor:
+        """What the loss is a mean over in ``targets``: target tokens, or a preference objective's pairs."""
+        return self.objective.count(targets) if self.objective is not None else count_targets(targets)
 
     def _val_summary(self) -> dict[str, Any]:
         if not self.val_history:
@@ -543,6 +573,8 @@ class Trainer:
             "data_time_s_total": self.data_wait_s,
             "data_wait_fraction": self.data_wait_s / self.step_time_total_s if self.step_time_total_s else None,
             **self._val_summary(),
+            **self.last_pairs,  # a preference objective's last logged pair statistics (val_: its last evaluation)
+            **({"reference": self.reference} if self.reference else {}),
             "first_step_end_unix": self.first_step_end_unix,
             "wall_time_s": wall,
             "peak_memory_bytes_per_rank": peaks,

@@ -77,8 +77,13 @@ class ConsoleSink(Sink):
             extras += f" cp all-to-all {record['cp_comm_fraction']:.0%}"
         if "bubble_fraction" in record:
             extras += f" bubble {record['bubble_fraction']:.0%}"
+        if "rewards_accuracy" in record:
+            extras += f" | reward acc {record['rewards_accuracy']:.2f} margin {record['rewards_margin']:.4f}"
         if "val_loss" in record:
-            extras += f" | val loss {record['val_loss']:.4f} (ppl {record['val_ppl']:.2f})"
+            extras += f" | val loss {record['val_loss']:.4f}"
+            extras += f" (ppl {record['val_ppl']:.2f})" if "val_ppl" in record else ""
+        if "val_rewards_accuracy" in record:
+            extras += f" reward acc {record['val_rewards_accuracy']:.2f} margin {record['val_rewards_margin']:.4f}"
         rate = throughput(record)
         if self.progress is not None:
             self.progress.update(self.task, loss=f"{record['loss']:.4f}", rate=rate)

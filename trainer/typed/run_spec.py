@@ -13,6 +13,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from models.objectives import OBJECTIVES as PREFERENCE_OBJECTIVES
+from models.objectives import PreferenceObjective
 from models.registry import UnknownModel, spec_for
 from models.spec import ConfigView
 from parallel.foundation.layout import ParallelLayout
@@ -105,4 +107,17 @@ def run_spec(cfg: DictConfig, layout: ParallelLayout) -> RunSpec:
         seed=int(cfg.trainer.seed),
         max_steps=int(cfg.trainer.max_steps),
         memory_budget_bytes=memory_budget_bytes(cfg),
+        objective=training_objective(cfg),
+    )
+
+
+def training_objective(cfg: DictConfig) -> PreferenceObjective | None:
+    """``trainer.objective`` when it names a training objective (dpo, simpo) with ``trainer.preference.*``; None
+    when it names a summary key (the family's own loss trains)."""
+    name = str(cfg.trainer.objective)
+    if name not in PREFERENCE_OBJECTIVES:
+        return None
+    p = cfg.trainer.preference
+    return PreferenceObjective(
+        name=name, beta=float(p.beta), label_smoothing=float(p.label_smoothing), gamma=float(p.gamma)
     )

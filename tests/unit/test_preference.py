@@ -1,0 +1,163 @@
+"""data=preference and the preference objectives in one process: TRL's three line forms read and tokenized as TRL
+splits them, bad lines refused with file:line, pairs kept adjacent with their reference column, the DPO and SimPO
+losses' formulas, and the anchor: meshtrain's DPO loss and rewards on a tiny Qwen3 equal TRL's DPOTrainer's on the
+same pairs (TRL as a test dependency, no TRL code copied)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from models.objectives import PreferenceObjective
+from models.preference import PreferenceLoss, mean_stats, reference_column, sequence_logps
+from tests.chat_helpers import VOCAB, sentence, write_jsonl, write_tokenizer
+from trainer.data.preference import PreferenceData, parse_pair
+from trainer.data.shards import DataError
+
+SEQ = 64
+
+
+def pairs(n: int, *, seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    return [
+        {
+            "prompt": [{"role": "user", "content": sentence(rng, 4)}],
+            "chosen": [{"role": "assistant", "content": sentence(rng, 3)}],
+            "rejected": [{"role": "assistant", "content": sentence(rng, 5)}],
+        }
+        for _ in range(n)
+    ]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return write_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+def data_of(rows, folder, tmp_path, **kw) -> PreferenceData:
+    path = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    kw = {"global_batch_size": 4, "seq_len": SEQ, "val_fraction": 0.0, **kw}
+    return PreferenceData(path=str(path), tokenizer=str(folder), cache_dir=str(tmp_path / "cache"), **kw)
+
+
+def test_trl_forms_read_to_the_same_messages():
+    conv = pairs(1)[0]
+    user, yes, no = conv["prompt"], conv["chosen"], conv["rejected"]
+    assert parse_pair(json.dumps(conv)) == (user, yes, no)
+    implicit = {"chosen": user + yes, "rejected": user + no}  # TRL's implicit prompt: the common messages
+    assert parse_pair(json.dumps(implicit)) == (user, yes, no)
+    text = {"prompt": "Why?", "chosen": "Because.", "rejected": "No."}
+    assert parse_pair(json.dumps(text)) == (
+        [{"role": "user", "content": "Why?"}],
+        [{"role": "assistant", "content": "Because."}],
+        [{"role": "assistant", "content": "No."}],
+    )
+    # strings with the prompt implicit: the common characters, the space before the split left to the completions
+    got = parse_pair(json.dumps({"chosen": "Sky is blue", "rejected": "Sky is green"}))
+    assert got[0][0]["content"] == "Sky is" and got[1][0]["content"] == " blue"
+
+
+def test_bad_lines_are_refused_with_file_and_line(tokenizer, tmp_path):
+    rows = pairs(2) + [
+        {"prompt": "Why?", "chosen": "Yes."},
+        {"prompt": "Why?", "chosen": " ", "rejected": "No."},
+        {"prompt": "Why? " * 60, "chosen": "Yes.", "rejected": "No."},
+        "not json",
+    ]
+    data = data_of(rows, tokenizer, tmp_path)
+    with pytest.raises(DataError) as err:
+        data.prepare()
+    message, path = str(err.value), tmp_path / "pairs.jsonl"
+    assert "4 pair(s) refused" in message
+    assert f'{path}:3: no "rejected" field' in message
+    assert f"{path}:4: the chosen completion is empty" in message
+    assert f"{path}:5: prompt + chosen is" in message and f"longer than data.seq_len + 1 = {SEQ + 1}" in message
+    assert f"{path}:6: not JSON" in message
+    # the long prompt cut to its last tokens (data.max_prompt_len) fits
+    data_of([*pairs(2), rows[4]], tokenizer, tmp_path / "cut", max_prompt_len=20).prepare()
+
+
+def test_batches_keep_pairs_adjacent_with_the_reference_column(tokenizer, tmp_path):
+    data = data_of(pairs(6), tokenizer, tmp_path)
+    data.prepare()
+    ref = np.arange(12, dtype=np.float64) - 100.5
+    data.set_reference("train", ref)
+    x, y = data.global_batch(3)
+    assert x.shape == (4, SEQ) and y.shape == (4, SEQ + 1)
+    got = y[:, -1].contiguous().view(torch.float64).numpy()
+    sequences = (got + 100.5).astype(int)
+    assert all(sequences[0::2] % 2 == 0) and all(sequences[1::2] == sequences[0::2] + 1)  # chosen, its rejected
+    prompt = (y[:, :-1] == -100) & (x != data.metadata["tokenizer"]["pad_id"])
+    assert torch.equal(x[0][prompt[0]], x[1][prompt[1]])  # one prompt, two completions
+
+
+def test_dpo_and_simpo_formulas():
+    logps = torch.tensor([-10.0, -12.0, -7.0, -5.0])
+    lengths = torch.tensor([4, 6, 2, 5])
+    ref = torch.tensor([-11.0, -11.0, -6.0, -6.0], dtype=torch.float64)
+    beta, eps = 0.5, 0.1
+    dpo = PreferenceLoss(PreferenceObjective(name="dpo", beta=beta, label_smoothing=eps))
+    losses, stats = dpo.pair_losses(logps, lengths, ref)
+    deltas = [(-10 + 11) - (-12 + 11), (-7 + 6) - (-5 + 6)]
+    want = [-(1 - eps) * math.log(1 / (1 + math.exp(-beta * d))) - eps * math.log(1 / (1 + math.exp(beta * d)))
+            for d in deltas]  # fmt: skip
+    assert losses.tolist() == pytest.approx(want, rel=1e-6)
+    means = mean_stats(stats)
+    assert means["rewards_chosen"] == pytest.approx(beta * ((-10 + 11) + (-7 + 6)) / 2)
+    assert means["rewards_accuracy"] == 0.5 and means["ref_logps_rejected"] == -8.5
+    same = dpo.pair_losses(logps, lengths, logps.double())[0]  # the policy is its reference: ln 2 (eps aside)
+    assert same.tolist() == pytest.approx([math.log(2)] * 2)
+    simpo = PreferenceLoss(PreferenceObjective(name="simpo", beta=2.0, gamma=0.5))
+    losses, _ = simpo.pair_losses(logps, lengths, torch.full((4,), float("nan"), dtype=torch.float64))
+    d = (-10 / 4 - -12 / 6) - 0.5 / 2.0
+    assert losses[0].item() == pytest.approx(-math.log(1 / (1 + math.exp(-2.0 * d))), rel=1e-6)
+    assert PreferenceLoss.count(torch.zeros(6, 9)).item() == 3
+
+
+def test_dpo_loss_and_rewards_equal_trls_dpo_trainer(tokenizer, tmp_path):
+    """The same pairs, policy and reference: TRL's DPOTrainer (fp32, its own tokenization, its reference forward)
+    and meshtrain's data=preference rows through the meshtrain twins of the two models and PreferenceLoss."""
+    pytest.importorskip("trl")
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import DPOConfig, DPOTrainer
+
+    from tests.hf_helpers import hf_model, meshtrain_twin
+
+    shape = {"vocab_size": VOCAB, "max_position_embeddings": 128, "num_key_value_heads": 2, "head_dim": 32}
+    policy, ref = hf_model("qwen3", seed=0, **shape), hf_model("qwen3", seed=1, **shape)
+    with torch.no_grad():  # a peaked reference: log-ratios of nats, not hundredths (rewards far from rounding)
+        ref.lm_head.weight.mul_(8.0)
+    rows = pairs(4, seed=3)
+    data = data_of(rows, tokenizer, tmp_path, global_batch_size=8)
+    data.prepare()
+    x, y = data.global_batch(0)
+    twin_policy, twin_ref = (meshtrain_twin("qwen3", m, max_seq_len=SEQ)[0] for m in (policy, ref))
+    loss_fn = PreferenceLoss(PreferenceObjective(name="dpo", beta=0.1))
+    with torch.no_grad():
+        y[:, -1] = reference_column(sequence_logps(twin_ref(x), y[:, :-1])[0])
+        ours = float(loss_fn(twin_policy(x), y)) / 4  # the sum over the batch's 4 pairs
+    means = mean_stats(loss_fn.take(torch.device("cpu")))
+
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+    args = DPOConfig(output_dir=str(tmp_path / "trl"), report_to="none", beta=0.1, use_cpu=True, bf16=False,
+                     max_length=None, per_device_train_batch_size=4)  # fmt: skip
+    trainer = DPOTrainer(model=policy, ref_model=ref, args=args, train_dataset=Dataset.from_list(rows),
+                         processing_class=tok)  # fmt: skip
+    # meshtrain's batch holds the 4 pairs in a seeded order, TRL's in file order: the means are over the same pairs
+    collated = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
+    with torch.no_grad():
+        theirs = float(trainer.compute_loss(policy, collated))
+    metrics = {k: v[-1] for k, v in trainer._metrics["eval"].items()}
+    print(f"DPO loss: meshtrain {ours:.8f}, TRL {theirs:.8f}; rewards chosen {means['rewards_chosen']:.8f} / "
+          f"{metrics['rewards/chosen']:.8f}, rejected {means['rewards_rejected']:.8f} / "
+          f"{metrics['rewards/rejected']:.8f}")  # fmt: skip
+    assert ours == pytest.approx(theirs, rel=1e-5)
+    assert means["rewards_chosen"] == pytest.approx(metrics["rewards/chosen"], rel=1e-5)
+    assert means["rewards_rejected"] == pytest.approx(metrics["rewards/rejected"], rel=1e-5)
+    assert means["rewards_accuracy"] == pytest.approx(metrics["rewards/accuracies"])
+    assert means["logps_chosen"] == pytest.approx(metrics["logps/chosen"], rel=1e-6)

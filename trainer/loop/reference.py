@@ -1,0 +1,119 @@
+"""The reference model of ``trainer.objective=dpo``: its log-probability of every sequence of the preference data,
+computed in one forward pass before the first step and stored beside the shards.
+
+The reference is the model the run starts from. With LoRA that is the base with its adapters switched off
+(``models.lora.adapters_disabled``), so the pass needs no copy and gives the same values after a resume; without
+LoRA it is the policy before its first update, so a resumed run reads the values its first attempt stored and is
+refused when they are gone. The pass runs through the run's own engine (``eval_step``: every layout, pipelines
+included), the loss in ``collect`` mode (``models/preference.py``) recording each row's log-probability against its
+sequence index, gathered from every rank. The file is named by a key of the model the values came from (its config,
+the weights' folder and files, the seed, the precision), so a second run of the same model and data reads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch.distributed as dist
+
+from models.lora import adapters_disabled
+from models.preference import PreferenceLoss
+from trainer.data.preference import SPLITS, PreferenceData
+from trainer.data.shards import DataError
+
+
+def reference_key(*, model: dict[str, Any], seed: int, precision: str, data_folder: Path) -> str:
+    """sha256 naming the reference: the model config (adapters aside: they are off), its weights' folder and files
+    (names, sizes, modification times), the seed that draws weights without one, the precision, the data."""
+    base = {k: v for k, v in model.items() if k != "lora"}
+    weights = []
+    folder = model.get("init_from")
+    if folder:
+        root = Path(str(folder)).expanduser()
+        for path in sorted(root.glob("*.safetensors*")) + [root / "config.json"]:
+            if path.is_file():
+                st = path.stat()
+                weights.append((path.name, st.st_size, st.st_mtime_ns))
+    text = json.dumps(
+        {"model": base, "weights": weights, "seed": seed, "precision": precision, "data": str(data_folder)},
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def attach_reference(*, trainer: Any, start_step: int) -> dict[str, Any] | None:
+    """Give ``trainer.data`` the reference log-probabilities (read, or computed now); None when the run's objective
+    needs none. Collective when it computes: every rank calls it."""
+    ctx, data = trainer.ctx, trainer.data
+    loss = ctx.loss_fn()
+    if not isinstance(loss, PreferenceLoss) or not loss.objective.needs_reference:
+        return None
+    if not isinstance(data, PreferenceData):
+        raise DataError(f"trainer.objective={loss.objective.name} needs data=preference")
+    model = _plain(trainer.cfg.model)
+    key = reference_key(model=model, seed=ctx.run.seed, precision=ctx.run.precision, data_folder=data.folder)
+    path = data.reference_file(key)
+    if path.is_file():
+        with np.load(path) as stored:
+            for split in SPLITS:
+                data.set_reference(split, stored[split])
+        return {"reference": "read", "reference_file": str(path)}
+    lora = bool((model.get("lora") or {}).get("rank", 0))
+    if start_step > 0 and not lora:
+        raise DataError(
+            f"{path}: the reference log-probabilities this run stored are gone and the model has trained since "
+            "(no LoRA base to switch back to); restore the file or start the run again (trainer.resume=never)"
+        )
+    values = {split: _pass(trainer, split) for split in SPLITS}
+    if ctx.is_rank0:
+        tmp = path.with_name(f"{path.stem}.tmp{os.getpid()}.npz")
+        np.savez(tmp, **values)
+        tmp.rename(path)
+    for split, logps in values.items():
+        data.set_reference(split, logps)
+    return {"reference": "adapters off" if lora else "initial weights", "reference_file": str(path)}
+
+
+def _plain(node: Any) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
+
+
+def _pass(trainer: Any, split: str) -> np.ndarray:
+    """Every sequence of ``split`` through the engine's forward (the adapters off), each row's log-probability."""
+    ctx, engine, data = trainer.ctx, trainer.engine, trainer.data
+    loss: PreferenceLoss = ctx.loss_fn()
+    loss.collect, loss.collected = True, []
+    engine.train(False)
+    try:
+        with adapters_disabled(engine.model_parts):
+            for i, (inputs, targets) in enumerate(data.reference_batches(split)):
+                x, y = engine.local_batch(ctx, inputs, targets)
+                if i == 0 and split == SPLITS[0]:  # a pipeline evaluates only after a training step (torch#162822):
+                    engine.train_step(x, y)  # the first batch takes one (a zero loss: its gradients are dropped)
+                    trainer.optimizer.zero_grad(set_to_none=True)
+                else:
+                    engine.eval_step(x, y)
+    finally:
+        loss.collect = False
+        engine.train(True)
+    mine = [(ids.numpy(), lps.numpy()) for ids, lps in loss.collected]
+    loss.collected = []
+    everyone = [mine]
+    if ctx.world_size > 1:
+        everyone = [None] * ctx.world_size
+        dist.all_gather_object(everyone, mine)
+    values = np.full(data.sequences(split), np.nan)
+    for part in everyone:
+        for ids, lps in part:
+            values[ids] = lps
+    if np.isnan(values).any():
+        raise RuntimeError(f"the reference pass left {int(np.isnan(values).sum())} {split} sequences without a value")
+    return values
