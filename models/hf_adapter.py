@@ -277,6 +277,25 @@ def over_base(cfg: Mapping[str, Any], base: Mapping[str, Any] | None) -> dict[st
     return {**{k: None for k in TOKEN_IDS}, **base, **cfg, "dtype": "float32"}
 
 
+def read_keys(call: Callable[[Mapping[str, Any]], Any], hf: Mapping[str, Any]) -> Any:
+    """``call(hf)`` (an adapter's ``model_config`` or ``training_fields``), with a config.json whose keys are missing
+    or hold another type than transformers writes refused as ``HFConfigError`` naming the key or the value."""
+    try:
+        return call(hf)
+    except HFConfigError:
+        raise
+    except KeyError as exc:
+        raise HFConfigError(
+            f"config.json has no {exc.args[0]!r}, which a {hf.get('model_type')} config.json holds; the file is "
+            "incomplete: copy or download it again"
+        ) from None
+    except (TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise HFConfigError(
+            f"config.json holds a value of another type than transformers writes ({type(exc).__name__}: {exc}); the "
+            "file is damaged: copy or download it again"
+        ) from None
+
+
 def unsupported(problems: list[str]) -> None:
     """Raise one ``HFConfigError`` listing every key a family cannot represent (nothing when there are none)."""
     if problems:

@@ -25,13 +25,29 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from models.hf_adapter import HFConfigError
 from models.lora import LoRA, merged_state
 from models.registry import spec_for
-from trainer.checkpoint.files import MARKER, CheckpointError, checkpoints_root, complete_checkpoints, read_marker
-from trainer.hf.folder import CONFIG, GENERATION_CONFIG, INDEX, MAX_SHARD_BYTES, HFFolderError, write_weights
+from trainer.checkpoint.files import (
+    MARKER,
+    CheckpointError,
+    checkpoints_root,
+    complete_checkpoints,
+    damaged_checkpoints,
+    read_marker,
+)
+from trainer.hf.folder import (
+    CONFIG,
+    COPY_AGAIN,
+    GENERATION_CONFIG,
+    INDEX,
+    MAX_SHARD_BYTES,
+    HFFolderError,
+    read_json_object,
+    write_weights,
+)
 from trainer.hf.tokenizer import TOKENIZER_FILES, reconcile, write_tokenizer
 
 #: --dtype NAME -> (torch dtype name, config.json's "dtype")
@@ -55,6 +71,11 @@ def find_checkpoint(src: str | Path) -> Path:
     found = complete_checkpoints(checkpoints_root(path))
     if found:
         return found[-1][1]
+    passed = [f"{p.name} {problem}" for p, problem in damaged_checkpoints(checkpoints_root(path))]
+    if passed:
+        raise CheckpointError(
+            f"{src}: no complete checkpoint: {'; '.join(passed)}; copy the run folder again, or export another run"
+        )
     raise ExportError(
         f"{src}: neither a checkpoint (no {MARKER}) nor a run folder with a complete checkpoint under "
         f"{checkpoints_root(path)}; give a run folder trained with trainer.checkpoint_every > 0, or a checkpoints/step_N "
@@ -62,27 +83,54 @@ def find_checkpoint(src: str | Path) -> Path:
     )
 
 
+def checkpoint_model(checkpoint: Path) -> dict[str, Any]:
+    """The model config the checkpoint's marker records (checked whole and complete first)."""
+    model = read_marker(checkpoint).get("model")
+    if not isinstance(model, dict):
+        raise CheckpointError(f"checkpoint {checkpoint}: its {MARKER} names no model; it is not a meshtrain checkpoint")
+    return model
+
+
 def run_config(checkpoint: Path) -> Any:
     """The Hydra config of the run that wrote ``checkpoint`` (``<run>/.hydra/config.yaml``), or None."""
     path = checkpoint.parent.parent / ".hydra" / "config.yaml"
-    return OmegaConf.load(path) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        cfg = OmegaConf.load(path)
+    except Exception as exc:  # noqa: BLE001 - yaml's scanner errors, OmegaConf's: the file is damaged either way
+        raise ExportError(
+            f"{path}: the run's config cannot be read ({type(exc).__name__}: {exc}); {COPY_AGAIN}"
+        ) from None
+    if not isinstance(cfg, DictConfig) or not isinstance(cfg.get("data", {}), (dict, DictConfig)):
+        raise ExportError(f"{path}: not a run's config (no data section of keys); {COPY_AGAIN}")
+    return cfg
 
 
 def full_state(checkpoint: Path) -> dict[str, Any]:
     """Every model tensor of ``checkpoint``, whole, by FQN (in the dtype it was saved in)."""
     import torch
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: named on its own
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    entries = dcp.FileSystemReader(str(checkpoint)).read_metadata().state_dict_metadata
-    state = {
-        key[len("model.") :]: torch.empty(tuple(md.size), dtype=md.properties.dtype)
-        for key, md in entries.items()
-        if key.startswith("model.") and isinstance(md, TensorStorageMetadata)
-    }
-    with warnings.catch_warnings():  # "torch.distributed is disabled ... load in a single process": intended
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.load({"model": state}, checkpoint_id=str(checkpoint), no_dist=True)
+    from trainer.checkpoint.checkpointer import dcp_failure, read_dcp_metadata
+
+    entries = read_dcp_metadata(checkpoint).state_dict_metadata
+    try:
+        state = {
+            key[len("model.") :]: torch.empty(tuple(md.size), dtype=md.properties.dtype)
+            for key, md in entries.items()
+            if key.startswith("model.") and isinstance(md, TensorStorageMetadata)
+        }
+        with warnings.catch_warnings():  # "torch.distributed is disabled ... load in a single process": intended
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load({"model": state}, checkpoint_id=str(checkpoint), no_dist=True)
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - unpickling, a missing file: all one answer
+        raise CheckpointError(
+            f"checkpoint {checkpoint}: its torch.distributed.checkpoint files (*.distcp) cannot be read "
+            f"({dcp_failure(exc)}); export an earlier checkpoint, or copy the folder again"
+        ) from None
     return state
 
 
@@ -90,7 +138,7 @@ def starting_config(model: dict[str, Any], name: str) -> dict[str, Any] | None:
     """A JSON file of the folder the run started from (``model.init_from``), when it is still there."""
     start = model.get("init_from")
     path = Path(str(start)).expanduser() / name if start else None
-    return json.loads(path.read_text()) if path is not None and path.is_file() else None
+    return read_json_object(path, error=ExportError) if path is not None and path.is_file() else None
 
 
 def prepare_target(out: str | Path, *, overwrite: bool) -> Path:
@@ -135,12 +183,18 @@ def export(
     if dtype not in DTYPES:
         raise ExportError(f"--dtype {dtype}: not one of {', '.join(DTYPES)}")
     checkpoint = find_checkpoint(src)
-    model = read_marker(checkpoint)["model"]
+    model = checkpoint_model(checkpoint)
     adapter = spec_for(model).hf_adapter_obj()
     lora = LoRA.of(model)
     if lora is not None and not merge:
         return export_adapters(checkpoint, model, out, lora=lora, dtype=dtype, overwrite=overwrite, log=log)
-    config = adapter.hf_config(model, base=starting_config(model, CONFIG))
+    try:
+        config = adapter.hf_config(model, base=starting_config(model, CONFIG))
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError(
+            f"checkpoint {checkpoint}: the model its {MARKER} describes lacks or mistypes {exc} (an edited marker); "
+            "export an earlier checkpoint"
+        ) from None
     config["dtype"] = DTYPES[dtype][1]
     target = prepare_target(out, overwrite=overwrite)
     cast = getattr(torch, DTYPES[dtype][0])

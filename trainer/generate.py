@@ -18,9 +18,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from trainer.checkpoint.files import CheckpointError, read_marker
-from trainer.export import ExportError, find_checkpoint, full_state, run_config
-from trainer.hf.tokenizer import TOKENIZER, write_tokenizer
+from trainer.checkpoint.files import MARKER, CheckpointError
+from trainer.export import ExportError, checkpoint_model, find_checkpoint, full_state, run_config
+from trainer.hf.tokenizer import TOKENIZER, read_tokenizer, write_tokenizer
 
 
 def load_model(checkpoint: Path) -> tuple[Any, dict[str, Any]]:
@@ -30,17 +30,22 @@ def load_model(checkpoint: Path) -> tuple[Any, dict[str, Any]]:
 
     from models.spec import builder_kwargs
 
-    model_cfg = read_marker(checkpoint)["model"]
-    with torch.device("cpu"):
-        model = instantiate(builder_kwargs(model_cfg))
-    model.load_state_dict(full_state(checkpoint))
+    model_cfg = checkpoint_model(checkpoint)
+    state = full_state(checkpoint)
+    try:
+        with torch.device("cpu"):
+            model = instantiate(builder_kwargs(model_cfg))
+        model.load_state_dict(state)
+    except Exception as exc:  # noqa: BLE001 - Hydra's InstantiationException, load_state_dict's RuntimeError
+        raise CheckpointError(
+            f"checkpoint {checkpoint}: its weights do not build the model its {MARKER} describes "
+            f"({type(exc).__name__}: {str(exc)[:300]}); an edited marker: use an earlier checkpoint"
+        ) from None
     return model.eval(), model_cfg
 
 
 def run_tokenizer(checkpoint: Path, model_cfg: dict[str, Any]) -> tuple[Any, int | None]:
     """The tokenizer the run's data was encoded with and its end-of-text id (None: it names none)."""
-    from tokenizers import Tokenizer
-
     run = run_config(checkpoint)
     with tempfile.TemporaryDirectory() as folder:
         info = write_tokenizer(Path(folder), data=run.data if run is not None else None, model=model_cfg)
@@ -51,7 +56,7 @@ def run_tokenizer(checkpoint: Path, model_cfg: dict[str, Any]) -> tuple[Any, int
             )
         # the byte vocabulary names none: its export's stand-in (NUL), where generate stops too
         eos = info["eos_token_id"] if info["eos_token_id"] is not None else info.get("default_eos")
-        return Tokenizer.from_file(str(Path(folder) / TOKENIZER)), eos
+        return read_tokenizer(Path(folder) / TOKENIZER), eos
 
 
 def greedy(model: Any, ids: list[int], *, max_new_tokens: int, context: int, eos: int | None) -> list[int]:

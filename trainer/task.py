@@ -130,11 +130,16 @@ def check_resume(cfg: DictConfig, run_dir: Path) -> None:
     from trainer.checkpoint.files import check_model_matches, read_marker, resolve_resume
 
     resume = str(cfg.trainer.resume)
-    if resume in ("auto", "never"):
+    if resume == "never":
         return
     path = resolve_resume(resume, run_dir)
+    if path is None:  # auto, nothing saved yet
+        return
     meta = read_marker(path)
     check_model_matches(meta, resolved_container(cfg.model), path)
+    from trainer.checkpoint.checkpointer import read_dcp_metadata
+
+    read_dcp_metadata(path)
 
 
 def dry_run_layout(cfg: DictConfig, layout, *, run_dir: Path) -> dict:

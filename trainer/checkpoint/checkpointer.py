@@ -39,6 +39,27 @@ from trainer.checkpoint.files import (
 from trainer.observe.durable import write_json
 
 
+def dcp_failure(exc: BaseException) -> str:
+    """One line saying why DCP failed: a ``CheckpointException``'s first rank's own error (its text holds every
+    rank's traceback), else the error itself."""
+    if isinstance(exc, CheckpointException) and exc.failures:
+        rank, (exc, _) = next(iter(exc.failures.items()))
+    lines = str(exc).strip().splitlines() or [""]
+    return f"{type(exc).__name__}: {lines[-1][:300]}"
+
+
+def read_dcp_metadata(path: Path) -> Any:
+    """The ``.metadata`` of a checkpoint's DCP files (what each tensor is and which file holds it), read before any
+    worker loads it: one that does not unpickle (damaged in place, its size unchanged) is refused naming it."""
+    try:
+        return dcp.FileSystemReader(str(path)).read_metadata()
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - unpickling, a missing file: one answer
+        raise CheckpointError(
+            f"checkpoint {path}: its {Path(path) / '.metadata'} cannot be read ({dcp_failure(exc)}); resume from or "
+            "export an earlier checkpoint, or copy the folder again"
+        ) from None
+
+
 def state_view(parts: list[nn.Module]) -> nn.Module:
     """One module holding this rank's parts under their original names (no copies, no prefixes).
 
@@ -274,11 +295,8 @@ class Checkpointer:
         state, optim_sd = self._state()
         try:
             dcp.load(state, checkpoint_id=str(path))
-        except Exception as exc:  # noqa: BLE001 - DCP raises many kinds; the path and cause matter
-            raise CheckpointError(
-                f"checkpoint {path} cannot be loaded into this model: {type(exc).__name__}: "
-                f"{str(exc).splitlines()[0][:300]}"
-            ) from None
+        except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP raises many kinds; path and cause matter
+            raise CheckpointError(f"checkpoint {path} cannot be loaded into this model: {dcp_failure(exc)}") from None
         set_state_dict(
             self.view,
             self.optimizer,

@@ -49,6 +49,22 @@ def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
     Complete: its marker is there and whole, and every file it lists has the size it records. One whose
     marker is torn or whose files were cut short (a damaged copy, a disk that filled) is passed over with one
     warning, so ``trainer.resume=auto`` continues from the newest checkpoint that can be loaded."""
+    out = []
+    for step, p, problem in _marked(root):
+        if problem:
+            warn_torn(p / MARKER, None, f"checkpoint {p.name} {problem}: skipped")
+            continue
+        out.append((step, p))
+    return sorted(out)
+
+
+def damaged_checkpoints(root: Path) -> list[tuple[Path, str]]:
+    """(path, what is wrong) of each checkpoint under ``root`` whose marker is there but that cannot be loaded."""
+    return [(p, problem) for _, p, problem in sorted(_marked(root)) if problem]
+
+
+def _marked(root: Path) -> list[tuple[int, Path, str | None]]:
+    """(step, path, problem or None) of every ``step_N`` folder under ``root`` that has a marker."""
     if not root.is_dir():
         return []
     out = []
@@ -58,12 +74,8 @@ def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
                 step = int(p.name[len(PREFIX) :])
             except ValueError:
                 continue
-            _, problem = _marker_and_problem(p)
-            if problem:
-                warn_torn(p / MARKER, None, f"checkpoint {p.name} {problem}: skipped")
-                continue
-            out.append((step, p))
-    return sorted(out)
+            out.append((step, p, _marker_and_problem(p)[1]))
+    return out
 
 
 def _marker_and_problem(path: Path) -> tuple[dict[str, Any], str | None]:
@@ -73,6 +85,9 @@ def _marker_and_problem(path: Path) -> tuple[dict[str, Any], str | None]:
         return {}, f"has a marker {MARKER} that is {why}"
     if not isinstance(meta, dict):
         return {}, f"has a marker {MARKER} that is not a JSON object"
+    for key, kind in (("files", dict), ("model", dict), ("step", int), ("scheduler", dict)):
+        if key in meta and not isinstance(meta[key], kind):
+            return {}, f"has a marker {MARKER} whose {key!r} is {meta[key]!r}, not a {kind.__name__} (an edited file)"
     for name, size in (meta.get("files") or {}).items():
         f = path / name
         if not f.is_file():
@@ -112,8 +127,19 @@ def read_marker(path: Path) -> dict[str, Any]:
     return meta
 
 
+#: what a marker must hold for a run to resume from it (the checkpointer writes each)
+RESUME_KEYS = ("step", "model", "scheduler")
+
+
 def check_model_matches(meta: dict[str, Any], model_cfg: dict[str, Any], path: Path) -> None:
-    saved = meta.get("model", {})
+    """The marker holds what resuming reads, and was written for a model of this run's shape."""
+    missing = [k for k in RESUME_KEYS if k not in meta]
+    if missing:
+        raise CheckpointError(
+            f"checkpoint {path}: its {MARKER} has no {', '.join(missing)} (an edited or foreign marker); resume from "
+            "an earlier checkpoint or use trainer.resume=never"
+        )
+    saved = meta["model"]
     diffs = [
         f"model.{k}: checkpoint {saved.get(k)!r} vs this run {model_cfg.get(k)!r}"
         for k in MODEL_KEYS

@@ -34,6 +34,7 @@ import numpy as np
 
 from trainer.data.packing import PACKINGS, assemble, fill_rows
 from trainer.data.shards import DataError
+from trainer.hf.folder import COPY_AGAIN, read_json_object
 
 FORMAT = "meshtrain-chat-shards"
 VERSION = 1
@@ -44,6 +45,8 @@ ROLES = ("system", "user", "assistant")
 SHOWN_PROBLEMS = 10
 #: files of a tokenizer folder that decide how a conversation is tokenized (part of the fingerprint)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+#: the conversation a tokenizer's chat template must render before any file is prepared with it
+SAMPLE = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]
 
 
 def input_files(path: Path) -> list[Path]:
@@ -62,11 +65,16 @@ def read_conversations(files: list[Path]) -> tuple[list[tuple[str, list[dict]]],
     """(``file:line``, messages) of every conversation, and the problems found (each naming its file and line)."""
     found, problems = [], []
     for path in files:
-        with open(path, encoding="utf-8") as f:
-            for number, line in enumerate(f, start=1):
+        with open(path, "rb") as f:
+            for number, raw in enumerate(f, start=1):
+                where = f"{path}:{number}"
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    problems.append(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8")
+                    continue
                 if not line.strip():
                     continue
-                where = f"{path}:{number}"
                 problem, messages = _conversation(line)
                 if problem:
                     problems.append(f"{where}: {problem}")
@@ -100,16 +108,31 @@ def load_tokenizer(folder: Path) -> Any:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoTokenizer
 
+    for name in TOKENIZER_FILES:  # a damaged JSON file named by itself, not by transformers' message
+        if name.endswith(".json") and (folder / name).is_file():
+            read_json_object(folder / name, error=DataError)
+    present = ", ".join(n for n in TOKENIZER_FILES if (folder / n).is_file()) or "none of its files"
     try:
         tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise DataError(f"data.tokenizer={folder}: no tokenizer transformers can load ({exc})") from None
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises plain Exceptions; any loader error names the folder
+        raise DataError(
+            f"data.tokenizer={folder}: no tokenizer transformers can load from its {present} "
+            f"({type(exc).__name__}: {exc}); {COPY_AGAIN}"
+        ) from None
     if not getattr(tok, "chat_template", None):
         raise DataError(
             f"data.tokenizer={folder}: its tokenizer has no chat template (tokenizer_config.json 'chat_template' or "
             "chat_template.jinja); data=chat renders conversations with the model's own template: start from a "
             "folder that has one, or add it there"
         )
+    try:
+        tok.apply_chat_template(SAMPLE, tokenize=False)
+    except Exception as exc:  # noqa: BLE001 - jinja2's TemplateError and what the template raises itself
+        raise DataError(
+            f"data.tokenizer={folder}: its chat template (chat_template.jinja, or tokenizer_config.json's "
+            f"'chat_template') does not render a user turn and a reply ({type(exc).__name__}: {exc}); fix the "
+            "template, or copy the folder again"
+        ) from None
     return tok
 
 
@@ -157,8 +180,10 @@ def prepare_chat(
     for where, messages in conversations:
         try:
             ids, flags = tokenize(tok, messages)
-        except ValueError as exc:
-            problems.append(f"{where}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - the template's own errors (raise_exception) name the conversation
+            problems.append(
+                f"{where}: {exc}" if isinstance(exc, ValueError) else f"{where}: the chat template fails ({exc})"
+            )
             continue
         if len(ids) > seq_len + 1:
             problems.append(
@@ -303,7 +328,7 @@ class ChatData:
             if required:
                 raise DataError(f"{self.folder}: no {METADATA}; the chat data was not prepared (prepare() first)")
             return None
-        meta = json.loads(path.read_text())
+        meta = read_json_object(path, error=DataError, fix="remove the folder and run again")
         if meta.get("format") != FORMAT or meta.get("version") != VERSION:
             return None if not required else _refuse(path)
         return meta

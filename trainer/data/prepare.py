@@ -48,7 +48,9 @@ from trainer.data.shards import (  # noqa: E402
     read_metadata,
     sha256_file,
 )
-from trainer.observe.durable import write_bytes_atomic
+from trainer.hf.folder import read_json_object  # noqa: E402
+from trainer.hf.tokenizer import read_tokenizer  # noqa: E402
+from trainer.observe.durable import write_bytes_atomic  # noqa: E402
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text", ".py")
 JSON_SUFFIXES = (".jsonl", ".json")
@@ -112,7 +114,11 @@ def load_documents(files: list[Path], *, text_field: str, sample_by: str, cache_
         try:
             ds = datasets.load_dataset(kind, data_files=[str(f)], split="train", cache_dir=str(cache_dir), **kwargs)
         except Exception as exc:  # noqa: BLE001 - any reader error names the file
-            raise PrepareError(f"{f}: cannot be read as {kind} ({type(exc).__name__}: {exc})") from None
+            cause = exc
+            while cause.__cause__ is not None:  # datasets wraps the reader's own error ("An error occurred ...")
+                cause = cause.__cause__
+            why = f"{type(cause).__name__}: {str(cause)[:300]}"
+            raise PrepareError(f"{f}: cannot be read as {kind} ({why}); fix or remove the file") from None
         column = "text" if kind == "text" else text_field
         if column not in ds.column_names:
             raise PrepareError(f"{f}: no '{text_field}' column (it has {ds.column_names}); set --text-field")
@@ -182,18 +188,16 @@ def hf_eos_token(tok_file: Path) -> str | None:
     ``tokenizer_config.json`` names, else the token of the ``eos_token_id`` its ``config.json`` or
     ``generation_config.json`` gives (a folder that says it only there needs no ``--eos-token``)."""
     config = tok_file.parent / "tokenizer_config.json"
-    eos = json.loads(config.read_text()).get("eos_token") if config.is_file() else None
+    eos = read_json_object(config, error=PrepareError).get("eos_token") if config.is_file() else None
     eos = eos.get("content") if isinstance(eos, dict) else eos
     if eos:
         return eos
     for name in ("config.json", "generation_config.json"):
         path = tok_file.parent / name
-        given = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
+        given = read_json_object(path, error=PrepareError).get("eos_token_id") if path.is_file() else None
         given = given[0] if isinstance(given, list) and given else given
         if isinstance(given, int):
-            from tokenizers import Tokenizer
-
-            return Tokenizer.from_file(str(tok_file)).id_to_token(given)
+            return read_tokenizer(tok_file, error=PrepareError).id_to_token(given)
     return None
 
 
@@ -371,10 +375,8 @@ def _tokenize_and_write(
     n_val = int(is_val.sum())
     log(f"{len(files)} files, {len(docs)} documents: {len(docs) - n_val} train, {n_val} validation")
 
-    from tokenizers import Tokenizer
-
     if tok_file is not None:
-        tok = Tokenizer.from_file(str(tok_file))
+        tok = read_tokenizer(tok_file, error=PrepareError)
         source = str(tok_file)
     else:
         log(f"training a byte-level BPE of {vocab_size} tokens on the train documents")

@@ -90,8 +90,8 @@ def read_metadata(folder: Path) -> dict[str, Any]:
             f"run `python -m trainer.data.prepare --input <your files> --output {folder}`"
         )
     try:
-        meta = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+        meta = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:  # JSONDecodeError, UnicodeDecodeError
         raise DataError(f"{path} cannot be read as JSON ({exc}); prepare the dataset again") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise DataError(f"{path} is not a {FORMAT} metadata file; prepare the dataset again")
@@ -102,7 +102,34 @@ def read_metadata(folder: Path) -> dict[str, Any]:
             raise DataError(f"{path}: key '{key}' missing; prepare the dataset again")
     if meta["dtype"] not in ("uint16", "uint32"):
         raise DataError(f"{path}: dtype {meta['dtype']!r}; expected uint16 or uint32")
+    problem = layout_problem(meta)
+    if problem:
+        raise DataError(f"{path}: {problem}; the file was edited or damaged: prepare the dataset again")
     return meta
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def layout_problem(meta: dict[str, Any]) -> str | None:
+    """What in a metadata file's tokenizer and splits a reader could not use (None: nothing)."""
+    tok = meta["tokenizer"]
+    if not isinstance(tok, dict) or not isinstance(tok.get("file"), str):
+        return f"'tokenizer' is {tok!r}, not an object naming its file"
+    for key in ("vocab_size", "eos_id"):
+        if not _count(tok.get(key)):
+            return f"tokenizer {key} is {tok.get(key)!r}, not a count"
+    splits = meta["splits"]
+    if not isinstance(splits, dict):
+        return f"'splits' is {splits!r}, not an object of splits"
+    for split, entry in splits.items():
+        if not isinstance(entry, dict) or not _count(entry.get("tokens")) or not isinstance(entry.get("shards"), list):
+            return f"split {split!r} is {entry!r}, not {{'tokens': N, 'shards': [...]}}"
+        for shard in entry["shards"]:
+            if not isinstance(shard, dict) or not isinstance(shard.get("file"), str) or not _count(shard.get("tokens")):
+                return f"a shard of split {split!r} is {shard!r}, not {{'file': NAME, 'tokens': N}}"
+    return None
 
 
 def check_shards(folder: Path, meta: dict[str, Any]) -> None:

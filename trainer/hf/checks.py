@@ -14,10 +14,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from models.hf_adapter import HFConfigError
+from models.hf_adapter import HFConfigError, read_keys
 from models.registry import spec_for
 from models.spec import hydra_schema
-from trainer.hf.folder import HFFolder
+from trainer.hf.folder import FLOAT_DTYPES, HFFolder
 
 #: names listed in one message before "and N more"
 SHOWN = 6
@@ -29,9 +29,15 @@ def check_init_from(cfg: DictConfig, layout: Any, f: Any) -> None:
     if cfg.model.get("init_from") and not f.problems:
         for problem in init_from_problems(cfg):
             f.error(problem)
-        if not f.problems:
-            for note in training_field_notes(cfg):
-                f.warn(note)
+        if f.problems:
+            return
+        try:
+            notes = training_field_notes(cfg)
+        except ValueError as exc:  # HFConfigError, HFFolderError: config.json's dropout keys of another type
+            f.error(f"model.init_from={cfg.model.init_from}: {exc}")
+            return
+        for note in notes:
+            f.warn(note)
 
 
 def training_field_notes(cfg: DictConfig) -> list[str]:
@@ -39,7 +45,7 @@ def training_field_notes(cfg: DictConfig) -> list[str]:
     each, as the weights still load (the base's dropout is not the run's business to refuse)."""
     start = str(cfg.model.init_from)
     adapter = spec_for(cfg.model).hf_adapter_obj()
-    carried, notes = adapter.training_fields(HFFolder(start).config())
+    carried, notes = read_keys(adapter.training_fields, HFFolder(start).config())
     for key, theirs in carried.items():
         mine = cfg.model.get(key)
         if not _same(mine, theirs):
@@ -56,7 +62,7 @@ def init_from_problems(cfg: DictConfig) -> list[str]:
     try:
         adapter = spec.hf_adapter_obj()
         folder = HFFolder(start)
-        want = adapter.model_config(folder.config())
+        want = read_keys(adapter.model_config, folder.config())
     except ValueError as exc:  # HFConfigError, HFFolderError, a family without an adapter
         return [f"model.init_from={start}: {exc}"]
     model = OmegaConf.to_container(cfg.model, resolve=True)
@@ -155,4 +161,11 @@ def tensor_problems(folder: HFFolder, adapter: Any, model_cfg: DictConfig, start
         )
     if wrong:
         out.append(f"{where}: {len(wrong)} tensor(s) of another shape than this model's: {_names(wrong)}")
+    stored_as = {k: folder.tensors[at] for k, at in located.items() if at}
+    not_float = [f"{k} ({t.dtype}, in {t.file.name})" for k, t in stored_as.items() if t.dtype not in FLOAT_DTYPES]
+    if not_float:
+        out.append(
+            f"{where}: {len(not_float)} tensor(s) stored in a dtype that is not a float one ({', '.join(FLOAT_DTYPES)}): "
+            f"{_names(not_float)} (a damaged header, or a quantized checkpoint: give the folder of the float model)"
+        )
     return out

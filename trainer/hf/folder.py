@@ -11,6 +11,7 @@ size limit, as ``save_pretrained`` writes them.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,32 @@ class HFFolderError(ValueError):
     """Not a readable Hugging Face model folder; the message names the path and what it should hold."""
 
 
+#: the fix for a file of a user's folder that is damaged or cut short
+COPY_AGAIN = "the file is damaged or its copy incomplete: copy or download the folder again"
+#: what a safetensors header entry holds (besides ``__metadata__``)
+ENTRY_KEYS = {"dtype": str, "shape": list, "data_offsets": list}
+#: bytes per element of the common safetensors dtypes (by their names in the header)
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
+DTYPE_BYTES.update({"I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1})
+#: the stored dtypes a model's weights may have: float ones, cast on reading
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
+
+
+def read_json_object(path: Path, *, error: type[ValueError] = HFFolderError, fix: str = COPY_AGAIN) -> dict[str, Any]:
+    """The JSON object a file of a user's folder holds (config.json, an index, a tokenizer's configs). A file that
+    is empty, cut short, not JSON, not UTF-8 or not an object is refused with ``error``, naming the file."""
+    try:
+        value = json.loads(Path(path).read_bytes())
+    except OSError as exc:
+        raise error(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        what = "empty" if not Path(path).stat().st_size else f"not valid JSON ({exc})"
+        raise error(f"{path}: {what}; {fix}") from None
+    if not isinstance(value, dict):
+        raise error(f"{path}: holds a JSON {type(value).__name__}, not the object (a {{...}} mapping) it should; {fix}")
+    return value
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     file: Path
@@ -38,21 +65,54 @@ class TensorInfo:
 def read_header(path: Path) -> dict[str, Any]:
     """The JSON header of a safetensors file (8-byte little-endian length, then the JSON), checked against the
     file's size: a file shorter than its header says (a copy cut short) is refused here, not in a worker's read."""
+    size = path.stat().st_size
     try:
         with open(path, "rb") as f:
             (length,) = struct.unpack("<Q", f.read(8))
+            if length > size - 8:
+                raise HFFolderError(
+                    f"{path}: truncated: its header says {length} bytes of JSON but the file has {size}; {COPY_AGAIN}"
+                )
             header = json.loads(f.read(length))
     except (OSError, struct.error, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise HFFolderError(f"{path}: not a readable safetensors file ({type(exc).__name__}: {exc})") from None
+        raise HFFolderError(
+            f"{path}: not a readable safetensors file ({type(exc).__name__}: {exc}); {COPY_AGAIN}"
+        ) from None
+    problem = header_problem(header)
+    if problem:
+        raise HFFolderError(f"{path}: not a safetensors header: {problem}; {COPY_AGAIN}")
     ends = [info["data_offsets"][1] for key, info in header.items() if key != "__metadata__"]
     need = 8 + length + max(ends, default=0)
-    size = path.stat().st_size
     if size < need:
         raise HFFolderError(
             f"{path}: truncated: its header describes {need} bytes of tensors but the file has {size}; the copy is "
             "incomplete: copy or download it again"
         )
     return header
+
+
+def header_problem(header: Any) -> str | None:
+    """What makes a parsed safetensors header unusable (None: nothing): each tensor's entry must hold a dtype name,
+    a shape of sizes and two data offsets."""
+    if not isinstance(header, dict):
+        return f"a JSON {type(header).__name__}, not an object"
+    for key, info in header.items():
+        if key == "__metadata__":
+            continue
+        if not isinstance(info, dict) or any(not isinstance(info.get(k), t) for k, t in ENTRY_KEYS.items()):
+            return f"the entry of {key} is {info!r}, not {{'dtype': ..., 'shape': [...], 'data_offsets': [begin, end]}}"
+        numbers = [*info["shape"], *info["data_offsets"]]
+        if len(info["data_offsets"]) != 2 or any(not isinstance(n, int) or n < 0 for n in numbers):
+            return (
+                f"{key} has shape {info['shape']} and data_offsets {info['data_offsets']}, not sizes and [begin, end]"
+            )
+        begin, end = info["data_offsets"]
+        want = math.prod(info["shape"]) * DTYPE_BYTES.get(info["dtype"], 0)
+        if info["dtype"] in DTYPE_BYTES and end - begin != want:  # another dtype: the float check names a weight's
+            return (
+                f"{key}: {end - begin} bytes between its data_offsets, but a {info['dtype']} {info['shape']} has {want}"
+            )
+    return None
 
 
 class HFFolder:
@@ -69,7 +129,7 @@ class HFFolder:
 
     def _tensors(self, what: str, hint: str) -> dict[str, TensorInfo]:
         if (self.path / INDEX).is_file():
-            weight_map = json.loads((self.path / INDEX).read_text())["weight_map"]
+            weight_map = self._weight_map(what)
             files = sorted(set(weight_map.values()))
         elif (self.path / WEIGHTS).is_file():
             files = [WEIGHTS]
@@ -99,6 +159,17 @@ class HFFolder:
             self._check_index(weight_map, out, what)
         return out
 
+    def _weight_map(self, what: str) -> dict[str, str]:
+        """The index's ``weight_map`` (tensor name -> shard file name), refused when it is not one."""
+        index = read_json_object(self.path / INDEX)
+        weight_map = index.get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise HFFolderError(
+                f"{what}={self.path}: {INDEX} has no weight_map of tensor names to shard files (it has "
+                f"{sorted(index)[:6]}); {COPY_AGAIN}"
+            )
+        return weight_map
+
     def _check_index(self, weight_map: dict[str, str], found: dict[str, TensorInfo], what: str) -> None:
         """The index and the shards agree: every tensor it maps is in the shard it names, and no shard in the
         folder is left out of it (an index from another save beside these shards)."""
@@ -118,7 +189,7 @@ class HFFolder:
             )
 
     def config(self) -> dict[str, Any]:
-        return json.loads((self.path / CONFIG).read_text())
+        return read_json_object(self.path / CONFIG)
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {key: info.shape for key, info in self.tensors.items()}

@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from models.hf_adapter import HFConfigError
+from models.hf_adapter import HFConfigError, read_keys
 from models.registry import REGISTRY
 from models.spec import hydra_schema
 from trainer.hf.folder import HFFolder, HFFolderError
@@ -85,10 +85,10 @@ def adopt(cfg: DictConfig, *, overrides: list[str]) -> list[str]:
         )
     adapter = spec.hf_adapter_obj()
     try:
-        sizes = adapter.model_config(hf)
+        sizes = read_keys(adapter.model_config, hf)
+        carried, notes = read_keys(adapter.training_fields, hf)
     except HFConfigError as exc:
         raise InitFromError(f"model.init_from={start}: {exc}") from None
-    carried, notes = adapter.training_fields(hf)
     previous = cfg.model
     model = OmegaConf.structured(hydra_schema(spec.config))  # the mutable twin Hydra composes
     values = {"name": Path(start).expanduser().name or spec.family, "init_from": start, **sizes, **carried}

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.data.shards import read_metadata
+from trainer.hf.folder import COPY_AGAIN, HFFolderError, read_json_object
 
 TOKENIZER = "tokenizer.json"
 #: what a Hugging Face folder may carry beside tokenizer.json to describe it
@@ -88,11 +89,19 @@ def write_tokenizer(out: Path, *, data: Any, model: Any) -> dict[str, Any] | Non
     return None
 
 
-def same_tokenizer(a: Path, b: Path) -> bool:
-    """Whether two tokenizer.json files hold one tokenizer (prepare re-serialises the one it was given)."""
+def read_tokenizer(path: Path, *, error: type[ValueError] = HFFolderError):
+    """The ``tokenizers.Tokenizer`` of a tokenizer.json; a file it cannot load is refused with ``error``, naming it."""
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_file(str(a)).to_str() == Tokenizer.from_file(str(b)).to_str()
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises plain Exceptions for every malformed file
+        raise error(f"{path}: not a tokenizer the tokenizers library loads ({exc}); {COPY_AGAIN}") from None
+
+
+def same_tokenizer(a: Path, b: Path) -> bool:
+    """Whether two tokenizer.json files hold one tokenizer (prepare re-serialises the one it was given)."""
+    return read_tokenizer(a).to_str() == read_tokenizer(b).to_str()
 
 
 def _prepared(out: Path, folder: Path, *, max_length: int) -> dict[str, Any]:
@@ -106,7 +115,7 @@ def _prepared(out: Path, folder: Path, *, max_length: int) -> dict[str, Any]:
         if copied:
             return {"source": str(origin.parent), "eos_token_id": int(tok["eos_id"])}
     (out / COMPANIONS[0]).write_text(
-        json.dumps(tokenizer_config(max_length=max_length, eos=tok["eos_token"]), indent=2)
+        json.dumps(tokenizer_config(max_length=max_length, eos=tok.get("eos_token")), indent=2)
     )
     return {"source": f"{folder} ({tok.get('source')})", "eos_token_id": int(tok["eos_id"])}
 
@@ -127,11 +136,9 @@ def reconcile(
     with it). ``default_eos``: the id standing for end-of-text when neither names one (the byte vocabulary has
     none; NUL, id 0, which text does not hold, stands in, since lm-eval and ``generate`` need one). Returns the
     ids by role (``bos_token_id``...)."""
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(out / TOKENIZER))
+    tok = read_tokenizer(out / TOKENIZER)
     path = out / TOKENIZER_CONFIG
-    tcfg = json.loads(path.read_text()) if path.is_file() else {"tokenizer_class": "PreTrainedTokenizerFast"}
+    tcfg = read_json_object(path) if path.is_file() else {"tokenizer_class": "PreTrainedTokenizerFast"}
     ids: dict[str, int | None] = {}
     for role in ROLES:
         named = _token(tcfg.get(f"{role}_token"))
@@ -156,7 +163,7 @@ def reconcile(
     path.write_text(json.dumps(tcfg, indent=2, ensure_ascii=False) + "\n")
     specials = out / COMPANIONS[1]
     if specials.is_file():  # transformers reads its roles too: the same ones
-        roles = {k: v for k, v in json.loads(specials.read_text()).items() if k not in {f"{r}_token" for r in ROLES}}
+        roles = {k: v for k, v in read_json_object(specials).items() if k not in {f"{r}_token" for r in ROLES}}
         roles.update({f"{r}_token": tcfg[f"{r}_token"] for r in ROLES if f"{r}_token" in tcfg})
         specials.write_text(json.dumps(roles, indent=2, ensure_ascii=False) + "\n")
     config.update(ids)
@@ -168,5 +175,5 @@ def chat_template(folder: Path) -> str | None:
     if (folder / COMPANIONS[2]).is_file():
         return (folder / COMPANIONS[2]).read_text()
     cfg = folder / TOKENIZER_CONFIG
-    template = json.loads(cfg.read_text()).get("chat_template") if cfg.is_file() else None
+    template = read_json_object(cfg).get("chat_template") if cfg.is_file() else None
     return template if isinstance(template, str) else None
