@@ -38,14 +38,13 @@ from trainer.checkpoint.files import (
     damaged_checkpoints,
     read_marker,
 )
+from trainer.data.user_files import COPY_AGAIN, read_json_object
 from trainer.hf.folder import (
     CONFIG,
-    COPY_AGAIN,
     GENERATION_CONFIG,
     INDEX,
     MAX_SHARD_BYTES,
     HFFolderError,
-    read_json_object,
     write_weights,
 )
 from trainer.hf.tokenizer import TOKENIZER_FILES, reconcile, write_tokenizer

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from trainer.checkpoint.files import MARKER, CheckpointError
+from trainer.data.user_files import read_tokenizer
 from trainer.export import ExportError, checkpoint_model, find_checkpoint, full_state, run_config
-from trainer.hf.tokenizer import TOKENIZER, read_tokenizer, write_tokenizer
+from trainer.hf.tokenizer import TOKENIZER, write_tokenizer
 
 
 def load_model(checkpoint: Path) -> tuple[Any, dict[str, Any]]:
@@ -56,7 +57,7 @@ def run_tokenizer(checkpoint: Path, model_cfg: dict[str, Any]) -> tuple[Any, int
             )
         # the byte vocabulary names none: its export's stand-in (NUL), where generate stops too
         eos = info["eos_token_id"] if info["eos_token_id"] is not None else info.get("default_eos")
-        return read_tokenizer(Path(folder) / TOKENIZER), eos
+        return read_tokenizer(Path(folder) / TOKENIZER, error=ExportError), eos
 
 
 def greedy(model: Any, ids: list[int], *, max_new_tokens: int, context: int, eos: int | None) -> list[int]:

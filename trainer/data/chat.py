@@ -34,7 +34,7 @@ import numpy as np
 
 from trainer.data.packing import PACKINGS, assemble, fill_rows
 from trainer.data.shards import DataError
-from trainer.hf.folder import COPY_AGAIN, read_json_object
+from trainer.data.user_files import COPY_AGAIN, read_json_object
 
 FORMAT = "meshtrain-chat-shards"
 VERSION = 1

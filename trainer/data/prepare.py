@@ -48,8 +48,7 @@ from trainer.data.shards import (  # noqa: E402
     read_metadata,
     sha256_file,
 )
-from trainer.hf.folder import read_json_object  # noqa: E402
-from trainer.hf.tokenizer import read_tokenizer  # noqa: E402
+from trainer.data.user_files import read_json_object, read_tokenizer  # noqa: E402
 from trainer.observe.durable import write_bytes_atomic  # noqa: E402
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text", ".py")

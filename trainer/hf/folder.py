@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainer.data.user_files import COPY_AGAIN, read_json_object
+
 CONFIG = "config.json"
 GENERATION_CONFIG = "generation_config.json"
 WEIGHTS = "model.safetensors"
@@ -29,8 +31,6 @@ class HFFolderError(ValueError):
     """Not a readable Hugging Face model folder; the message names the path and what it should hold."""
 
 
-#: the fix for a file of a user's folder that is damaged or cut short
-COPY_AGAIN = "the file is damaged or its copy incomplete: copy or download the folder again"
 #: what a safetensors header entry holds (besides ``__metadata__``)
 ENTRY_KEYS = {"dtype": str, "shape": list, "data_offsets": list}
 #: bytes per element of the common safetensors dtypes (by their names in the header)
@@ -38,21 +38,6 @@ DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2":
 DTYPE_BYTES.update({"I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1})
 #: the stored dtypes a model's weights may have: float ones, cast on reading
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
-
-
-def read_json_object(path: Path, *, error: type[ValueError] = HFFolderError, fix: str = COPY_AGAIN) -> dict[str, Any]:
-    """The JSON object a file of a user's folder holds (config.json, an index, a tokenizer's configs). A file that
-    is empty, cut short, not JSON, not UTF-8 or not an object is refused with ``error``, naming the file."""
-    try:
-        value = json.loads(Path(path).read_bytes())
-    except OSError as exc:
-        raise error(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
-        what = "empty" if not Path(path).stat().st_size else f"not valid JSON ({exc})"
-        raise error(f"{path}: {what}; {fix}") from None
-    if not isinstance(value, dict):
-        raise error(f"{path}: holds a JSON {type(value).__name__}, not the object (a {{...}} mapping) it should; {fix}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -161,7 +146,7 @@ class HFFolder:
 
     def _weight_map(self, what: str) -> dict[str, str]:
         """The index's ``weight_map`` (tensor name -> shard file name), refused when it is not one."""
-        index = read_json_object(self.path / INDEX)
+        index = read_json_object(self.path / INDEX, error=HFFolderError)
         weight_map = index.get("weight_map")
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
             raise HFFolderError(
@@ -189,7 +174,7 @@ class HFFolder:
             )
 
     def config(self) -> dict[str, Any]:
-        return read_json_object(self.path / CONFIG)
+        return read_json_object(self.path / CONFIG, error=HFFolderError)
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {key: info.shape for key, info in self.tensors.items()}

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from trainer.data.shards import read_metadata
-from trainer.hf.folder import COPY_AGAIN, HFFolderError, read_json_object
+from trainer.data.user_files import read_json_object, read_tokenizer
+from trainer.hf.folder import HFFolderError
 
 TOKENIZER = "tokenizer.json"
 #: what a Hugging Face folder may carry beside tokenizer.json to describe it
@@ -89,19 +90,9 @@ def write_tokenizer(out: Path, *, data: Any, model: Any) -> dict[str, Any] | Non
     return None
 
 
-def read_tokenizer(path: Path, *, error: type[ValueError] = HFFolderError):
-    """The ``tokenizers.Tokenizer`` of a tokenizer.json; a file it cannot load is refused with ``error``, naming it."""
-    from tokenizers import Tokenizer
-
-    try:
-        return Tokenizer.from_file(str(path))
-    except Exception as exc:  # noqa: BLE001 - tokenizers raises plain Exceptions for every malformed file
-        raise error(f"{path}: not a tokenizer the tokenizers library loads ({exc}); {COPY_AGAIN}") from None
-
-
 def same_tokenizer(a: Path, b: Path) -> bool:
     """Whether two tokenizer.json files hold one tokenizer (prepare re-serialises the one it was given)."""
-    return read_tokenizer(a).to_str() == read_tokenizer(b).to_str()
+    return read_tokenizer(a, error=HFFolderError).to_str() == read_tokenizer(b, error=HFFolderError).to_str()
 
 
 def _prepared(out: Path, folder: Path, *, max_length: int) -> dict[str, Any]:
@@ -136,9 +127,13 @@ def reconcile(
     with it). ``default_eos``: the id standing for end-of-text when neither names one (the byte vocabulary has
     none; NUL, id 0, which text does not hold, stands in, since lm-eval and ``generate`` need one). Returns the
     ids by role (``bos_token_id``...)."""
-    tok = read_tokenizer(out / TOKENIZER)
+    tok = read_tokenizer(out / TOKENIZER, error=HFFolderError)
     path = out / TOKENIZER_CONFIG
-    tcfg = read_json_object(path) if path.is_file() else {"tokenizer_class": "PreTrainedTokenizerFast"}
+    tcfg = (
+        read_json_object(path, error=HFFolderError)
+        if path.is_file()
+        else {"tokenizer_class": "PreTrainedTokenizerFast"}
+    )
     ids: dict[str, int | None] = {}
     for role in ROLES:
         named = _token(tcfg.get(f"{role}_token"))
@@ -163,7 +158,11 @@ def reconcile(
     path.write_text(json.dumps(tcfg, indent=2, ensure_ascii=False) + "\n")
     specials = out / COMPANIONS[1]
     if specials.is_file():  # transformers reads its roles too: the same ones
-        roles = {k: v for k, v in read_json_object(specials).items() if k not in {f"{r}_token" for r in ROLES}}
+        roles = {
+            k: v
+            for k, v in read_json_object(specials, error=HFFolderError).items()
+            if k not in {f"{r}_token" for r in ROLES}
+        }
         roles.update({f"{r}_token": tcfg[f"{r}_token"] for r in ROLES if f"{r}_token" in tcfg})
         specials.write_text(json.dumps(roles, indent=2, ensure_ascii=False) + "\n")
     config.update(ids)
@@ -175,5 +174,5 @@ def chat_template(folder: Path) -> str | None:
     if (folder / COMPANIONS[2]).is_file():
         return (folder / COMPANIONS[2]).read_text()
     cfg = folder / TOKENIZER_CONFIG
-    template = read_json_object(cfg).get("chat_template") if cfg.is_file() else None
+    template = read_json_object(cfg, error=HFFolderError).get("chat_template") if cfg.is_file() else None
     return template if isinstance(template, str) else None
