@@ -7,6 +7,8 @@
   sqrt(2 (layer + 1))), deeper blocks smaller ("depth init"); the output layer N(0, d_model^-1/2) truncated at 3
   standard deviations; norms ones. A tied embedding is the output layer's weight, so it takes the output rule
   (torchtitan's order: the output is initialised last).
+- DeepSeek-V3, as its report (arXiv 2412.19437, section 4.2): every weight N(0, 0.006), the experts and routers
+  included; norms ones, routing biases zero.
 - GPT, as GPT-2: every Linear and Embedding N(0, 0.02), biases zero, the residual projections (wo, w2)
   N(0, 0.02 / sqrt(2 n_layers)); LayerNorms ones and zeros.
 
@@ -29,6 +31,7 @@ from models.moe import MoE
 from models.spec import INIT_RULES
 
 BASE_STD = 0.02
+DEEPSEEK_STD = 0.006
 OUTPUT_CUTOFF = 3.0
 """The output layer's truncation, in standard deviations (torchtitan's ``cutoff_factor``)."""
 
@@ -117,3 +120,16 @@ def init_gpt(model: nn.Module, init: str, *, n_layers: int) -> None:
         for block in model.layers.values():
             _normal(block.attention.wo.weight, residual_std)
             _normal(block.feed_forward.w2.weight, residual_std)
+
+
+@torch.no_grad()
+def init_deepseek(model: nn.Module, init: str) -> None:
+    """Initialise what ``model`` (a DeepSeek-V3, whole or a pipeline stage) holds: N(0, 0.006) everywhere (the
+    reference) or ``normal``'s N(0, 0.02); norms ones, routing biases zero."""
+    std = DEEPSEEK_STD if check_rule(init) == "reference" else BASE_STD
+    _reset_norms(model)
+    for sub in model.modules():
+        if isinstance(sub, (nn.Linear, nn.Embedding)):
+            _normal(sub.weight, std)
+        elif isinstance(sub, MoE):
+            sub.init_weights(std=std, out_std=std)

@@ -5,7 +5,9 @@ The block runs in four steps, each its own piece so that expert parallel can lat
 
 1. ``Router``: softmax over ``E`` experts in fp32, the top ``k`` per token (Qwen3-MoE's ``norm_topk_prob``
    renormalises the k weights to sum to 1). DeepSeek-V3's auxiliary-loss-free balancing adds a per-expert bias to
-   the scores for the *choice* only (``expert_bias``, updated outside autograd by ``update_expert_bias``).
+   the scores for the *choice* only (``expert_bias``, updated outside autograd by ``update_expert_bias``). Its
+   ``Routing`` (DeepSeek-V3): sigmoid scores, the choice limited to the ``topk_group`` best of ``n_group`` expert
+   groups, the weights times ``route_scale``.
 2. ``LocalDispatch.dispatch``: the (token, choice) pairs sorted by expert, the rows gathered, the count per expert;
    with ``capacity_factor`` each expert keeps at most ``ceil(factor x tokens x k / E)`` rows (in token order) and
    the rest are dropped and counted (a dropped choice adds nothing; the residual stream carries the token on).
@@ -24,9 +26,19 @@ expert i and ``P_i`` the mean router probability of expert i. Its gradient joins
 output (Megatron-core's ``MoEAuxLossAutoScaler``): the LM loss the engines compute and report stays the LM loss,
 whatever the layout, including pipeline stages that never see the last layer. ``aux_loss_scale`` (set by
 ``set_aux_loss_scale``) must be the factor the engine scales the LM loss by (1 / micro-batches per step). The
-value of the last forward is in ``last_stats`` (``moe_metrics`` reads every layer's). Under context parallel a
-forward's tokens are split over ranks: f comes from the counts summed over them (``sequence_group``), P from the
-rank's own tokens, so the ranks' losses average to the whole forward's.
+value of the last forward is in ``last_stats`` (``moe_metrics`` reads every layer's).
+
+DeepSeek-V3's **sequence-wise** loss (``aux_loss="sequence"``, ``sequence_balance_loss``) is the same product per
+sequence, over the scores normalised per token, averaged over the sequences: it needs no ranks but the cp ranks
+holding parts of a sequence (``sequence_group``), so no layout changes it.
+
+**Its scope** (``balance_scope``): ``global`` takes f over the tokens of every rank that runs the same micro-batch
+at once, the data-parallel and context-parallel ranks (``balance_group``, set by
+``parallel/techniques/moe_balance.py``): f from the counts summed over them, P from the rank's own tokens, so the
+ranks' losses average to the loss of their tokens taken together, and the data-parallel degree no longer changes
+what the router is trained on (with one micro-batch per step, dp x ep equals one process running the whole batch).
+``micro_batch`` takes f over one forward's sequences (transformers' and Megatron-core's default): the context-
+parallel ranks' counts only, which hold parts of the same sequences.
 """
 
 from __future__ import annotations
@@ -42,32 +54,86 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from models.spec import BALANCE_SCOPES
+
 #: ``expert_impl`` choices: auto (grouped_mm on CUDA, the loop elsewhere), grouped_mm, loop
 EXPERT_IMPLS = ("auto", "grouped_mm", "loop")
+
+
+@dataclass(frozen=True)
+class Routing:
+    """How a router scores and picks: Qwen3-MoE's softmax top-k by default; DeepSeek-V3's sigmoid scores, picked
+    within the ``topk_group`` best of ``n_group`` expert groups, weighed times ``route_scale``."""
+
+    score_func: str = "softmax"
+    """softmax over the experts, or an independent sigmoid per expert (DeepSeek-V3)."""
+    n_group: int = 1
+    """Expert groups (contiguous, equal); a group's score is the sum of its two best (biased) scores."""
+    topk_group: int = 1
+    """Groups a token may pick its experts from (DeepSeek-V3's node limit)."""
+    route_scale: float = 1.0
+    """The chosen experts' weights multiplied by it, after the renormalisation."""
+
+
+#: ``Routing.score_func`` choices
+SCORE_FUNCS = ("softmax", "sigmoid")
 
 
 class Router(nn.Module):
     """Token -> k experts and their weights. ``weight`` is (E, d), transformers' ``mlp.gate.weight``."""
 
-    def __init__(self, d_model: int, n_experts: int, top_k: int, *, norm_topk_prob: bool, score_bias: bool):
+    def __init__(
+        self,
+        d_model: int,
+        n_experts: int,
+        top_k: int,
+        *,
+        norm_topk_prob: bool,
+        score_bias: bool,
+        routing: Routing = Routing(),
+    ):
         super().__init__()
         if not 1 <= top_k <= n_experts:
             raise ValueError(f"model.top_k={top_k}: each token picks 1 to model.n_experts={n_experts} experts")
+        if routing.score_func not in SCORE_FUNCS:
+            raise ValueError(f"model.score_func={routing.score_func}: choose one of {', '.join(SCORE_FUNCS)}")
+        if n_experts % routing.n_group or not 1 <= routing.topk_group <= routing.n_group:
+            raise ValueError(
+                f"model.n_group={routing.n_group}, model.topk_group={routing.topk_group}: groups must divide "
+                f"model.n_experts={n_experts} and 1 <= topk_group <= n_group"
+            )
         self.top_k = top_k
         self.norm_topk_prob = norm_topk_prob
+        self.routing = routing
         self.weight = nn.Parameter(torch.empty(n_experts, d_model))
         # DeepSeek-V3's balancing bias: picks experts, never weighs them; a buffer (no gradient, in checkpoints)
         self.register_buffer("expert_bias", torch.zeros(n_experts) if score_bias else None)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(probabilities (T, E) fp32, chosen experts (T, k), their weights (T, k) in x's dtype)."""
-        probs = F.linear(x, self.weight).float().softmax(dim=-1)
+        """(scores (T, E) fp32, chosen experts (T, k), their weights (T, k) in x's dtype)."""
+        sigmoid = self.routing.score_func == "sigmoid"
+        # DeepSeek-V3 scores in fp32 from fp32 inputs (transformers keeps the gate in fp32)
+        probs = F.linear(x.float(), self.weight.float()).sigmoid() if sigmoid else F.linear(x, self.weight).float()
+        probs = probs if sigmoid else probs.softmax(dim=-1)
         choose = probs if self.expert_bias is None else probs + self.expert_bias
+        if self.routing.n_group > 1:
+            choose = _within_best_groups(choose, self.routing.n_group, self.routing.topk_group)
         idx = choose.topk(self.top_k, dim=-1).indices
         weights = probs.gather(-1, idx)
         if self.norm_topk_prob:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + (1e-20 if sigmoid else 0.0))
+        if self.routing.route_scale != 1.0:
+            weights = weights * self.routing.route_scale
         return probs, idx, weights.to(x.dtype)
+
+
+def _within_best_groups(scores: torch.Tensor, n_group: int, topk_group: int) -> torch.Tensor:
+    """``scores`` (T, E) with every expert outside the token's ``topk_group`` best groups at -inf; a group's score is
+    the sum of its two best (DeepSeek-V3's node-limited routing, transformers' ``DeepseekV3TopkRouter``)."""
+    grouped = scores.view(scores.shape[0], n_group, -1)
+    best = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(dim=-1)  # (T, groups)
+    keep = torch.zeros_like(best).scatter_(1, best.topk(topk_group, dim=-1).indices, 1.0).bool()
+    return grouped.masked_fill(~keep[..., None], float("-inf")).view_as(scores)
 
 
 @dataclass
@@ -217,14 +283,38 @@ def load_balancing_loss(
     probs: torch.Tensor, idx: torch.Tensor, *, counts: torch.Tensor | None = None, tokens: int | None = None
 ) -> torch.Tensor:
     """Switch's ``E x sum_i f_i P_i`` (transformers' ``load_balancing_loss_func`` for one layer): 1 when balanced.
-    ``counts`` / ``tokens``: the expert counts and the token count of the whole forward when ``probs`` are one
-    slice of its tokens (context parallel): f over the whole forward, P over the slice, so the slices' losses
-    average to the whole forward's loss and their gradients sum to its gradient."""
+    ``counts`` / ``tokens``: the expert counts and the token count of every rank's tokens the balance covers when
+    ``probs`` are one rank's share of them (``MoE.balance_scope``): f over them all, P over the share, so the
+    shares' losses average to the loss of all of them, and so do their gradients."""
     n_experts = probs.shape[-1]
     if counts is None:
         counts, tokens = expert_counts(idx, n_experts), idx.shape[0]
     f = counts.to(probs.dtype) / tokens
     return n_experts * (f * probs.mean(dim=0)).sum()
+
+
+def sequence_balance_loss(
+    probs: torch.Tensor, idx: torch.Tensor, *, batch: int, group: dist.ProcessGroup | None = None
+) -> torch.Tensor:
+    """DeepSeek-V3's sequence-wise balance loss (arXiv 2412.19437, eq. 17-20): per sequence ``sum_i f_i P_i``, ``f_i``
+    = E / (k T) x the sequence's tokens choosing expert i, ``P_i`` the sequence's mean of the scores normalised over
+    the experts; the mean over the ``batch`` sequences (1 when balanced). ``probs`` (batch x T, E) are the router's
+    scores. ``group``: the ranks holding the other parts of the same sequences (context parallel), whose counts are
+    summed, so the ranks' losses average to the whole sequences' loss."""
+    tokens, n_experts = probs.shape
+    k, per_seq = idx.shape[-1], tokens // batch
+    picks = idx.reshape(batch, -1)
+    counts = probs.new_zeros(batch, n_experts).scatter_add_(1, picks, probs.new_ones(picks.shape))
+    seq_len = per_seq
+    if group is not None and has_values(counts):
+        counts, seq_len = _summed(counts, group), per_seq * dist.get_world_size(group)
+    f = counts * (n_experts / (k * seq_len))
+    p = (probs / probs.sum(dim=-1, keepdim=True)).view(batch, per_seq, n_experts).mean(dim=1)
+    return (f * p).sum(dim=-1).mean()
+
+
+#: ``MoE.aux_loss`` choices: Switch's over the balance's tokens, DeepSeek-V3's per sequence
+AUX_LOSSES = ("switch", "sequence")
 
 
 class MoE(nn.Module):
@@ -243,16 +333,33 @@ class MoE(nn.Module):
         bias_update_rate: float = 0.0,
         capacity_factor: float = 0.0,
         expert_impl: str = "auto",
+        balance_scope: str = "global",
+        aux_loss: str = "switch",
+        routing: Routing = Routing(),
+        score_bias: bool | None = None,
     ):
         super().__init__()
         if capacity_factor < 0:
             raise ValueError(f"model.capacity_factor={capacity_factor}: 0 (no limit) or a positive factor")
+        if balance_scope not in BALANCE_SCOPES:
+            raise ValueError(f"model.balance_scope={balance_scope}: choose one of {', '.join(BALANCE_SCOPES)}")
+        if aux_loss not in AUX_LOSSES:
+            raise ValueError(f"MoE(aux_loss={aux_loss!r}): choose one of {', '.join(AUX_LOSSES)}")
+        self.balance_scope = balance_scope
+        self.aux_loss = aux_loss
         self.n_experts, self.top_k = n_experts, top_k
         self.aux_loss_coef = aux_loss_coef
         self.aux_loss_scale = 1.0
         """The factor the engine scales the LM loss by (``set_aux_loss_scale``)."""
         self.bias_update_rate = bias_update_rate
-        self.router = Router(d_model, n_experts, top_k, norm_topk_prob=norm_topk_prob, score_bias=bias_update_rate > 0)
+        self.router = Router(
+            d_model,
+            n_experts,
+            top_k,
+            norm_topk_prob=norm_topk_prob,
+            score_bias=bias_update_rate > 0 if score_bias is None else score_bias,
+            routing=routing,
+        )
         self.experts = GroupedExperts(d_model, d_ff, n_experts, impl=expert_impl)
         self.shared = SwiGLU(d_model, d_ff * n_shared_experts) if n_shared_experts else None
         self.dispatcher = LocalDispatch(n_experts, capacity_factor)
@@ -261,9 +368,12 @@ class MoE(nn.Module):
         """Training forwards since ``moe_metrics`` last read them: (aux loss sum, forwards, dropped, counts per
         expert...), float64."""
         self.tokens_per_expert = None  # counts since the last bias update (a plain tensor: DDP broadcasts buffers)
+        self.balance_group = None
+        """The process group whose ranks' tokens the load-balancing loss's counts cover (``balance_scope``; set by
+        ``parallel/techniques/moe_balance.py``); None: this forward's tokens alone."""
         self.sequence_group = None
-        """The process group one forward's tokens are split over (context parallel's cp group, set by
-        ``parallel/techniques/cp.py``); None: this forward holds all of them."""
+        """The ranks holding parts of the same sequences (context parallel's cp group; set by
+        ``parallel/techniques/moe_balance.py``): the sequence-wise loss sums its per-sequence counts over them."""
         self.init_weights()
 
     @torch.no_grad()
@@ -290,7 +400,7 @@ class MoE(nn.Module):
         if self.shared is not None:
             y = y + self.shared(flat)
         counts = expert_counts(idx, self.n_experts).detach()
-        aux = load_balancing_loss(probs, idx, **self._whole_forward(counts, tokens=flat.shape[0]))
+        aux = self._balance_loss(probs, idx, counts, batch=shape[0] if len(shape) == 3 else 1)
         self.last_stats = {"aux_loss": aux.detach(), "tokens_per_expert": counts, "dropped": routed.dropped}
         counted = self.training and not _in_backward()  # activation checkpointing's recompute counts nothing twice
         if counted:
@@ -303,14 +413,28 @@ class MoE(nn.Module):
             y = _attach_aux_loss(y, aux, self.aux_loss_coef * self.aux_loss_scale)
         return y.reshape(shape)
 
+    def _balance_loss(self, probs: torch.Tensor, idx: torch.Tensor, counts: torch.Tensor, *, batch: int):
+        if self.aux_loss == "sequence":
+            return sequence_balance_loss(probs, idx, batch=batch, group=self.sequence_group)
+        return load_balancing_loss(probs, idx, **self._whole_forward(counts, tokens=probs.shape[0]))
+
     def _whole_forward(self, counts: torch.Tensor, *, tokens: int) -> dict:
-        """The whole forward's expert counts and token count, summed over ``sequence_group`` (nothing to sum
+        """The expert counts and token count the balance covers, summed over ``balance_group`` (nothing to sum
         without one, or on the dry run's shapes)."""
-        if self.sequence_group is None or not has_values(counts):
+        if self.balance_group is None or not has_values(counts):
             return {}
-        whole = counts.clone()
-        dist.all_reduce(whole, group=self.sequence_group)
-        return {"counts": whole, "tokens": tokens * dist.get_world_size(self.sequence_group)}
+        return {
+            "counts": _summed(counts, self.balance_group),
+            "tokens": tokens * dist.get_world_size(self.balance_group),
+        }
+
+
+@torch._dynamo.disable
+def _summed(counts: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """``counts`` all-reduced over ``group`` (E integers), run eagerly also inside a compiled block."""
+    whole = counts.clone()
+    dist.all_reduce(whole, group=group)
+    return whole
 
 
 def _in_backward() -> bool:

@@ -35,6 +35,7 @@ BUILT_IN = (
     "models.llama.spec:SPEC",
     "models.qwen3.spec:SPEC",
     "models.qwen3_moe.spec:SPEC",
+    "models.deepseek_v3.spec:SPEC",
     "models.cnn.spec:SPEC",
 )
 for _path in BUILT_IN:

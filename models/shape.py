@@ -91,6 +91,15 @@ class ModelShape:
     sparse: tuple[bool, ...] = ()
     """Per layer: a mixture of experts (True) or a dense MLP of ``layer_d_ff`` (False); empty: all dense. A sparse
     layer's ``layer_d_ff`` is its active width per token, (top_k + n_shared_experts) x moe_d_ff."""
+    kv_lora_rank: int = 0
+    """Multi-head latent attention (DeepSeek-V2/V3) when > 0: keys and values from a compressed ``kv_lora_rank``
+    projection (``wkv_a``, ``wkv_b``); ``head_dim`` is then a query/key head's channels, rotary ones included."""
+    q_lora_rank: int = 0
+    """MLA's query down-projection width (0: one query projection)."""
+    qk_rope_head_dim: int = 0
+    """MLA: a query/key head's rotary channels (the keys' one head shared by every query head)."""
+    v_head_dim: int = 0
+    """MLA: a value head's channels."""
     context_parallel: bool = True
     """The family splits sequences over cp (``ModelSpec.context_parallel``, set by ``models.registry.model_shape``):
     when False the planner ranks no cp > 1, which validation would refuse."""
@@ -172,7 +181,28 @@ class ModelShape:
 
     @property
     def attention_matmul_params(self) -> int:
-        return 2 * self.d_model * self.q_dim + 2 * self.d_model * self.kv_dim
+        return sum(n_in * n_out for _, n_in, n_out in self.attention_linears(0))
+
+    @property
+    def value_dim(self) -> int:
+        """Width of the attention's output before ``wo``: n_heads x the value head width."""
+        return self.n_heads * (self.v_head_dim if self.kv_lora_rank else self.head_dim)
+
+    def attention_linears(self, i: int) -> list[tuple[str, int, int]]:
+        """The attention's ``nn.Linear`` layers of block ``i`` as (FQN, in, out)."""
+        h, a = self.d_model, f"layers.{i}.attention"
+        if not self.kv_lora_rank:
+            return [(f"{a}.wq", h, self.q_dim), (f"{a}.wk", h, self.kv_dim), (f"{a}.wv", h, self.kv_dim),
+                    (f"{a}.wo", self.q_dim, h)]  # fmt: skip
+        q_rank, kv_rank, nope = self.q_lora_rank, self.kv_lora_rank, self.head_dim - self.qk_rope_head_dim
+        query = (
+            [(f"{a}.wq_a", h, q_rank), (f"{a}.wq_b", q_rank, self.q_dim)] if q_rank else [(f"{a}.wq", h, self.q_dim)]
+        )
+        kv = [
+            (f"{a}.wkv_a", h, kv_rank + self.qk_rope_head_dim),
+            (f"{a}.wkv_b", kv_rank, self.n_heads * nope + self.value_dim),
+        ]
+        return [*query, *kv, (f"{a}.wo", self.value_dim, h)]
 
     def layer_active_matmul_params(self, i: int) -> int:
         """The matrices one token runs through: a sparse layer's top-k and shared experts and the router only."""
@@ -190,7 +220,10 @@ class ModelShape:
 
     def layer_norm_params(self, i: int) -> int:
         """The block's two norms (and its query/key head norms): the part tensor parallel does not shard."""
-        return 2 * self.norm_params * self.d_model + (2 * self.norm_params * self.head_dim if self.qk_norm else 0)
+        latent = self.norm_params * (self.q_lora_rank + self.kv_lora_rank)  # MLA's q_norm and kv_norm
+        return (
+            2 * self.norm_params * self.d_model + (2 * self.norm_params * self.head_dim if self.qk_norm else 0) + latent
+        )
 
     @property
     def embedding_params(self) -> int:
@@ -218,9 +251,8 @@ class ModelShape:
         """The block's ``nn.Linear`` layers as (FQN, in, out), named as meshtrain's models name them
         (``layers.N.attention.wq``, ``layers.N.feed_forward.w1``; a sparse layer's shared experts
         ``layers.N.feed_forward.shared.w1``; its routed experts and router are not linear layers)."""
-        h, a, f = self.d_model, f"layers.{i}.attention", f"layers.{i}.feed_forward"
-        out = [(f"{a}.wq", h, self.q_dim), (f"{a}.wk", h, self.kv_dim), (f"{a}.wv", h, self.kv_dim)]
-        out.append((f"{a}.wo", self.q_dim, h))
+        h, f = self.d_model, f"layers.{i}.feed_forward"
+        out = self.attention_linears(i)
         if self.sparse[i]:
             shared = self.moe_d_ff * self.n_shared_experts
             mlp = ((f"{f}.shared.w1", h, shared), (f"{f}.shared.w2", shared, h), (f"{f}.shared.w3", h, shared))
@@ -268,9 +300,10 @@ class ModelShape:
         A sparse layer counts the matrices a token runs through (``layer_active_matmul_params``). For the GPT
         2·(4h² + 2·h·d_ff) + 4sh: Megatron-LM 2021 (arXiv 2104.04473, appendix
         "Floating-point operations"), 24h² + 4sh per token with d_ff = 4h; the attention score and value
-        products are counted in full (no causal halving), as there.
+        products are counted in full (no causal halving), as there: 2·s·(query width + value width) (MLA's
+        query/key heads, rotary channels included, and its value heads each at their own width).
         """
-        return 2 * self.layer_active_matmul_params(i) + 4 * seq_len * self.q_dim
+        return 2 * self.layer_active_matmul_params(i) + 2 * seq_len * (self.q_dim + self.value_dim)
 
     def logit_forward_flops_per_token(self) -> float:
         """The output projection: 2·V·h per token (Megatron: the V/(16lh) term of the FLOPs formula)."""

@@ -210,6 +210,11 @@ def config_or_fields(cls: type, config: Any, fields: Mapping[str, Any]) -> Any:
     return config if config is not None else make_config(cls, fields)
 
 
+#: ``model.balance_scope``: the load-balancing loss's expert counts over every data- and context-parallel rank's
+#: micro-batch together, or over one forward's sequences (``models/moe.py``)
+BALANCE_SCOPES = ("global", "micro_batch")
+
+
 @dataclass(frozen=True)
 class MoESpec:
     """Where a mixture-of-experts family keeps its experts, for expert parallel (which shards them over ``ep``) and
@@ -269,6 +274,14 @@ class SubBlockTP:
     is sharded over the heads dimension, their weights replicated."""
     extra_inputs: int = 0
     """Inputs it takes after the residual stream, passed as plain tensors (Llama's rotary table: 1)."""
+    replicated: tuple[str, ...] = ()
+    """Plain modules inside it, relative to ``module``, that read its (replicated) input whole on every tp rank
+    (MLA's down-projections ``wq_a``, ``wkv_a``): with sequence parallel their input arrives as the local tensor.
+    Their gradients are full on every rank when what follows them is column-wise (or ``shared``)."""
+    shared: tuple[str, ...] = ()
+    """Modules inside it, relative to ``module``, whose output every tp rank uses for its own heads (MLA's rotary
+    key, one head shared by all): the output's gradient, each rank's heads' part, is summed over tp in backward
+    (Megatron's copy to the tensor-parallel region)."""
     whole_if: str = ""
     """A submodule name, relative to ``module``, that marks a block where this sub-block has no split: it runs
     whole on every tp rank, its projections are not read (a mixture of experts, marked by its ``router``:
@@ -303,7 +316,9 @@ class TPPlan:
         names = []
         for sub in self.sub_blocks:
             whole = sub.is_whole(block, present)
-            inner = [sub.whole_if] if whole else [*sub.colwise, sub.rowwise, *sub.head_norms]
+            inner = (
+                [sub.whole_if] if whole else [*sub.colwise, sub.rowwise, *sub.head_norms, *sub.replicated, *sub.shared]
+            )
             names += [f"{block}.{sub.norm}", f"{block}.{sub.module}", *(f"{block}.{sub.module}.{n}" for n in inner)]
         return names
 

@@ -57,6 +57,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
@@ -109,12 +111,44 @@ def block_plan(
         result.update({f"{base}.{n}": SequenceParallel(sequence_dim=2, use_local_output=True) for n in sub.head_norms})
         result[f"{base}.{sub.rowwise}"] = s.rowwise(output_layouts=out)
         if sequence_parallel:
+            local = PrepareModuleInput(
+                input_layouts=Replicate(), desired_input_layouts=Replicate(), use_local_output=True
+            )
+            result.update({f"{base}.{n}": local for n in sub.replicated})
             extra = (None,) * sub.extra_inputs
             result[f"{prefix}.{sub.norm}"] = SequenceParallel()
             result[base] = s.prepare_input(
                 input_layouts=(Shard(1), *extra), desired_input_layouts=(Replicate(), *extra)
             )
     return result
+
+
+class _SumGradOverTP(torch.autograd.Function):
+    """Identity forward; backward all-reduces the gradient over the tp group (each rank's heads' share)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+def share_over_tp(model: nn.Module, plan: TPPlan, tp_mesh: DeviceMesh) -> int:
+    """Every ``SubBlockTP.shared`` module of ``model``'s blocks gets a forward hook passing its output through
+    ``_SumGradOverTP``; returns how many."""
+    group, hooked = tp_mesh.get_group(), 0
+    for key in model.layers.keys():
+        for sub in plan.sub_blocks:
+            for name in sub.shared:
+                module = model.get_submodule(f"layers.{key}.{sub.module}.{name}")
+                module.register_forward_hook(lambda mod, args, out: _SumGradOverTP.apply(out, group))
+                hooked += 1
+    return hooked
 
 
 def whole_sub_block(prefix: str, sub: SubBlockTP, *, sequence_parallel: bool) -> dict:
@@ -201,6 +235,7 @@ def parallelize_decoder(
     if adapters:
         colwise = [n for n, style in by_name.items() if isinstance(style, ColwiseParallel)]
         attach_adapters(model, adapters, tp_mesh=tp_mesh, colwise=colwise)
+    share_over_tp(model, plan, tp_mesh)
     head = getattr(model, plan.head, None)
     if tied and embedding is not None and head is not None:
         head.weight = embedding.weight  # one Parameter again (each module's weight was distributed on its own)

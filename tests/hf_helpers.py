@@ -36,6 +36,27 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         "qwen3_moe",
         {"num_key_value_heads": 2, "head_dim": 16, "norm_topk_prob": False, "decoder_sparse_step": 2},
     ),
+    "deepseek_v3": ("deepseek_v3", {}),
+    "deepseek_v3_yarn_no_q_rank": (
+        "deepseek_v3",
+        {
+            "q_lora_rank": None,
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 16,
+                "beta_fast": 32,
+                "beta_slow": 1,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+            },
+        },
+    ),
+    "deepseek_v3_ungrouped_unnormalised": (
+        "deepseek_v3",
+        {"n_group": 1, "topk_group": 1, "norm_topk_prob": False, "first_k_dense_replace": 0, "n_shared_experts": 2},
+    ),
     "gpt2": ("gpt", {}),
     "gpt_exact_gelu_untied": ("gpt", {"activation_function": "gelu", "tie_word_embeddings": False}),
 }
@@ -45,7 +66,7 @@ VOCAB, WIDTH, LAYERS, HEADS, FFN, POSITIONS = 96, 64, 2, 4, 96, 64
 
 def hf_config(family: str, **overrides: Any):
     """A tiny transformers config of ``family`` (rms_norm_eps 1e-5, as meshtrain's Llama defaults to)."""
-    from transformers import GPT2Config, LlamaConfig, Qwen3Config, Qwen3MoeConfig
+    from transformers import DeepseekV3Config, GPT2Config, LlamaConfig, Qwen3Config, Qwen3MoeConfig
 
     if family == "gpt":
         keys = {"n_positions": POSITIONS, "n_embd": WIDTH, "n_layer": LAYERS, "n_head": HEADS, "n_inner": FFN}
@@ -59,6 +80,11 @@ def hf_config(family: str, **overrides: Any):
         "max_position_embeddings": POSITIONS,
         "rms_norm_eps": 1e-5,
     }
+    if family == "deepseek_v3":  # MLA (q rank 48, kv rank 32, 16 + 8 rotary qk, 16 v); 8 experts in 4 groups
+        mla = {"q_lora_rank": 48, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16}
+        moe = {"n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+        route = {"n_group": 4, "topk_group": 2, "first_k_dense_replace": 1, "routed_scaling_factor": 2.5}
+        return DeepseekV3Config(**{**shared, "num_key_value_heads": HEADS, **mla, **moe, **route, **overrides})
     if family == "qwen3_moe":  # 8 experts of width 32, 2 per token (the cases change some)
         moe = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": True}
         return Qwen3MoeConfig(**{**shared, **moe, **overrides})
@@ -79,6 +105,9 @@ def hf_model(family: str, *, seed: int = 0, **overrides: Any):
                 p.normal_(1.0, 0.2)
             elif name.endswith("bias"):
                 p.normal_(0.0, 0.1)
+        for name, b in model.named_buffers():  # DeepSeek-V3's routing bias: picks experts, so it must be read
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0.0, 0.05)
     return model
 
 
@@ -109,8 +138,8 @@ def meshtrain_twin(family: str, hf, *, max_seq_len: int = 32):
 
 def checkpoint_tensors(hf) -> dict:
     """``hf``'s tensors as its checkpoint holds them: transformers 5 fuses a Qwen3-MoE layer's experts in memory
-    (``experts.gate_up_proj``) and writes them per expert, so that family's are read back from ``save_pretrained``."""
-    if hf.config.model_type != "qwen3_moe":
+    (``experts.gate_up_proj``) and writes them per expert, as DeepSeek-V3's, so those families' are read back from ``save_pretrained``."""
+    if hf.config.model_type not in ("qwen3_moe", "deepseek_v3"):
         return hf.state_dict()
     import tempfile
 

@@ -40,6 +40,10 @@ class Qwen3MoeConfig(Qwen3Config):
     the rest."""
     expert_impl: str = "auto"
     """auto (``torch._grouped_mm`` on CUDA, a per-expert loop elsewhere), grouped_mm, loop."""
+    balance_scope: str = "global"
+    """The tokens the load-balancing loss's expert fractions cover: ``global``, every data- and context-parallel
+    rank's micro-batch together (the layout does not change training); ``micro_batch``, one forward's sequences
+    (transformers' and Megatron-core's default; the data-parallel degree changes it). docs/parallelism.md."""
 
 
 # The mutable twins Hydra composes (models.spec.hydra_schema), made at import: a composed config holds them by

@@ -50,5 +50,6 @@ class Qwen3Moe(Llama):
                 bias_update_rate=c.bias_update_rate,
                 capacity_factor=c.capacity_factor,
                 expert_impl=c.expert_impl,
+                balance_scope=c.balance_scope,
             )
         self._init_parameters()  # the family's rule (models/init.py) over the experts too

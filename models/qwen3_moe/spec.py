@@ -10,7 +10,7 @@ from models.llama.spec import ffn_width, llama_resized
 from models.qwen3.spec import qwen3_problems, qwen3_shape
 from models.qwen3_moe.config import Qwen3MoeConfig
 from models.shape import ModelShape
-from models.spec import ModelSpec, MoESpec, decoder_tp_plan, transformer_tp_problems
+from models.spec import BALANCE_SCOPES, ModelSpec, MoESpec, decoder_tp_plan, transformer_tp_problems
 
 EXPERT_IMPLS = ("auto", "grouped_mm", "loop")  # models/moe.py's, written here without importing torch
 
@@ -65,6 +65,8 @@ def qwen3_moe_problems(model: Any) -> list[str]:
         out.append(f"model.capacity_factor={model.capacity_factor}: 0 (no token dropped) or a positive factor")
     if str(model.get("expert_impl", "auto")) not in EXPERT_IMPLS:
         out.append(f"model.expert_impl={model.expert_impl}: choose one of {', '.join(EXPERT_IMPLS)}")
+    if str(model.get("balance_scope", "global")) not in BALANCE_SCOPES:
+        out.append(f"model.balance_scope={model.balance_scope}: choose one of {', '.join(BALANCE_SCOPES)}")
     return out
 
 

@@ -40,7 +40,7 @@ from parallel.techniques.ddp import wrap_ddp
 from parallel.techniques.ep import A2AMeter, apply_ep
 from parallel.techniques.fp8 import convert_to_fp8, float8_tp_styles, precompute_scales
 from parallel.techniques.fsdp import FSDPCommTimer, apply_fsdp, float8_bytes_all_gather, fsdp_no_sync
-from parallel.techniques.moe_balance import bias_balancing
+from parallel.techniques.moe_balance import bias_balancing, scope_balance
 from parallel.techniques.tp import apply_tp
 
 #: how the dp dimension wraps a module: not at all, DistributedDataParallel, or FSDP2 ``fully_shard``
@@ -252,6 +252,11 @@ def _wrap(
     if composition.cp:
         on_step("context parallel")
         apply_cp(module, cp_mesh=mesh["cp"], attention=settings.cp_attention, timer=cp_timer)
+    scope_balance(
+        module,
+        data_group=loss_mesh(mesh, sizes).get_group() if composition.dp != "none" else None,
+        cp_group=mesh["cp"].get_group() if composition.cp else None,
+    )
     experts, ep_timer = [], None
     if composition.ep:
         on_step("expert parallel")

@@ -25,7 +25,6 @@ from torch import nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch.distributed.device_mesh import DeviceMesh
 
-from models.moe import moe_layers
 from models.shape import kv_repeats
 from parallel.config import CP_ATTENTION
 from parallel.foundation.all_to_all import timed_all_to_all
@@ -127,8 +126,6 @@ def apply_cp(
         raise ValueError(f"context parallel: {type(module).__name__} has no seq_chunk for its positions")
     for m in has_chunk:
         m.seq_chunk = cp_mesh.get_local_rank()
-    for block in moe_layers(module):  # the load-balancing loss's expert fractions over the whole sequence
-        block.sequence_group = group
     return wrapped
 
 

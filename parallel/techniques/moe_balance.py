@@ -1,7 +1,13 @@
-"""DeepSeek-V3's auxiliary-loss-free balancing as a step of the composition: after each optimizer step every MoE
-block's routing bias moves towards the mean load (``models.moe.update_expert_bias``), from the step's expert counts
-summed over the ranks that saw different tokens (dp x cp), so every replica of the router moves its bias alike and
-the bias equals one process's whatever the layout."""
+"""The MoE balance as steps of the composition, both taken over the ranks that run the same micro-batch at once
+(dp x cp), so what the router is trained on does not depend on the layout:
+
+- ``scope_balance``: the load-balancing loss's expert counts (``models.moe.MoE.balance_group``): summed over dp x
+  cp under ``model.balance_scope=global``, over cp only (the ranks holding parts of the same sequences) under
+  ``micro_batch``;
+- ``bias_balancing``: DeepSeek-V3's auxiliary-loss-free balancing, after each optimizer step every MoE block's
+  routing bias moves towards the mean load (``models.moe.update_expert_bias``), from the step's expert counts
+  summed over dp x cp, so every replica of the router moves its bias alike and the bias equals one process's
+  whatever the layout."""
 
 from __future__ import annotations
 
@@ -12,6 +18,17 @@ import torch.distributed as dist
 from torch import nn
 
 from models.moe import moe_layers, update_expert_bias
+
+
+def scope_balance(
+    module: nn.Module, *, data_group: dist.ProcessGroup | None, cp_group: dist.ProcessGroup | None
+) -> None:
+    """Give every MoE block of ``module`` the group its load-balancing loss's counts are summed over, by its
+    ``balance_scope``: ``data_group`` (the loss mesh, dp x cp) for global, ``cp_group`` for micro_batch (None: the
+    rank's own tokens)."""
+    for block in moe_layers(module):
+        block.balance_group = data_group if block.balance_scope == "global" else cp_group
+        block.sequence_group = cp_group
 
 
 def bias_balancing(module: nn.Module, *, group: dist.ProcessGroup | None) -> Callable[[], None] | None:

@@ -1,7 +1,8 @@
 """Each family's Hugging Face adapter against transformers itself: tiny random models written in this process
 (no download), mapped into meshtrain's modules, give transformers' logits to 1e-5 (fp32) for every family and
 option (GQA, MHA, tied, Llama 3.1 rope scaling, Qwen3's q/k norms and own head width, GPT-2's biases, tanh GELU,
-fused and transposed projections); the mapping round-trips bit for bit; every published config maps to a
+fused and transposed projections; DeepSeek-V3's MLA with and without the query rank, YaRN, grouped sigmoid routing
+with its bias, shared experts); the mapping round-trips bit for bit; every published config maps to a
 transformers model of the published size; what a family cannot represent is refused by name."""
 
 from __future__ import annotations
@@ -92,6 +93,8 @@ def test_sliced_reads_equal_the_whole_tensors_slices():
         "qwen3_8b",
         "qwen3_moe_debug",
         "qwen3_30b_a3b",
+        "deepseek_v3_debug",
+        "deepseek_v3_671b",
         "gpt2",
         "gpt_small",
     ],
@@ -176,6 +179,8 @@ def test_gpt_small_exports_as_a_gpt2_config_with_zero_biases(compose_cfg):
         ("qwen3", {"use_sliding_window": True}, "use_sliding_window"),
         ("gpt", {"activation_function": "relu"}, "activation_function='relu'"),
         ("llama", {"model_type": "mistral"}, "model_type='mistral'"),
+        ("deepseek_v3", {"rope_interleave": False}, "rope_interleave=false"),
+        ("deepseek_v3", {"rope_parameters": {"rope_type": "linear", "factor": 2.0}}, "rope_type='linear'"),
     ],
 )
 def test_what_a_family_cannot_represent_is_refused_by_name(family, change, words):

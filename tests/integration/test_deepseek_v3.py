@@ -1,0 +1,131 @@
+"""DeepSeek-V3 (``models/deepseek_v3``) from a tiny checkpoint written by transformers (random weights, its routing
+bias random too, no download), started with ``model.init_from=DIR`` alone (the family and sizes from its
+config.json), under single and under the layouts below, one multirun. The sequence-wise balance loss is per sequence
+and the bias balancing's load the step's over every data-parallel rank, so no layout changes what trains: every case
+matches single running the whole batch of 8 in one forward, losses, the balance loss and gradient norms within 1e-6
+relative over 3 steps:
+
+- ``parallel=hybrid dp.size=2 ep.size=2 pp.size=2`` (1f1b, 2 micro-batches of 2 per rank; the issue's done-when),
+  whose checkpoint exports to a folder whose logits in transformers equal meshtrain's;
+- cp2 x ep2 (each rank half of every sequence: the per-sequence counts summed over cp);
+- dp2 x ep2 with full activation checkpointing (the all-to-alls run again in backward);
+- tp 2 with sequence parallel (MLA's heads split: ``wq_b``, ``wkv_b`` column-wise, ``wo`` row-wise, the down-
+  projections replicated, the shared rotary key's gradient summed over tp; sparse layers whole on each tp rank);
+- pp with the interleaved 1F1B schedule (4 stages on 2 ranks, 4 micro-batches).
+
+Step 1's loss is transformers' LM loss on the same batch."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.helpers import FAST, assert_losses_close, case_multirun
+from tests.hf_helpers import hf_model, max_logit_difference, save_folder
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+TOL = 1e-6
+HYBRID = {"defaults": [{"override /parallel": "hybrid"}], "tp": {"size": 1}}
+LAYOUTS = {
+    "single": {"defaults": [{"override /parallel": "single"}]},
+    "ep_pp": {**HYBRID, "dp": {"size": 2}, "ep": {"size": 2}, "pp": {"size": 2, "micro_batches": 2}},
+    "ep_cp": {**HYBRID, "dp": {"size": 1}, "cp": {"size": 2}, "ep": {"size": 2}, "pp": {"size": 1}},
+    "ep_ac": {
+        **HYBRID,
+        "dp": {"size": 2},
+        "ep": {"size": 2},
+        "pp": {"size": 1},
+        "trainer": {"activation_checkpointing": "full"},
+    },
+    "tp_sp": {"defaults": [{"override /parallel": "tp"}], "tp": {"size": 2, "sequence_parallel": True}},
+    "interleaved": {
+        "defaults": [{"override /parallel": "pp"}],
+        "pp": {"schedule": "interleaved_1f1b", "stages_per_rank": 2, "micro_batches": 4},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return save_folder(
+        hf_model("deepseek_v3", num_hidden_layers=4, vocab_size=256, max_position_embeddings=32),
+        tmp_path_factory.mktemp("hf") / "deepseek_v3",
+    )
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, folder):
+    common = (
+        f"model.init_from={folder}",
+        *FAST,
+        "trainer.max_steps=3",
+        "trainer.checkpoint_every=3",
+        "pp.trace_step=0",
+    )
+    return case_multirun(LAYOUTS, *common, base=tmp_path_factory.mktemp("runs"), group="ds_case", timeout=800)
+
+
+def metrics(job) -> list[dict]:
+    return [json.loads(line) for line in (job / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def test_the_folder_alone_picks_this_family(runs):
+    summary = json.loads((runs["ep_pp"] / "summary.json").read_text())
+    config = (runs["ep_pp"] / ".hydra" / "config.yaml").read_text()
+    assert "family: deepseek_v3" in config and summary["steps"] == 3
+
+
+def test_step_one_loss_is_transformers_loss(runs, folder):
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+    from transformers import AutoModelForCausalLM
+
+    cfg = OmegaConf.load(runs["single"] / ".hydra" / "config.yaml")
+    inputs, targets = instantiate(cfg.data, seed=int(cfg.trainer.seed)).global_batch(1)
+    hf = AutoModelForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        logits = hf(inputs).logits
+    want = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)).item()
+    got = metrics(runs["single"])[0]["loss"]
+    print(f"step 1 loss {got:.7f}, transformers {want:.7f}")
+    assert abs(got - want) <= 1e-6 * want
+
+
+@pytest.mark.parametrize("case", [c for c in LAYOUTS if c != "single"])
+def test_layouts_match_single(runs, case):
+    ref, got = metrics(runs["single"]), metrics(runs[case])
+    assert len(got) == len(ref) == 3
+    for key in ("loss", "moe_aux_loss", "grad_norm"):
+        a, b = [m[key] for m in got], [m[key] for m in ref]
+        print(case, f"max relative {key} difference", max(abs(x - y) / abs(y) for x, y in zip(a, b)))
+        assert_losses_close(a, b, rel=TOL)
+    assert [m["moe_tokens_per_expert"] for m in got] == [m["moe_tokens_per_expert"] for m in ref]
+    if case.startswith("ep"):  # the experts were split: tokens went to them by all-to-all
+        assert all(m["ep_a2a_time_s"] > 0 and m["ep_a2a_calls"] > 0 for m in got)
+
+
+def test_the_hybrid_run_exports_with_transformers_logits(runs, tmp_path):
+    from hydra.utils import instantiate
+    from transformers import AutoModelForCausalLM
+
+    from models.spec import builder_kwargs
+    from trainer.checkpoint.files import read_marker
+    from trainer.export import export, find_checkpoint, full_state
+
+    out = export(runs["ep_pp"], tmp_path / "hf")
+    checkpoint = find_checkpoint(runs["ep_pp"])
+    module = instantiate(builder_kwargs(read_marker(checkpoint)["model"])).eval()
+    module.load_state_dict(full_state(checkpoint))
+    assert module.layers["1"].feed_forward.router.expert_bias.abs().max() > 0  # the bias moved, and is exported
+    hf = AutoModelForCausalLM.from_pretrained(out).eval()
+    tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        mine, theirs = module(tokens), hf(tokens).logits
+    diff = max_logit_difference(mine, theirs)
+    print(
+        f"exported after 3 steps: max |logit difference| in transformers {diff:.2e} (max |logit| {theirs.abs().max():.2f})"
+    )
+    assert diff <= 1e-5 * theirs.abs().max().item()
