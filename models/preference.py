@@ -59,14 +59,14 @@ def split_targets(targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def sequence_logps(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(summed log-probability of each row's target tokens, their count), float32; vocabulary-sharded logits
+    """(summed log-probability of each row's target tokens (float64), their count); vocabulary-sharded logits
     (``tp.loss_parallel``) are reduced by torch's ``loss_parallel`` and come back whole."""
     flat = logits.reshape(-1, logits.size(-1)).float()
     nll = F.cross_entropy(flat, tokens.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none")
     if isinstance(nll, DTensor):
         nll = nll.full_tensor()
-    rows = tokens.shape[0]
-    return -nll.view(rows, -1).sum(-1), (tokens != IGNORE_INDEX).sum(-1)
+    rows = tokens.shape[0]  # summed in float64: a reward is a small difference of two such sums
+    return -nll.view(rows, -1).double().sum(-1), (tokens != IGNORE_INDEX).sum(-1)
 
 
 class PreferenceLoss:
