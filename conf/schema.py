@@ -330,6 +330,19 @@ MeshtrainConfig = make_dataclass(
 MeshtrainConfig.__module__ = __name__
 
 
+#: the keys that name a file or folder of the user's (each with the words it takes that are no path): ``~`` expanded,
+#: and a relative path read against the folder the command ran in, also when ``hydra.job.chdir=true`` moves the job
+#: into its run folder (trainer/task.py ``user_paths``); on the command line ``~`` is expanded before Hydra parses
+#: it (conf/command_line.py)
+USER_PATH_KEYS = {
+    "model.init_from": (),
+    "data.path": (),
+    "data.tokenizer": (),
+    "data.prepared": (),
+    "data.cache_dir": (),
+    "trainer.resume": ("auto", "never"),
+}
+
 #: schemas live under their own path, ``schema/<group>/<shape>``, not among a group's options: ``--help``
 #: and shell completion list only the YAML options. An option extends one with ``/schema/model/gpt@_here_``.
 SCHEMA_ROOT = "schema"

@@ -13,8 +13,10 @@ Validation, the strategies and the planner find a model config's spec with ``spe
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
+from models.hf_adapter import read_keys
 from models.shape import ModelShape, PlanError
 from models.spec import ModelSpec, PipelineUnits, hydra_schema, import_object
 
@@ -101,3 +103,31 @@ def model_shape(model: Any) -> ModelShape:
     if rank <= 0:
         return shape
     return replace(shape, lora_rank=rank, lora_targets=tuple(str(t) for t in lora.get("targets") or ()))
+
+
+def spec_for_model_type(model_type: Any) -> ModelSpec | None:
+    """The registered family whose Hugging Face adapter reads ``config.json``'s ``model_type``, or None."""
+    for spec in REGISTRY.values():
+        if spec.hf_adapter and spec.config is not None and spec.hf_adapter_obj().model_type == model_type:
+            return spec
+    return None
+
+
+def hf_model(hf: dict[str, Any], *, start: str) -> tuple[ModelSpec, dict[str, Any], list[str]]:
+    """The model a Hugging Face ``config.json`` (``hf``, read from folder ``start``) describes: its family's spec, the
+    model keys it fixes (every size from the adapter's ``model_config``, the training keys from ``training_fields``,
+    ``name`` and ``init_from``) and notes on what could not be carried. Training (trainer/hf/start.py) and the
+    planner (parallel/plan/cli.py) build the same model from it. Raises UnknownModel naming the families that exist,
+    or the adapter's HFConfigError."""
+    spec = spec_for_model_type(hf.get("model_type"))
+    if spec is None:
+        known = sorted(s.hf_adapter_obj().model_type for s in REGISTRY.values() if s.hf_adapter)
+        raise UnknownModel(
+            f"model.init_from={start}: config.json has model_type={hf.get('model_type')!r}, which no meshtrain "
+            f"family reads (known: {', '.join(known)}); choose model= yourself if one fits"
+        )
+    adapter = spec.hf_adapter_obj()
+    sizes = read_keys(adapter.model_config, hf)  # a damaged config.json refused as HFConfigError naming the key
+    carried, notes = read_keys(adapter.training_fields, hf)
+    values = {"name": Path(start).expanduser().name or spec.family, "init_from": start, **sizes, **carried}
+    return spec, values, notes

@@ -59,7 +59,10 @@ def hydra_run_meta() -> tuple[Path, dict[str, Any]]:
 
 def run_task(cfg: DictConfig) -> float | None:
     run_dir, meta = hydra_run_meta()
-    from trainer.launch.ownership import FolderBusy, hold, owns_folders, release
+    cwd = HydraConfig.get().runtime.cwd
+    if Path(cwd).resolve() != Path.cwd().resolve():  # hydra.job.chdir=true: the job left the user's folder
+        user_paths(cfg, cwd=cwd)
+    from trainer.launch.ownership import FolderBusy, discard, hold, owns_folders, release
 
     # the job's folder, held until it ends (a single run's callback took it already; hold is re-entrant)
     owner = owns_folders(node_rank=int(OmegaConf.select(cfg, "topology.node_rank", default=0) or 0))
@@ -73,6 +76,10 @@ def run_task(cfg: DictConfig) -> float | None:
             raise SystemExit(EXIT_CONFIG) from None
     try:
         return _run_owned(cfg, run_dir=run_dir, meta=meta)
+    except SystemExit as exc:
+        if owner and exc.code == EXIT_CONFIG and not meta["multirun"]:
+            discard(run_dir)  # refused before it wrote anything: no folder left to sort as the newest run
+        raise
     finally:
         if owner:
             release(run_dir)
@@ -256,6 +263,22 @@ def start_from_folder(cfg: DictConfig, *, run_dir: Path) -> None:
     saved = run_dir / hc.output_subdir / "config.yaml" if hc.output_subdir else None
     if saved is not None and saved.is_file():
         OmegaConf.save(cfg, saved)
+
+
+def user_paths(cfg: DictConfig, *, cwd: str | Path) -> None:
+    """The user's paths (``conf.schema.USER_PATH_KEYS``) made absolute against ``cwd``, the folder the command ran
+    in, in place: where the job runs elsewhere (``hydra.job.chdir=true``), ``data.path=data/x`` still names the
+    user's ``data/x``, for the checks here and for the workers. Values Hydra interpolates are left to resolve."""
+    from conf.schema import USER_PATH_KEYS
+
+    for key, words in USER_PATH_KEYS.items():
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(cfg, parent)
+        if not isinstance(node, DictConfig) or leaf not in node or OmegaConf.is_interpolation(node, leaf):
+            continue
+        value = node[leaf]
+        if isinstance(value, str) and value and value not in words:
+            node[leaf] = str(Path(cwd, Path(value).expanduser()))
 
 
 def train(cfg: DictConfig, *, run_dir: Path, run_meta: dict[str, Any]) -> dict | None:

@@ -31,6 +31,7 @@ from parallel.foundation.layout import (
 from trainer.checks.compute import check_precision
 from trainer.checks.data import check_data
 from trainer.checks.findings import Check, ConfigError, Findings
+from trainer.checks.keys import check_keys
 from trainer.checks.lora import check_lora
 from trainer.checks.optim import check_optim
 from trainer.checks.run import check_callbacks, check_trainer
@@ -338,6 +339,7 @@ def check_strategy_rules(cfg: DictConfig, layout: ParallelLayout, f: Findings) -
 
 
 CHECKS: list[Check] = [
+    check_keys,  # trainer/checks/keys.py: a key nothing reads (+paralel=fsdp) is refused, with the nearest one
     check_positive,
     check_strategy,
     check_borrowing,

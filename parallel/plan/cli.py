@@ -20,9 +20,10 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from models.registry import model_shape, spec_for
+from conf.command_line import shell_expanded
+from models.registry import UnknownModel, hf_model, model_shape, spec_for
 from models.shape import count_text
-from models.spec import make_config
+from models.spec import hydra_schema, make_config
 from parallel.config import PlannerConfig, TopologyConfig
 from parallel.foundation import dims
 from parallel.plan.cost_model import Estimate
@@ -58,6 +59,33 @@ def compose(overrides: list[str]):
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return hydra_compose("config", overrides=workload_overrides(overrides))
+
+
+def model_from_folder(cfg: Any, overrides: list[str]) -> None:
+    """``model.init_from=DIR`` without a ``model=``: the model DIR's config.json describes replaces the default one,
+    as training takes it (``models.registry.hf_model``; trainer/hf/start.py), the command line's ``model.*`` over it.
+    Raises PlanError naming the folder and why (no config.json, a model_type no family reads)."""
+    start = OmegaConf.select(cfg, "model.init_from")
+    keys = [o.lstrip("+~").split("=", 1)[0] for o in overrides]
+    if not start or "model" in keys:
+        return
+    try:
+        hf = json.loads((Path(str(start)).expanduser() / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        msg = f"model.init_from={start}: no readable config.json ({exc}); give a Hugging Face model folder"
+        raise PlanError(msg) from None
+    try:
+        spec, values, _ = hf_model(hf, start=str(start))
+    except UnknownModel as exc:
+        raise PlanError(str(exc)) from None
+    except ValueError as exc:  # the adapter's HFConfigError
+        raise PlanError(f"model.init_from={start}: {exc}") from None
+    model = OmegaConf.merge(OmegaConf.structured(hydra_schema(spec.config)), values)
+    if "max_seq_len" not in values and "max_seq_len" in model:
+        model.max_seq_len = "${data.seq_len}"
+    for key in (k[len("model.") :] for k in keys if k.startswith("model.") and k != "model.init_from"):
+        OmegaConf.update(model, key, OmegaConf.select(cfg.model, key), merge=False, force_add=True)
+    cfg.model = model
 
 
 # ---- the one place the planner reads a composed config: it hands typed objects on ------------------
@@ -289,9 +317,11 @@ def main(argv: list[str] | None = None) -> int:
         help="build the first choice for sampled ranks under torch's fake process group and measure its memory",
     )
     args = parser.parse_args(argv)
+    args.overrides = shell_expanded(args.overrides)  # key=~/path as a shell expands a path
     t0 = time.perf_counter()
     try:
         cfg = compose(args.overrides)
+        model_from_folder(cfg, args.overrides)
         top = args.top if args.top is not None else int(cfg.planner.top)
         model, hardware, workload = specs_from_cfg(cfg)
         result = plan(model=model, hardware=hardware, workload=workload)

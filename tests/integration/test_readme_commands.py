@@ -7,8 +7,10 @@ folder that holds what the README assumes is there. The rules that turn a printe
   same train.py), into ``outputs/runN`` of the folder; ``make train`` / ``python train.py`` alone is the session's
   ``default_job`` (``make train`` as printed, 200 steps, shared with test_default_job_outputs);
 - ``python -m MODULE ARGS`` calls ``MODULE.main(ARGS)`` in this process, in the folder (the same argument parsing);
-- ``outputs/<date>/<time>`` is the folder of the scenario's last train.py run; ``~/`` is the scenario's folder
-  (``~/models/Qwen3-0.6B`` holds the default job's export: a Hugging Face folder with its tokenizer, no download);
+- ``outputs/<date>/<time>`` is the folder of the scenario's last train.py run; ``HOME`` is the scenario's folder
+  (``~/models/Qwen3-0.6B`` holds the default job's export: a Hugging Face folder with its tokenizer, no download), and
+  a command with a ``~`` runs as bash runs it: a word that starts with ``~`` expanded, ``key=~/...`` passed as
+  written (a ``python train.py`` run then starts in a new interpreter whose ``HOME`` is the folder);
   ``my_corpus/`` holds text, jsonl and parquet files (tests/helpers.py ``write_corpus``);
 - a python block runs in the folder; its last line (a ``# `` comment) is what it must print.
 Every test checks that it ran exactly its scenario's commands, so a command added to a scenario runs.
@@ -45,6 +47,20 @@ def inside(folder: Path):
         os.chdir(before)
 
 
+@contextlib.contextmanager
+def home(folder: Path):
+    """``HOME`` pointed at ``folder`` for a while, as a user whose home holds what the README assumes."""
+    before = os.environ.get("HOME")
+    os.environ["HOME"] = str(folder)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("HOME", None)
+        else:
+            os.environ["HOME"] = before
+
+
 class Scenario:
     """One scenario's folder and the commands it ran."""
 
@@ -71,8 +87,9 @@ class Scenario:
     def substitute(self, word: str) -> str:
         if self.last_run is not None:
             word = word.replace("outputs/<date>/<time>", str(self.last_run))
-        word = word.replace("~/", f"{self.folder}/")
-        return self.names.get(word, word)
+        word = self.names.get(word, word)
+        with home(self.folder):  # bash expands a word that starts with ~, not the ~ of key=~/...
+            return os.path.expanduser(word) if word.startswith("~") else word
 
     def run(self, words: list[str]) -> str:
         """Run one printed command; returns its output."""
@@ -84,13 +101,14 @@ class Scenario:
         if args[:2] == ["python", "train.py"]:
             short = [*SHORT, *([SHORT_EVAL] if any(a.startswith("trainer.eval_every=") for a in args) else [])]
             run_dir = self.folder / "outputs" / f"run{len(self.runs)}"
-            run = run_train(*args[2:], *short, run_dir=run_dir, cwd=self.folder)
+            env = {"HOME": str(self.folder)} if any("~" in a for a in args) else None
+            run = run_train(*args[2:], *short, run_dir=run_dir, cwd=self.folder, env=env)
             self.runs.append(run)
             self.last_run = run_dir
             return run.output
         assert args[:2] == ["python", "-m"], f"no rule runs {words}"
         out = io.StringIO()
-        with inside(self.folder), contextlib.redirect_stdout(out):
+        with inside(self.folder), home(self.folder), contextlib.redirect_stdout(out):
             code = importlib.import_module(args[2]).main(args[3:])
         assert code == 0, f"{' '.join(words)} exited {code}:\n{out.getvalue()[-3000:]}"
         return out.getvalue()

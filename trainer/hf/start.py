@@ -12,12 +12,11 @@ folder is only checked against it (``trainer/hf/checks.py``), as before.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from models.hf_adapter import HFConfigError, read_keys
-from models.registry import REGISTRY
+from models.hf_adapter import HFConfigError
+from models.registry import UnknownModel, hf_model
 from models.spec import hydra_schema
 from trainer.hf.folder import HFFolder, HFFolderError
 
@@ -43,16 +42,6 @@ def chose_model(overrides: list[str], choice: str | None) -> bool:
     return named or (choice is not None and choice != default_model_choice())
 
 
-def family_for(model_type: Any) -> Any:
-    """The registered ModelSpec whose adapter reads ``model_type``, or None."""
-    for spec in REGISTRY.values():
-        if spec.hf_adapter and spec.config is not None:
-            adapter = spec.hf_adapter_obj()
-            if adapter.model_type == model_type:
-                return spec
-    return None
-
-
 def model_overrides(overrides: list[str]) -> list[str]:
     """The keys (below ``model.``) the command line set, ``init_from`` aside."""
     keys = []
@@ -76,23 +65,16 @@ def adopt(cfg: DictConfig, *, overrides: list[str]) -> list[str]:
         hf = folder.config()
     except HFFolderError as exc:
         raise InitFromError(str(exc)) from None
-    spec = family_for(hf.get("model_type"))
-    if spec is None:
-        known = sorted(s.hf_adapter_obj().model_type for s in REGISTRY.values() if s.hf_adapter)
-        raise InitFromError(
-            f"model.init_from={start}: config.json has model_type={hf.get('model_type')!r}, which no meshtrain "
-            f"family reads (known: {', '.join(known)}); choose model= yourself if one fits"
-        )
-    adapter = spec.hf_adapter_obj()
     try:
-        sizes = read_keys(adapter.model_config, hf)
-        carried, notes = read_keys(adapter.training_fields, hf)
+        spec, values, notes = hf_model(hf, start=start)
+    except UnknownModel as exc:
+        raise InitFromError(str(exc)) from None
     except HFConfigError as exc:
         raise InitFromError(f"model.init_from={start}: {exc}") from None
+    fixed = [k for k in values if k not in ("name", "init_from", "rope_scaling")]  # what config.json set
     previous = cfg.model
     model = OmegaConf.structured(hydra_schema(spec.config))  # the mutable twin Hydra composes
-    values = {"name": Path(start).expanduser().name or spec.family, "init_from": start, **sizes, **carried}
-    if "max_seq_len" not in sizes and "max_seq_len" in model:
+    if "max_seq_len" not in values and "max_seq_len" in model:
         values["max_seq_len"] = "${data.seq_len}"
     model = OmegaConf.merge(model, values)
     if "lora" in previous and "lora" in model:  # the run's adapters, which no config.json describes
@@ -105,6 +87,6 @@ def adopt(cfg: DictConfig, *, overrides: list[str]) -> list[str]:
             )
         OmegaConf.update(model, key, OmegaConf.select(previous, key), merge=False)
     cfg.model = model
-    shown = ", ".join(f"{k}={OmegaConf.select(cfg.model, k)}" for k in (*sizes, *carried) if k != "rope_scaling")
+    shown = ", ".join(f"{k}={OmegaConf.select(cfg.model, k)}" for k in fixed)
     notes.insert(0, f"model.init_from={start}: the {spec.family} model its config.json describes ({shown})")
     return notes

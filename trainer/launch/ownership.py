@@ -43,6 +43,9 @@ class FolderBusy(RuntimeError):
 class _Held:
     fd: int
     count: int
+    created: tuple[Path, ...] = ()
+    """The folder and its ancestors this process made, deepest first: a run refused before it wrote anything takes
+    them away again (``discard``)."""
 
 
 #: folders this process holds: hold() is re-entrant (the Hydra callback, then the task, take the same folder)
@@ -66,6 +69,7 @@ def hold(folder: Path, *, fix: str) -> None:
     if key in _held:
         _held[key].count += 1
         return
+    created = tuple(p for p in (folder, *folder.parents) if not p.exists())
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK_FILE
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
@@ -82,10 +86,10 @@ def hold(folder: Path, *, fix: str) -> None:
             folder,
             os.strerror(exc.errno or 0),
         )
-        _held[key] = _Held(fd=-1, count=1)
+        _held[key] = _Held(fd=-1, count=1, created=created)
         return
     _write_holder(fd)
-    _held[key] = _Held(fd=fd, count=1)
+    _held[key] = _Held(fd=fd, count=1, created=created)
 
 
 def release(folder: Path) -> None:
@@ -100,6 +104,31 @@ def release(folder: Path) -> None:
     del _held[key]
     if held.fd >= 0:
         os.close(held.fd)  # closing the only descriptor of the open file drops the flock
+
+
+#: what a run folder holds before its job wrote anything: Hydra's config files and the lock
+UNWRITTEN = {".hydra", LOCK_FILE}
+
+
+def discard(folder: Path) -> bool:
+    """Remove ``folder`` if this process made it and nothing but Hydra's files and the lock is in it, and the
+    ancestors it made with it that are left empty (``outputs/<date>``): a refused command leaves no run folder that
+    would sort as the newest run. Call while holding it; True when it was removed."""
+    import shutil
+
+    folder = Path(folder).resolve()
+    held = _held.get(str(folder))
+    if held is None or folder not in held.created or not folder.is_dir():
+        return False
+    if any(p.name not in UNWRITTEN for p in folder.iterdir()):
+        return False
+    shutil.rmtree(folder, ignore_errors=True)
+    for parent in held.created[1:]:
+        try:
+            parent.rmdir()  # only when empty: another run may have written there since
+        except OSError:
+            break
+    return not folder.exists()
 
 
 def _write_holder(fd: int) -> None:

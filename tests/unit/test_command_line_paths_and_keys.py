@@ -1,0 +1,197 @@
+"""The command line as a user types it in bash: ``key=~/path`` and relative paths work, a key nothing reads is refused
+with the nearest one (``+paralel=fsdp``), and a refused command leaves no run folder behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conf.command_line import shell_expanded
+from tests.helpers import ROOT, refused_before_torch
+from trainer.validate import ConfigError, validate
+
+
+def problems(cfg) -> str:
+    with pytest.raises(ConfigError) as err:
+        validate(cfg, environ={})
+    return str(err.value)
+
+
+def train_py(*args: str, cwd: Path, home: Path) -> subprocess.CompletedProcess:
+    """``python train.py ARGS`` as bash starts it from ``cwd`` (no ``hydra.run.dir``: the default outputs/ folder)."""
+    env = {**os.environ, "HOME": str(home), "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"}
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=120
+    )
+
+
+# ---- ~ and relative paths ---------------------------------------------------------------------------------------
+
+
+def test_tilde_in_a_value_is_expanded_as_bash_expands_a_path(monkeypatch):
+    monkeypatch.setenv("HOME", "/users/me")
+    assert shell_expanded(["model.init_from=~/models/Qwen3-0.6B", "data.path=~", "--config-dir=~/conf"]) == [
+        "model.init_from=/users/me/models/Qwen3-0.6B",
+        "data.path=/users/me",
+        "--config-dir=/users/me/conf",
+    ]
+    assert shell_expanded(["+data.path=~/a,~/b"]) == ["+data.path=/users/me/a,/users/me/b"]  # each sweep value
+    kept = ["~model.lora", "parallel=fsdp", "'data.path=~/x'", "x=[~/a]", "data.path=~nobody_by_that_name/x"]
+    assert shell_expanded(kept) == kept  # Hydra's delete, no ~, quoted or structured values, an unknown user
+
+
+def test_tilde_paths_reach_the_config_from_train_py_unquoted(tmp_path):
+    """``python train.py model.init_from=~/models/X`` composes (Hydra's grammar alone refuses the ~)."""
+    out = train_py(
+        "model.init_from=~/models/X", "data=tokens", "data.path=~/data/x", "--cfg", "job", cwd=tmp_path, home=tmp_path
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"init_from: {tmp_path}/models/X" in out.stdout and f"path: {tmp_path}/data/x" in out.stdout
+
+
+def test_relative_paths_are_read_against_the_users_folder_when_the_job_moves(compose_cfg, tmp_path):
+    """hydra.job.chdir=true runs the job in its run folder: the user's relative paths still name theirs."""
+    from trainer.task import user_paths
+
+    cfg = compose_cfg("data=chat", "data.path=chats.jsonl", "model.init_from='~/models/X'", "trainer.resume=runs/a")
+    user_paths(cfg, cwd=tmp_path)
+    assert cfg.data.path == str(tmp_path / "chats.jsonl") and cfg.trainer.resume == str(tmp_path / "runs/a")
+    assert cfg.model.init_from == str(Path("~/models/X").expanduser())
+    assert cfg.data.tokenizer == cfg.model.init_from  # an interpolation follows what it names
+    cfg = compose_cfg("trainer.resume=auto")
+    user_paths(cfg, cwd=tmp_path)
+    assert cfg.trainer.resume == "auto" and cfg.data.path is None  # a word, and no path, stay
+
+
+# ---- keys nothing reads -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "+paralel=fsdp",
+            "paralel=fsdp: no key 'paralel' exists, so nothing in meshtrain would read it; did you mean parallel=fsdp?",
+        ),
+        ("+trainer.max_step=5", "did you mean trainer.max_steps=5?"),
+        ("++dp.sise=2", "did you mean dp.size=2?"),
+        ("+model.lora.rnk=8", "did you mean model.lora.rank=8?"),
+        ("+optim.fuse=false", "did you mean optim.fused=false?"),  # the optimizer class's own argument
+        (
+            "+parallel.foo=1",
+            "parallel.foo=1: no key 'parallel.foo' exists, so nothing in meshtrain would read it; drop it",
+        ),
+        ("+data.foo=1", "data.foo=1: no key 'data.foo' exists"),
+        ("+model.foo=1", "model.foo=1: no key 'model.foo' exists"),
+        ("+whatever.x=1", "whatever={'x': 1}: no key 'whatever' exists"),
+    ],
+)
+def test_a_key_nothing_reads_is_refused_with_the_nearest_one(compose_cfg, override, message):
+    assert message in problems(compose_cfg(override))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("optim=sgd", "+optim.fused=false"),  # an argument of the optimizer class (torch.optim.SGD)
+        ("+model.spec=models.gpt.spec:SPEC",),  # a key the model schema has, added
+        ("trainer.callbacks=[{_target_:tests.recording_callback.Recorder,path:x}]",),  # a callback's own
+        ("optim.scheduler={_target_:torch.optim.lr_scheduler.StepLR,_partial_:true,step_size:10}",),
+        ("model.lora.rank=8",),
+    ],
+)
+def test_keys_something_reads_are_accepted(compose_cfg, overrides):
+    from trainer.checks.keys import unread_keys
+
+    assert unread_keys(compose_cfg(*overrides)) == {}
+
+
+def test_hydra_append_hint_says_whether_the_key_exists(tmp_path):
+    """Hydra refuses ``paralel=fsdp`` with "To append to your config use +paralel=fsdp"; meshtrain adds that no such
+    key exists and names the nearest (exit 2, before torch), and ``+paralel=fsdp`` is refused too, leaving no folder."""
+    run = refused_before_torch("paralel=fsdp", run_dir=tmp_path / "run")
+    assert "To append to your config use +paralel=fsdp" in run.output
+    assert (
+        "meshtrain: no key 'paralel' exists, and +paralel=fsdp would add a key nothing reads (refused); " in run.output
+    )
+    assert "did you mean parallel=fsdp?" in run.output
+    run = refused_before_torch("model=cnn_bn", "data=images", "model.n_layers=3", run_dir=tmp_path / "run")
+    assert "'model.n_layers' is a key of other model= options, not of this run's" in run.output
+    run = refused_before_torch("+paralel=fsdp", run_dir=tmp_path / "run")
+    assert "did you mean parallel=fsdp?" in run.output and not (tmp_path / "run").exists()
+
+
+# ---- a refusal leaves nothing behind --------------------------------------------------------------------------------
+
+
+def test_a_refused_run_leaves_no_run_folder(tmp_path):
+    """A refused command's outputs/<date>/<time> is taken away again (and outputs/ when it made it), so the newest
+    folder under outputs/ stays the last run that ran; a folder the user named that existed is kept."""
+    earlier = tmp_path / "outputs" / "2026-01-01" / "00-00-00"
+    earlier.mkdir(parents=True)
+    out = train_py("dp.size=3", cwd=tmp_path, home=tmp_path)
+    assert out.returncode == 2 and "dp.size=3" in out.stderr, out.stderr[-2000:]
+    assert [p.relative_to(tmp_path) for p in sorted((tmp_path / "outputs").glob("*/*"))] == [
+        earlier.relative_to(tmp_path)
+    ]
+    out = train_py("dp.size=3", cwd=earlier.parent, home=tmp_path)
+    assert out.returncode == 2 and sorted(p.name for p in earlier.parent.iterdir()) == ["00-00-00"]  # outputs/ too
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    out = train_py("dp.size=3", f"hydra.run.dir={mine}", cwd=tmp_path, home=tmp_path)
+    assert out.returncode == 2 and mine.is_dir()  # the user's own folder is not this run's to remove
+
+
+# ---- python -m parallel.plan model.init_from=DIR ----------------------------------------------------------------
+
+QWEN3_0_6B = {  # Qwen/Qwen3-0.6B's config.json, the keys a model is built from
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "max_position_embeddings": 40960,
+    "num_attention_heads": 16,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000,
+    "tie_word_embeddings": True,
+    "vocab_size": 151936,
+}
+
+
+def test_the_planner_plans_the_folders_model_as_training_builds_it(compose_cfg, tmp_path, monkeypatch, capsys):
+    import json
+    import struct
+
+    from models.registry import model_shape
+    from parallel.plan.cli import main
+    from trainer.hf.start import adopt
+    from trainer.typed.run_spec import typed_model
+
+    folder = tmp_path / "models" / "Qwen3-0.6B"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(QWEN3_0_6B))
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", 2) + b"{}")  # training opens it; no tensor needed
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert main(["model.init_from=~/models/Qwen3-0.6B", "--json", "--top", "1"]) == 0
+    planned = json.loads(capsys.readouterr().out)["model"]
+    cfg = compose_cfg(f"model.init_from={folder}")
+    adopt(cfg, overrides=[f"model.init_from={folder}"])  # what train.py model.init_from=DIR trains
+    trained = model_shape(typed_model(cfg.model))
+    assert planned["name"] == "Qwen3-0.6B" and planned["params"] == trained.params
+    assert (planned["n_layers"], planned["d_model"], planned["vocab_size"]) == (28, 1024, 151936)
+
+    (folder / "config.json").write_text(json.dumps({**QWEN3_0_6B, "model_type": "bert"}))
+    assert main([f"model.init_from={folder}"]) == 2
+    err = capsys.readouterr().err
+    assert "config.json has model_type='bert', which no meshtrain family reads (known: gpt2, llama, qwen3" in err
+    assert main([f"model.init_from={tmp_path / 'nowhere'}"]) == 2
+    assert "no readable config.json" in capsys.readouterr().err
