@@ -1,10 +1,11 @@
-"""meshtrain's Slurm launcher and Optuna sweeper, where Hydra looks for plugins (its ``hydra_plugins`` package).
+"""meshtrain's Slurm and local launchers and Optuna sweeper, where Hydra looks for plugins (its ``hydra_plugins`` package).
 
-The classes are defined in trainer/sweeps/slurm.py and trainer/sweeps/optuna.py; Hydra accepts a plugin only
-from a module under ``hydra_plugins``, so these subclasses name them there. Selected by ``hydra/launcher=slurm``
+The classes are defined in trainer/sweeps/slurm.py, trainer/sweeps/local.py and trainer/sweeps/optuna.py; Hydra accepts a plugin only
+from a module under ``hydra_plugins``, so these subclasses name them there. Selected by ``hydra/launcher=slurm``, ``hydra/launcher=submitit_local``
 and ``hydra/sweeper=optuna`` (swapped in by trainer/sweeps/callback.py).
 """
 
+from trainer.sweeps.local import PacedLocalLauncher
 from trainer.sweeps.optuna import EndingOptunaSweeper
 from trainer.sweeps.slurm import RequeueingSlurmLauncher
 
@@ -14,4 +15,8 @@ class SlurmLauncher(RequeueingSlurmLauncher):
 
 
 class OptunaSweeper(EndingOptunaSweeper):
+    pass
+
+
+class LocalLauncher(PacedLocalLauncher):
     pass

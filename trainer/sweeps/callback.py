@@ -22,6 +22,9 @@ log = logging.getLogger("meshtrain.sweep")
 PLUGIN_OPTUNA_SWEEPER = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
 #: trainer/sweeps/optuna.py's sweeper where Hydra finds plugins
 ENDING_OPTUNA_SWEEPER = "hydra_plugins.meshtrain_launcher.meshtrain_launcher.OptunaSweeper"
+PLUGIN_LOCAL_LAUNCHER = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher"
+#: trainer/sweeps/local.py's launcher (jobs at the pace the cores hold, each start and end said)
+PACED_LOCAL_LAUNCHER = "hydra_plugins.meshtrain_launcher.meshtrain_launcher.LocalLauncher"
 
 
 class SweepStatus(Callback):
@@ -42,6 +45,12 @@ class SweepStatus(Callback):
         if sweeper.get("_target_") == PLUGIN_OPTUNA_SWEEPER:
             with read_write(sweeper):
                 sweeper._target_ = ENDING_OPTUNA_SWEEPER
+        # the same for hydra/launcher=submitit_local, instantiated right after this call too: meshtrain's runs the
+        # jobs at the pace the cores hold (+hydra.launcher.array_parallelism=N: N at a time) instead of all at once
+        launcher = config.hydra.get("launcher")
+        if launcher is not None and launcher.get("_target_") == PLUGIN_LOCAL_LAUNCHER:
+            with read_write(launcher):
+                launcher._target_ = PACED_LOCAL_LAUNCHER
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
