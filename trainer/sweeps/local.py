@@ -40,14 +40,17 @@ class PacedLocalLauncher(plugin.LocalLauncher):
         super().__init__(**params)
 
     def _job_ranks(self, overrides: Sequence[str]) -> int:
-        """The processes one job starts on this machine: its layout's ranks per node, or the submitit tasks."""
-        from trainer.validate import build_layout
+        """The processes one job starts on this machine: its ranks per node (``topology.nproc_per_node``, or the
+        layout's world size over its nodes), or the submitit tasks."""
+        from parallel.foundation import dims
 
         tasks = int(self.params.get("tasks_per_node") or 1) * int(self.params.get("cpus_per_task") or 1)
         try:
             assert self.hydra_context is not None and self.config is not None
             cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
-            ranks = build_layout(cfg).nproc_per_node
+            nproc = cfg.topology.nproc_per_node
+            world = dims.world_size({d.name: int(OmegaConf.select(cfg, d.key)) for d in dims.DIMENSIONS})
+            ranks = int(nproc) if nproc is not None else -(-world // max(1, int(cfg.topology.nnodes)))
         except Exception:  # noqa: BLE001 - a job that does not compose is refused by its own validation
             ranks = 1
         return max(tasks, ranks)
