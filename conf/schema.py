@@ -29,6 +29,7 @@ from parallel.foundation.checkpointing_modes import AC_MODES
 from parallel.foundation.choices import choices
 from parallel.foundation.optimizer import IMPLEMENTATIONS
 from parallel.foundation.precision import FP8_RECIPES, PRECISIONS
+from parallel.optim.muon_keys import ADJUST_LR_FNS, GATHER_WAYS
 
 #: enum-typed choices of the trainer's keys: a typo fails at compose time (parallel/foundation/choices.py). Precision and
 #: ActivationCheckpointing follow their one list: a new precision is one more name in PRECISIONS.
@@ -40,6 +41,8 @@ WandbConsole = choices("WandbConsole", ("off", "wrap", "redirect", "auto"), modu
 Decay = choices("Decay", ("cosine", "linear", "constant"), module=__name__)
 OptimImplementation = choices("OptimImplementation", IMPLEMENTATIONS, module=__name__)
 FP8Recipe = choices("FP8Recipe", FP8_RECIPES, module=__name__)
+AdjustLrFn = choices("AdjustLrFn", ADJUST_LR_FNS, module=__name__)
+MuonGather = choices("MuonGather", GATHER_WAYS, module=__name__)
 
 
 @dataclass
@@ -293,6 +296,40 @@ class SGDConfig:
     implementation: OptimImplementation = OptimImplementation["auto"]
 
 
+@dataclass
+class MuonConfig:
+    """``optim=muon`` (parallel/optim/muon.py): torch's Muon for the blocks' weight matrices, AdamW (``adamw_*``)
+    for embeddings, the output head, norms, biases and routers; each with its own lr and weight decay."""
+
+    _target_: str = "parallel.optim.muon.Muon"
+    _partial_: bool = True
+    name: str = "muon"
+    lr: float = 0.02
+    """Muon's lr, before torch's adjust_lr_fn scales it per matrix shape."""
+    weight_decay: float = 0.0
+    momentum: float = 0.95
+    nesterov: bool = True
+    ns_steps: int = 5
+    ns_coefficients: List[float] = field(default_factory=lambda: [3.4445, -4.7750, 2.0315])
+    """torch.optim.Muon's defaults (Keller Jordan's quintic Newton-Schulz coefficients)."""
+    eps: float = 1e-7
+    adjust_lr_fn: AdjustLrFn = AdjustLrFn["original"]
+    """torch's names: original (sqrt(max(1, rows / cols)), torch's default) or match_rms_adamw (0.2 sqrt(max dim))."""
+    adamw_lr: float = 3e-3
+    adamw_weight_decay: float = 0.0
+    adamw_betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    adamw_eps: float = 1e-8
+    muon_gather: MuonGather = MuonGather["spread"]
+    """How a sharded matrix becomes whole: spread (each matrix orthogonalised by one owner rank, gathered to it and
+    scattered back) or everywhere (every rank gathers and orthogonalises every matrix)."""
+    warmup_steps: int = 10
+    decay: Decay = Decay["cosine"]
+    min_lr_ratio: float = 0.1
+    scheduler: Optional[Any] = None
+    implementation: OptimImplementation = OptimImplementation["auto"]
+    """The AdamW part's kernels (parallel/foundation/optimizer.py)."""
+
+
 #: keys of an optim node that meshtrain reads (the schedule, the kernels), not the optimizer constructor
 NOT_OPTIMIZER_KEYS = ("name", "warmup_steps", "decay", "min_lr_ratio", "scheduler", "implementation")
 
@@ -360,3 +397,4 @@ def register_configs() -> None:
     cs.store(group=f"{SCHEMA_ROOT}/data", name="preference", node=PreferenceDataConfig)
     cs.store(group=f"{SCHEMA_ROOT}/optim", name="adamw", node=OptimConfig)
     cs.store(group=f"{SCHEMA_ROOT}/optim", name="sgd", node=SGDConfig)
+    cs.store(group=f"{SCHEMA_ROOT}/optim", name="muon", node=MuonConfig)

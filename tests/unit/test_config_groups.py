@@ -99,8 +99,12 @@ def test_optim_option_builds(compose_cfg, name):
     from trainer.loop.optim import build_optimizer, build_scheduler
 
     cfg = compose_cfg(f"optim={name}")
-    p = torch.nn.Parameter(torch.ones(3))
-    opt = build_optimizer([p], cfg.optim)
+    # named as the trainer passes them: optim=muon assigns the block's matrix to Muon, the norm to AdamW
+    named = [
+        ("layers.0.w.weight", torch.nn.Parameter(torch.ones(3, 3))),
+        ("norm.weight", torch.nn.Parameter(torch.ones(3))),
+    ]
+    opt = build_optimizer(named, cfg.optim)
     build_scheduler(opt, cfg.optim, max_steps=10)
     assert opt.param_groups[0]["lr"] == pytest.approx(
         cfg.optim.lr * (1 / cfg.optim.warmup_steps if cfg.optim.warmup_steps else 1)

@@ -47,6 +47,45 @@ def check_optim(cfg: DictConfig, layout: object, f: Findings) -> None:
     ok = isinstance(warm, int) and warm >= 0
     f.require("optim.warmup_steps", warm, ok, "must be an integer >= 0 (0: no warm-up)")
     check_implementation(cfg, layout, f)
+    if str(o.get("_target_", "")) == MUON_TARGET:
+        check_muon(cfg, f)
+
+
+#: the class ``optim=muon`` builds (conf/schema.py's MuonConfig)
+MUON_TARGET = "parallel.optim.muon.Muon"
+
+
+def check_muon(cfg: DictConfig, f: Findings) -> None:
+    """``optim=muon``'s own keys, and what it cannot train: LoRA's adapters, a model without decoder blocks."""
+    o = cfg.optim
+    steps = o.get("ns_steps")
+    ok = isinstance(steps, int) and 1 <= steps < 100
+    f.require("optim.ns_steps", steps, ok, "must be an integer in [1, 99] (torch.optim.Muon refuses 100 or more)")
+    coefficients = o.get("ns_coefficients")
+    ok = isinstance(coefficients, (list, tuple, ListConfig)) and len(coefficients) == 3
+    ok = ok and all(finite(number(c)) for c in coefficients)
+    f.require("optim.ns_coefficients", coefficients, ok, "must be three numbers (a, b, c), e.g. [3.4445,-4.775,2.0315]")
+    for key in ("adamw_lr", "adamw_weight_decay"):
+        value = number(o.get(key))
+        f.require(f"optim.{key}", o.get(key), finite(value) and value >= 0, "must be a number >= 0")
+    eps = number(o.get("adamw_eps"))
+    f.require("optim.adamw_eps", o.get("adamw_eps"), finite(eps) and eps > 0, "must be a number > 0, e.g. 1e-8")
+    betas = o.get("adamw_betas")
+    ok = isinstance(betas, (list, tuple, ListConfig)) and len(betas) == 2
+    ok = ok and all((b := number(x)) is not None and 0 <= b < 1 for x in betas)
+    f.require("optim.adamw_betas", betas, ok, "must be two numbers in [0, 1), e.g. optim.adamw_betas=[0.9,0.95]")
+    rank = number((cfg.model.get("lora") or {}).get("rank", 0))
+    if rank:
+        f.error(
+            f"optim=muon with model.lora.rank={int(rank)}: under LoRA the only trainable matrices are the adapters' "
+            f"rank-{int(rank)} factors A and B (the block weights are frozen); orthogonalising each factor does not "
+            "orthogonalise their product, the update Muon is defined for. Use optim=adamw for LoRA"
+        )
+    if "n_layers" not in cfg.model:
+        f.error(
+            f"optim=muon with model={cfg.model.get('name')}: Muon updates the weight matrices of decoder blocks "
+            "(layers.<i>.*) and this model has none; use optim=adamw"
+        )
 
 
 def check_implementation(cfg: DictConfig, layout: object, f: Findings) -> None:

@@ -121,6 +121,17 @@ class StepOutcome:
     """A preference objective's summed pair statistics on this rank (``models.preference.STATS``)."""
 
 
+def parameter_names(engine: Engine) -> dict[int, str]:
+    """id(parameter) -> its name in the full model (a pipeline stage is a pruned copy; DDP's wrapper looked
+    through), as checkpoints key it."""
+    names: dict[int, str] = {}
+    for part in engine.model_parts:
+        module = part.module if isinstance(part, (nn.parallel.DistributedDataParallel, nn.DataParallel)) else part
+        for name, p in module.named_parameters():
+            names.setdefault(id(p), name)
+    return names
+
+
 class Trainer:
     """The loop of one rank: ``fit`` runs ``step`` after ``step``, then summarises."""
 
@@ -129,8 +140,10 @@ class Trainer:
         self.engine = engine
         self.cfg = ctx.cfg
         self.data = instantiate(self.cfg.data, seed=int(self.cfg.trainer.seed))
-        # frozen weights (LoRA's base, models/lora.py) get no optimizer state
-        self.optimizer = build_optimizer((p for p in engine.parameters() if p.requires_grad), self.cfg.optim)
+        # frozen weights (LoRA's base, models/lora.py) get no optimizer state; names as checkpoints key them
+        names = parameter_names(engine)
+        trainable = [(names.get(id(p), ""), p) for p in engine.parameters() if p.requires_grad]
+        self.optimizer = build_optimizer(trainable, self.cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, max_steps=int(self.cfg.trainer.max_steps))
         self.max_steps = int(self.cfg.trainer.max_steps)
         clip = float(self.cfg.trainer.grad_clip)

@@ -12,6 +12,7 @@ in each checkpoint; a resumed run replays the schedule to it, so it continues ex
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Iterable
 
@@ -24,9 +25,10 @@ from conf.schema import NOT_OPTIMIZER_KEYS
 from parallel.foundation.optimizer import build_optimizer_over
 
 
-def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: DictConfig) -> torch.optim.Optimizer:
-    """``cfg``'s optimizer over ``params``, grouped by kind and with ``optim.implementation``'s kernels
-    (parallel/foundation/optimizer.py)."""
+def build_optimizer(params: Iterable, cfg: DictConfig) -> torch.optim.Optimizer:
+    """``cfg``'s optimizer over ``params`` (parameters, or (name, parameter) pairs), grouped by kind and with
+    ``optim.implementation``'s kernels (parallel/foundation/optimizer.py). A class that assigns parameters by name
+    (``takes_names``: ``optim=muon``, parallel/optim/muon.py) gets the pairs and the implementation itself."""
     kwargs = {
         k: v
         for k, v in OmegaConf.to_container(cfg, resolve=True, enum_to_str=True).items()
@@ -36,7 +38,14 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: DictConfig) -> to
     if "betas" in kwargs:
         kwargs["betas"] = tuple(kwargs["betas"])
     factory = instantiate(kwargs, _convert_="all")
-    return build_optimizer_over(factory, params, implementation=str(cfg.get("implementation", "auto")))
+    implementation = str(cfg.get("implementation", "auto"))
+    params = list(params)
+    named = bool(params) and isinstance(params[0], tuple)
+    if getattr(factory.func, "takes_names", False):
+        if not named:
+            raise ValueError(f"{factory.func.__name__} assigns parameters by name: pass (name, parameter) pairs")
+        return factory(params, implementation=implementation)
+    return build_optimizer_over(factory, [p for _, p in params] if named else params, implementation=implementation)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: DictConfig, *, max_steps: int) -> lr_scheduler.LRScheduler:
@@ -52,7 +61,13 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: DictConfig, *, max_st
         raise ValueError(f"optim.decay={decay}: use cosine, linear or constant")
 
     def parts() -> list[lr_scheduler.LRScheduler]:
-        if decay == "cosine":
+        if decay == "cosine" and len({g["initial_lr"] for g in optimizer.param_groups}) > 1:
+            # groups with their own lr (optim=muon): CosineAnnealingLR's eta_min is one number for all of them, so
+            # the same curve as a factor of each group's own lr
+            after = lr_scheduler.LambdaLR(
+                optimizer, lambda t: floor + (1 - floor) * (1 + math.cos(math.pi * t / span)) / 2
+            )
+        elif decay == "cosine":
             base = optimizer.param_groups[0]["initial_lr"]
             after = lr_scheduler.CosineAnnealingLR(optimizer, T_max=span, eta_min=base * floor)
         elif decay == "linear":

@@ -1,0 +1,1 @@
+"""Optimizers meshtrain builds itself around torch's own update functions (``optim=muon``)."""
