@@ -19,7 +19,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from models.spec import ConfigView
-from parallel.assembly.registry import STRATEGIES, checks_for, describe_factorization, strategy_spec
+from parallel.assembly.registry import STRATEGIES, checks_for, strategy_spec
 from parallel.assembly.strategy_checks import nearest_multiples as _nearest_multiples
 from parallel.foundation import dims
 from parallel.foundation.layout import (
@@ -35,6 +35,7 @@ from trainer.checks.keys import check_keys
 from trainer.checks.lora import check_lora
 from trainer.checks.optim import check_optim
 from trainer.checks.run import check_callbacks, check_trainer
+from trainer.checks.suggest import layout_words, runnable
 from trainer.checks.topology import check_backend, check_cores, check_topology
 from trainer.hf.checks import check_init_from
 from trainer.launch.environment import ExternalLaunch, detect_external_launch
@@ -145,8 +146,20 @@ def check_strategy(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None
         if size > 1 and dim not in spec.dims:
             f.error(
                 f"{dims.dim(dim).key}={size} with parallel={name}: {name} does not use the {dim} dimension; "
-                + spec.dim_problem(dim)
+                + (spec.foreign_dim_hint or combine_dimensions(cfg, layout, f, dim))
             )
+
+
+def combine_dimensions(cfg: DictConfig, layout: ParallelLayout, f: Findings, dim: str) -> str:
+    """The fix for a dimension the strategy lacks: hybrid with the run's degrees, where that validates, and the
+    dimension at 1, where that does."""
+    key = dims.dim(dim).key
+    hybrid = layout_words(layout.sizes, current=layout.sizes, strategy="hybrid")
+    combined = runnable(cfg, f, [hybrid])
+    without = runnable(cfg, f, [[f"{key}=1"]])
+    fixes = [f"use {combined[0]} to combine the dimensions"] if combined else []
+    fixes += [f"set {key}=1"] if without or not combined else []
+    return ", or ".join(fixes)
 
 
 def check_borrowing(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
@@ -180,13 +193,13 @@ def check_world(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
         )
         return
     if workers != layout.world_size:
-        fits = "; ".join(describe_factorization(*t) for t in factorizations(workers)[:6])
+        nproc = max(1, layout.world_size // max(1, layout.nnodes))
+        nproc_fix = runnable(cfg, f, [[f"topology.nproc_per_node={nproc}"]])
         f.error(
             f"{sizes_product(layout)} = {layout.world_size} "
             f"but topology.nnodes={layout.nnodes} x topology.nproc_per_node={layout.nproc_per_node} = "
-            f"{workers} workers. Layouts that fit {workers} workers: {fits}. "
-            f"Or set topology.nproc_per_node={max(1, layout.world_size // max(1, layout.nnodes))} "
-            "(null follows the layout)"
+            f"{workers} workers. {layouts_that_fit(cfg, layout, f, workers)}"
+            + (f" Or set {nproc_fix[0]} (null follows the layout)" if nproc_fix else "")
         )
 
 
@@ -200,14 +213,22 @@ def check_external(cfg: DictConfig, layout: ParallelLayout, external: ExternalLa
     product = layout.world_size
     if keys is None or external.world_size == product:
         return False
-    fits = "; ".join(describe_factorization(*t) for t in factorizations(external.world_size)[:6])
     f.error(
         f"{external.kind} started {external.world_size} tasks ({external.nnodes} node(s) x "
         f"{external.local_world_size}) but {sizes_product(layout)} "
         f"= {product} ranks. Set {keys} to {product} in all, or choose a layout for {external.world_size} "
-        f"ranks: {fits}"
+        f"ranks. {layouts_that_fit(cfg, layout, f, external.world_size)}"
     )
     return True
+
+
+def layouts_that_fit(cfg: DictConfig, layout: ParallelLayout, f: Findings, workers: int) -> str:
+    """``Layouts that fit N workers: A; B.``: the factorizations of ``workers`` that pass validation for this run."""
+    candidates = (layout_words(dict(zip(dims.names(), t)), current=layout.sizes) for t in factorizations(workers))
+    fits = runnable(cfg, f, candidates)
+    if fits:
+        return f"Layouts that fit {workers} workers and pass validation for this run: {'; '.join(fits)}."
+    return f"No layout of {workers} workers passes validation for this run."
 
 
 def check_batch(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
@@ -363,15 +384,28 @@ CHECKS: list[Check] = [
 
 
 def validate(cfg: DictConfig, *, environ: dict[str, str] | None = None) -> ValidatedRun:
-    """Check ``cfg`` and derive its layout; raise ``ConfigError`` listing every problem."""
+    """Check ``cfg`` and derive its layout; raise ``ConfigError`` listing every problem (each layout a problem
+    suggests passes this validation itself: trainer/checks/suggest.py)."""
     external = detect_external_launch(environ)
+
+    def runs(candidate: DictConfig) -> bool:
+        try:
+            _validate(candidate, external, runs=None)
+        except ConfigError:
+            return False
+        return True
+
+    return _validate(cfg, external, runs=runs)
+
+
+def _validate(cfg: DictConfig, external: ExternalLaunch | None, *, runs) -> ValidatedRun:
     try:
         layout = build_layout(cfg, external)
     except ConfigError:
         raise
     except (TypeError, ValueError) as exc:
         raise ConfigError([f"cannot read the parallel layout: {exc}"]) from None
-    findings = Findings(external=external)
+    findings = Findings(external=external, runs=runs)
     checks = CHECKS
     if external is not None and check_external(cfg, layout, external, findings):
         checks = [c for c in CHECKS if c is not check_world]  # said above, in the outer launcher's words

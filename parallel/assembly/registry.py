@@ -99,7 +99,8 @@ class StrategySpec:
     resolved_before_launch: bool = False
     """A placeholder the planner replaces before validation (``parallel=auto``)."""
     foreign_dim_hint: str | None = None
-    """What to say when a dimension outside ``dims`` is > 1 (default: combine with parallel=hybrid)."""
+    """What to say when a dimension outside ``dims`` is > 1 (default: parallel=hybrid with the run's degrees, where that
+    validates, or the dimension at 1: trainer/validate.py ``combine_dimensions``)."""
     picked_for: Callable[[LayoutShape], bool] | None = None
     """The layouts the planner (and the "layouts that fit" hint) trains with this strategy; None: never
     picked. ``STRATEGIES`` is searched in order, the first match wins."""
@@ -116,11 +117,6 @@ class StrategySpec:
     def pipelined(self, pp: int) -> bool:
         """Whether a run with ``pp.size=pp`` drives the pipeline engine (schedule, micro-batches)."""
         return pp > 1 or self.pipeline == "always"
-
-    def dim_problem(self, dim: str) -> str:
-        if self.foreign_dim_hint:
-            return self.foreign_dim_hint
-        return f"use parallel=hybrid to combine dimensions, or set {dims.dim(dim).key}=1"
 
 
 def _only(*dims: str, **when: object) -> Callable[[LayoutShape], bool]:

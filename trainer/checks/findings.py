@@ -25,6 +25,9 @@ class Findings:
     warnings: list[str] = field(default_factory=list)
     external: ExternalLaunch | None = None
     """Set when torchrun / Slurm started this process (ranks and addresses are theirs)."""
+    runs: Callable[[Any], bool] | None = None
+    """Whether another config (a layout a refusal would suggest) passes validation for this run; unset while such a
+    candidate is itself validated (trainer/checks/suggest.py)."""
 
     def error(self, msg: str) -> None:
         self.problems.append(msg)
