@@ -125,3 +125,19 @@ def test_chat_needs_a_path_and_a_tokenizer():
         ChatData(global_batch_size=2, seq_len=8, tokenizer="x")
     with pytest.raises(DataError, match=r"model.init_from=DIR.*data.tokenizer=DIR"):
         ChatData(global_batch_size=2, seq_len=8, path="x.jsonl")
+
+
+def test_chat_preparation_says_its_start_stages_and_end(tmp_path, tokenizer_dir, capsys, monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("SLURM_PROCID", raising=False)
+    data = _data(tmp_path, tokenizer_dir, conversations(12), val_fraction=0.25)
+    data.prepare()
+    out = [line for line in capsys.readouterr().out.splitlines() if line.startswith("preparing chat data from ")]
+    assert out[0].endswith(": started") and str(tmp_path / "chats.jsonl") in out[0]
+    assert "12 conversation(s) read; loading the tokenizer of" in out[1]
+    assert ": tokenizing with its chat template, " in out[2]
+    meta = data.metadata["splits"]
+    tokens = meta["train"]["tokens"] + meta["validation"]["tokens"]
+    assert f": done, 12 conversations, {tokens:,} tokens (" in out[-1] and out[-1].endswith(" s")
+    data.prepare()  # prepared already: nothing to say
+    assert "preparing chat data" not in capsys.readouterr().out

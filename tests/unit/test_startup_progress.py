@@ -144,3 +144,50 @@ def test_torchao_kernel_library_warnings_alone_are_filtered():
     assert out.returncode == 0, out.stderr[-2000:]
     assert "Failed to load" not in out.stderr and "KernelPreference" not in out.stderr, out.stderr[-2000:]
     assert "another torchao warning" in out.stderr and "another pytree warning" in out.stderr
+
+
+def test_a_preparation_says_its_start_progress_and_end():
+    from trainer.observe.startup import PREPARATION_EVERY_S, Steps
+
+    said, now = [], [0.0]
+    steps = Steps("tokenizing", unit="documents", total=100, say=said.append, clock=lambda: now[0])
+    for _ in range(10):  # 10 batches of 10 documents, 2 s each: a line at least every PREPARATION_EVERY_S
+        now[0] += 2.0
+        steps.advance(10, note="some tokens")
+    steps.end("100 documents")
+    assert PREPARATION_EVERY_S == 5.0
+    assert said[0] == "tokenizing: started (100 documents)"
+    assert said[1:-1] == [
+        "tokenizing: 30/100 documents (30%), some tokens, 6.0 s",
+        "tokenizing: 60/100 documents (60%), some tokens, 12.0 s",
+        "tokenizing: 90/100 documents (90%), some tokens, 18.0 s",
+    ]
+    assert said[-1] == "tokenizing: done, 100 documents, in 20.0 s"
+
+
+def test_the_default_corpus_says_what_it_reads(capsys, monkeypatch):
+    from trainer.data.datasets import _stdlib_sources
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("SLURM_PROCID", raising=False)
+    data = _stdlib_sources(200_000)
+    out = capsys.readouterr().out.splitlines()
+    assert len(data) == 200_000
+    assert out[0].startswith("reading the default corpus from ") and out[0].endswith(": started (200,000 bytes)")
+    assert out[-1].startswith("reading the default corpus from ") and ": done, 200,000 bytes from " in out[-1]
+
+
+def test_token_preparation_off_a_terminal_says_its_start_and_end(tmp_path):
+    from tests.helpers import write_corpus
+    from trainer.data.prepare import prepare
+
+    write_corpus(tmp_path / "corpus")
+    said: list[str] = []
+    prepare(
+        inputs=[str(tmp_path / "corpus")], output=str(tmp_path / "out"), vocab_size=300, progress=False, log=said.append
+    )
+    assert any(line.startswith("reading ") and "file(s)" in line for line in said), said
+    assert any(line.startswith("BPE trained in ") for line in said), said
+    start = next(i for i, line in enumerate(said) if line.startswith("tokenizing: started ("))
+    end = next(i for i, line in enumerate(said) if line.startswith("tokenizing: done, "))
+    assert start < end and said[end].endswith(" s") and " documents, in " in said[end]

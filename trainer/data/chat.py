@@ -35,6 +35,7 @@ import numpy as np
 from trainer.data.packing import PACKINGS, assemble, fill_rows
 from trainer.data.shards import DataError
 from trainer.data.user_files import COPY_AGAIN, read_json_object
+from trainer.observe.startup import Steps
 
 FORMAT = "meshtrain-chat-shards"
 VERSION = 1
@@ -174,10 +175,16 @@ def prepare_chat(
 ) -> dict[str, Any]:
     """Tokenize every conversation, refuse bad ones (all listed, by file and line), write the splits and
     ``metadata.json`` last; returns the metadata."""
+    where = f"{files[0]}" + (f" and {len(files) - 1} more file(s)" if len(files) > 1 else "")
+    steps = Steps(f"preparing chat data from {where}", unit="conversations")
     conversations, problems = read_conversations(files)
+    steps.total = len(conversations)
+    steps.note(f"{len(conversations):,} conversation(s) read; loading the tokenizer of {tokenizer}")
     tok = load_tokenizer(tokenizer)
+    steps.note("tokenizing with its chat template")
     docs: list[tuple[list[int], list[bool]]] = []
     for where, messages in conversations:
+        steps.advance()
         try:
             ids, flags = tokenize(tok, messages)
         except Exception as exc:  # noqa: BLE001 - the template's own errors (raise_exception) name the conversation
@@ -223,6 +230,9 @@ def prepare_chat(
     (tmp / METADATA).write_text(json.dumps(meta, indent=2))
     shutil.rmtree(output, ignore_errors=True)
     tmp.rename(output)
+    tokens = sum(split["tokens"] for split in splits.values())
+    targets = sum(split["targets"] for split in splits.values())
+    steps.end(f"{len(docs):,} conversations, {tokens:,} tokens ({targets:,} targets) in {output}")
     return meta
 
 

@@ -21,12 +21,14 @@ import numpy as np
 from trainer.data.packing import PACKINGS, window_documents
 from trainer.data.shards import DataError, TokenStream, check_shards, open_split, read_metadata
 from trainer.observe.durable import write_bytes_atomic
+from trainer.observe.startup import Steps
 
 __all__ = ["DataError", "SyntheticImages", "TextCorpus", "TokenShards"]
 
 
 def _stdlib_sources(max_bytes: int) -> bytes:
     root = Path(sysconfig.get_paths()["stdlib"])
+    steps = Steps(f"reading the default corpus from {root}", unit="bytes", total=max_bytes)
     chunks, total = [], 0
     for path in sorted(root.rglob("*.py")):
         if "site-packages" in path.parts:
@@ -37,8 +39,10 @@ def _stdlib_sources(max_bytes: int) -> bytes:
             continue
         chunks.append(data)
         total += len(data)
+        steps.advance(len(data), note=f"{len(chunks):,} files")
         if total >= max_bytes:
             break
+    steps.end(f"{min(total, max_bytes):,} bytes from {len(chunks):,} files")
     return b"".join(chunks)[:max_bytes]
 
 

@@ -50,6 +50,7 @@ from trainer.data.shards import (  # noqa: E402
 )
 from trainer.data.user_files import read_json_object, read_tokenizer  # noqa: E402
 from trainer.observe.durable import write_bytes_atomic  # noqa: E402
+from trainer.observe.startup import Steps  # noqa: E402
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text", ".py")
 JSON_SUFFIXES = (".jsonl", ".json")
@@ -245,6 +246,11 @@ class ShardWriter:
         self.shards.append({"file": name, "tokens": int(len(tokens))})
         self.tokens += int(len(tokens))
 
+    @property
+    def tokens_seen(self) -> int:
+        """Tokens added so far, written or still buffered."""
+        return self.tokens + self._buffered
+
     def entry(self) -> dict[str, Any]:
         return {"tokens": self.tokens, "documents": self.documents, "shards": self.shards}
 
@@ -332,6 +338,7 @@ def prepare(
     for stale in out.glob(".hf-cache-*"):  # left by a killed run
         shutil.rmtree(stale, ignore_errors=True)
     with tempfile.TemporaryDirectory(dir=out, prefix=".hf-cache-") as cache:
+        log(f"reading {len(files)} file(s) (HF datasets, local files only)")
         docs = load_documents(files, text_field=text_field, sample_by=sample_by, cache_dir=Path(cache))
         return _tokenize_and_write(
             docs,
@@ -380,10 +387,12 @@ def _tokenize_and_write(
     else:
         log(f"training a byte-level BPE of {vocab_size} tokens on the train documents")
         train_docs = (t for texts in iter_texts(docs, keep=~is_val, batch=batch_docs) for t in texts)
+        trained = time.perf_counter()
         tok = train_bpe(
             train_docs, vocab_size=vocab_size, count=len(docs) - n_val, eos=eos_token or DEFAULT_EOS, show_progress=show
         )
         source = "trained byte-level BPE"
+        log(f"BPE trained in {time.perf_counter() - trained:.1f} s")
     eos_name, eos_id = _eos_id(tok, eos_token or (None if tok_file else DEFAULT_EOS))
     tok_path = out / "tokenizer.json"
     write_bytes_atomic(tok_path, tok.to_str().encode())
@@ -394,6 +403,8 @@ def _tokenize_and_write(
     }
     encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
     eos_arr = np.array([eos_id], dtype=np.int64)
+    # on a terminal rich's bar; elsewhere (a file, a pipe) a line at least every PREPARATION_EVERY_S
+    steps = None if show else Steps("tokenizing", unit="documents", total=len(docs), say=log)
     with _progress(show) as bar:
         task = bar.add_task("tokenizing", total=len(docs))
         for lo, chunk in zip(range(0, len(docs), batch_docs), iter_texts(docs, batch=batch_docs)):
@@ -401,6 +412,10 @@ def _tokenize_and_write(
                 ids = np.concatenate([np.asarray(enc.ids, dtype=np.int64), eos_arr])
                 writers["validation" if is_val[lo + j] else "train"].add(ids)
             bar.advance(task, len(chunk))
+            if steps is not None:
+                steps.advance(len(chunk), note=f"{sum(w.tokens_seen for w in writers.values()):,} tokens")
+    if steps is not None:
+        steps.end(f"{sum(w.documents for w in writers.values()):,} documents")
     for w in writers.values():
         w.close()
     meta = {

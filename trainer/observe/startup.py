@@ -1,4 +1,5 @@
-"""Start-up progress: what a run is doing before its first step, each line with the seconds since the command started.
+"""Start-up progress: what a run is doing before its first step, each line with the seconds since the command started;
+and a long preparation (chat, tokens, the corpus) said as it goes (``Steps``).
 
 The clock starts when the command's process started (``python train.py``, ``meshtrain``, a torchrun or srun rank); a
 job of a multirun starts it when Hydra hands it the job, so each job counts its own start-up. The launcher passes the
@@ -11,10 +12,21 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 STARTED_KEY = "started_unix"
 """run_meta's key for the clock's start (seconds since the epoch)."""
+
+PREPARATION_EVERY_S = 5.0
+"""The longest a preparation stays silent between its start and end lines."""
+
+
+def console(line: str) -> None:
+    """A line on the console, at once. Under torchrun or srun every rank runs the launcher's code; only rank 0 says
+    it."""
+    if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
+        print(line, file=sys.stdout, flush=True)
 
 
 def process_started_unix() -> float:
@@ -50,7 +62,45 @@ class StartClock:
         return f"[+{self.elapsed():.1f} s] {message}"
 
     def say(self, message: str) -> None:
-        """A stage of the launcher process (before any worker has a log): on the console, at once. Under torchrun or
-        srun every rank runs the launcher's code; only rank 0 says it."""
-        if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
-            print(self.line(message), file=sys.stdout, flush=True)
+        """A stage of the launcher process (before any worker has a log): on the console, at once."""
+        console(self.line(message))
+
+
+@dataclass
+class Steps:
+    """A long preparation said as it goes: a start line, a line with what is done at least every ``every_s`` while
+    ``advance`` is called, and an end line with its time (``what: done, SUMMARY, in 8.1 s``)."""
+
+    what: str
+    unit: str
+    total: int | None = None
+    say: Callable[[str], None] = console
+    every_s: float = PREPARATION_EVERY_S
+    clock: Callable[[], float] = time.monotonic
+    done: int = 0
+    started: float = field(init=False)
+    last: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.started = self.last = self.clock()
+        self.say(f"{self.what}: started" + (f" ({self.total:,} {self.unit})" if self.total is not None else ""))
+
+    def advance(self, n: int = 1, *, note: str = "") -> None:
+        self.done += n
+        now = self.clock()
+        if now - self.last >= self.every_s:
+            self.last = now
+            of = f"/{self.total:,}" if self.total else ""
+            share = f" ({self.done / self.total:.0%})" if self.total else ""
+            self.say(
+                f"{self.what}: {self.done:,}{of} {self.unit}{share}{', ' + note if note else ''}, "
+                f"{now - self.started:.1f} s"
+            )
+
+    def note(self, message: str) -> None:
+        """A stage of the preparation (``what: message, 2.0 s``)."""
+        self.last = self.clock()
+        self.say(f"{self.what}: {message}, {self.last - self.started:.1f} s")
+
+    def end(self, summary: str) -> None:
+        self.say(f"{self.what}: done, {summary}, in {self.clock() - self.started:.1f} s")
