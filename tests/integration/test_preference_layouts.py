@@ -4,7 +4,8 @@ log-probabilities through its own engine before its first step. Full weights: dd
 replica), fsdp, tp (loss parallel) and dp 2 x pp 2 (1F1B, the chosen and rejected of a pair in one micro-batch)
 reproduce single's losses, reward margins, log-probabilities and gradient norms to 1e-6 relative (the rewards to
 1e-6 of the log-probabilities they are differences of), its accuracies and held-out loss;
-with LoRA (the reference: the base with the adapters off), fsdp reproduces lora single's and step 1 is ln 2."""
+with LoRA (the reference: the base with the adapters off), fsdp reproduces lora single's and step 1 is ln 2; a
+Qwen3-MoE under dp 2 x ep 2 reproduces its single's."""
 
 from __future__ import annotations
 
@@ -35,6 +36,16 @@ LAYOUTS = {
     },
     "lora_single": {"defaults": [{"override /parallel": "single"}], "model": LORA},
     "lora_fsdp": {"defaults": [{"override /parallel": "fsdp"}], "model": LORA},
+    # a Qwen3-MoE folder (8 experts, 2 a token): expert parallel over 2 ranks borrowed from dp 2
+    "moe_single": {"defaults": [{"override /parallel": "single"}], "moe": True},
+    "moe_dp2_ep2": {
+        "defaults": [{"override /parallel": "hybrid"}],
+        "dp": {"size": 2},
+        "ep": {"size": 2},
+        "tp": {"size": 1},
+        "pp": {"size": 1},
+        "moe": True,
+    },
 }
 COMPARED = ("loss", "grad_norm", "rewards_margin", "logps_chosen", "logps_rejected")
 #: a reward is beta x (policy - reference) log-probability: a difference of two sums of ~60 nats, so float32's rounding
@@ -58,24 +69,25 @@ def preference_pairs(n: int, *, seed: int = 0) -> list[dict]:
 @pytest.fixture(scope="module")
 def start(tmp_path_factory):
     root = tmp_path_factory.mktemp("pref")
-    hf = hf_model("qwen3", vocab_size=VOCAB, max_position_embeddings=SEQ, num_key_value_heads=2, head_dim=32)
-    folder = save_folder(hf, root / "qwen3")
-    write_tokenizer(folder)
+    shape = {"vocab_size": VOCAB, "max_position_embeddings": SEQ, "num_key_value_heads": 2, "head_dim": 32}
+    folder = write_tokenizer(save_folder(hf_model("qwen3", **shape), root / "qwen3"))
+    write_tokenizer(save_folder(hf_model("qwen3_moe", **shape), root / "qwen3_moe"))
     return folder, write_jsonl(root / "pairs.jsonl", preference_pairs(40))
 
 
 @pytest.fixture(scope="module")
 def runs(start, tmp_path_factory):
     folder, pairs = start
-    cases = {
-        name: {**case, "data": {"path": str(pairs), "cache_dir": str(folder.parent / "cache" / name), **case.get("data", {})}}
-        for name, case in LAYOUTS.items()
-    }  # fmt: skip
+    cases = {}
+    for name, case in LAYOUTS.items():
+        case = dict(case)
+        init = folder.parent / ("qwen3_moe" if case.pop("moe", False) else "qwen3")
+        data = {"path": str(pairs), "cache_dir": str(folder.parent / "cache" / name), **case.get("data", {})}
+        cases[name] = {**case, "data": data, "model": {"init_from": str(init), **case.get("model", {})}}
     return case_multirun(
         cases,
         "data=preference",
         "trainer.objective=dpo",
-        f"model.init_from={folder}",
         f"data.seq_len={SEQ}",
         "data.global_batch_size=8",
         "trainer.max_steps=3",
@@ -111,7 +123,8 @@ def test_step_one_is_ln2_and_the_held_out_pairs_are_scored(runs):
 
 
 @pytest.mark.parametrize("case, ref", [("ddp", "single"), ("fsdp", "single"), ("tp", "single"),
-                                       ("dp2_pp2", "single"), ("lora_fsdp", "lora_single")])  # fmt: skip
+                                       ("dp2_pp2", "single"), ("lora_fsdp", "lora_single"),
+                                       ("moe_dp2_ep2", "moe_single")])  # fmt: skip
 def test_layouts_reproduce_single(runs, case, ref):
     got, want = metrics(runs[case]), metrics(runs[ref])
     assert len(got) == len(want) == 3

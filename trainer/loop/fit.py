@@ -428,9 +428,10 @@ class Trainer:
             return {}
         best_step, best = min(self.val_history, key=lambda sv: sv[1])
         last_step, last = self.val_history[-1]
-        return {
+        ppl = {} if self.objective is not None else {"val_ppl": math.exp(last) if last < 700 else float("inf")}
+        return {  # a preference loss has no perplexity
             "val_loss": last,
-            "val_ppl": math.exp(last) if last < 700 else float("inf"),
+            **ppl,
             "val_step": last_step,
             "best_val_loss": best,
             "best_val_step": best_step,
