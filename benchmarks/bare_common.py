@@ -1,6 +1,6 @@
 """What every hand-written baseline loop (``benchmarks/bare_*.py``) shares with ``python train.py``'s defaults.
 
-The model (``--model``: gpt_small, llama_debug, qwen3_debug or the MoE qwen3_moe_debug, each its
+The model (``--model``: gpt_small, llama_debug, qwen3_debug or the MoEs qwen3_moe_debug and deepseek_v3_debug, each its
 ``conf/model/<name>.yaml`` shape), the byte data (``TextCorpus``, the same global batch per step
 as meshtrain's), AdamW with ``conf/optim/adamw.yaml``'s lr and betas, clipping at ``trainer.grad_clip``'s 1.0,
 one thread per rank, and the timing each loop prints: one JSON line with the median steady-state tokens/s
@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from models.deepseek_v3.model import DeepseekV3
 from models.gpt.model import GPT
 from models.llama.model import Llama
 from models.qwen3.model import Qwen3
@@ -47,6 +48,33 @@ MODELS: dict[str, tuple[type[nn.Module], dict]] = {
         Qwen3Moe,
         {**_QWEN3, "n_experts": 8, "top_k": 2, "moe_d_ff": 128, "mlp_only_layers": [3], "router_aux_loss_coef": 0.001},
     ),
+    # MLA (q rank 48, kv rank 32), layer 0 dense, 8 experts of width 32 in 4 groups (2 picked, then top-2), 1 shared,
+    # sigmoid scores x 2.5, the routing bias moved every step, the sequence-wise balance loss at 0.0001
+    "deepseek_v3_debug": (
+        DeepseekV3,
+        {
+            "vocab_size": VOCAB,
+            "n_layers": 4,
+            "d_model": 64,
+            "n_heads": 4,
+            "q_lora_rank": 48,
+            "kv_lora_rank": 32,
+            "qk_nope_head_dim": 16,
+            "qk_rope_head_dim": 8,
+            "v_head_dim": 16,
+            "d_ff": 192,
+            "first_k_dense_replace": 1,
+            "n_experts": 8,
+            "top_k": 2,
+            "moe_d_ff": 32,
+            "n_shared_experts": 1,
+            "n_group": 4,
+            "topk_group": 2,
+            "route_scale": 2.5,
+            "bias_update_rate": 0.001,
+            "seq_aux_loss_coef": 0.0001,
+        },
+    ),  # fmt: skip
 }
 #: steps whose times are left out of the median (meshtrain's StepStats warm-up)
 WARMUP_STEPS = 2

@@ -6,11 +6,16 @@ there and sends the outputs back the same way (torch's autograd all-to-all, whos
 exchange). FSDP2 shards the experts over their own mesh (the dp / ep ranks holding the same experts: one rank
 here), then each block and the root over dp. An expert's gradient sums the contributions of every ep rank's tokens,
 so it is divided by ep after backward (the mean over the data-parallel ranks, as the dense parameters'); the norm
-for clipping sums every rank's local squares (shards and experts are disjoint). ``--model qwen3_moe_debug`` only.
+for clipping sums every rank's local squares (shards and experts are disjoint). As meshtrain's default
+(``model.balance_scope=global``) each block's load-balancing loss counts its experts over every rank's batch (an
+all-reduce of E counts over dp), and after each step the routing biases move from the step's counts summed over the
+ranks (DeepSeek-V3's balancing; a no-op for Qwen3-MoE without it). ``--model qwen3_moe_debug`` or
+``deepseek_v3_debug``.
 Shared parts: ``benchmarks/bare_common.py``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -20,7 +25,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from benchmarks import bare_common as bare
-from models.moe import LocalDispatch, Routed, moe_layers
+from models.moe import LocalDispatch, Routed, moe_layers, update_expert_bias
+
+#: the MoE models of ``bare_common.MODELS``
+MOE_MODELS = ("qwen3_moe_debug", "deepseek_v3_debug")
 
 
 @dataclass
@@ -71,10 +79,23 @@ class AllToAllDispatch(LocalDispatch):
         )
 
 
+def balanced(step: Callable[[int], torch.Tensor], model: torch.nn.Module) -> Callable[[int], torch.Tensor]:
+    """``step``, then DeepSeek-V3's routing biases moved from the step's counts summed over every rank."""
+
+    def run(i: int) -> torch.Tensor:
+        loss = step(i)
+        update_expert_bias(model, reduce=lambda counts: dist.all_reduce(counts))
+        return loss
+
+    return run
+
+
 def main() -> None:
     args = bare.parse_args(ep=2)
-    if args.model != "qwen3_moe_debug":
-        raise SystemExit(f"bare_ep.py --model {args.model}: expert parallel needs a MoE model (qwen3_moe_debug)")
+    if args.model not in MOE_MODELS:
+        raise SystemExit(
+            f"bare_ep.py --model {args.model}: expert parallel needs a MoE model ({', '.join(MOE_MODELS)})"
+        )
     rank, world, device = bare.init(args)
     dp_mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
     # ep inner (neighbouring ranks exchange tokens); the outer dimension holds the same experts: their FSDP2 mesh
@@ -84,6 +105,7 @@ def main() -> None:
     experts = []
     for block in moe_layers(model):
         block.dispatcher = AllToAllDispatch(block.n_experts, group=ep_mesh["ep"].get_group(), ep=args.ep)
+        block.balance_group = dp_mesh.get_group()  # the load-balancing loss's counts over every rank's batch
         local = block.n_experts // args.ep
         for name, param in list(block.experts.named_parameters(recurse=False)):
             mine = param.detach()[ep_rank * local : (ep_rank + 1) * local].clone()
@@ -112,7 +134,8 @@ def main() -> None:
         clip=clip,
         device=device,
     )
-    bare.timed_loop(args, step, report=rank == 0)
+
+    bare.timed_loop(args, balanced(step, model), report=rank == 0)
     del model, opt, step, clip
     bare.close()
 

@@ -1,7 +1,7 @@
 """meshtrain's overhead: ``python train.py`` against a hand-written torch loop, strategy by strategy.
 
 Each pair trains the same model (``--model``: gpt_small, llama_debug or qwen3_debug; the expert-parallel pair
-the MoE qwen3_moe_debug), byte data, global batch, AdamW, clipping and thread count;
+the MoEs qwen3_moe_debug and deepseek_v3_debug), byte data, global batch, AdamW, clipping and thread count;
 the hand-written side (``benchmarks/bare_*.py``, plain torch) is started as a torch user starts it,
 ``torchrun --nproc_per_node=N script.py``, and meshtrain as its user starts it, ``python train.py
 parallel=...`` (its launcher forks the workers on CPU: ``topology.start_method=auto``), both from a new
@@ -18,6 +18,7 @@ seed, model and batch: they should agree to about 1e-6).
     python benchmarks/overhead.py --strategy all --control   # the hand-written loop on both sides
     python benchmarks/overhead.py --strategy all --model llama_debug   # the decoders: llama_debug, qwen3_debug
     python benchmarks/overhead.py --strategy ep --model qwen3_moe_debug  # expert parallel, dp=2 x ep=2
+    python benchmarks/overhead.py --strategy ep --model deepseek_v3_debug  # the same with MLA, shared experts
 
 ``--control`` runs the hand-written loop in meshtrain's place too: the ratios two identical runs show on this
 machine, the noise any meshtrain / hand-written ratio carries (the "meshtrain" columns are then the second
@@ -71,7 +72,7 @@ PAIRS = {
         2,
         ("parallel=hybrid", "dp.size=2", "ep.size=2", "tp.size=1", "pp.size=1"),
         "expert parallel dp=2 x ep=2 (all-to-all dispatch, FSDP2)",
-        models=("qwen3_moe_debug",),
+        models=("qwen3_moe_debug", "deepseek_v3_debug"),
     ),
 }
 
@@ -211,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         "--model",
         choices=list(dict.fromkeys(m for p in PAIRS.values() for m in pair_models(p))),
         default=None,
-        help="gpt_small by default; qwen3_moe_debug (the default of --strategy ep) for the expert-parallel pair only",
+        help="gpt_small by default; qwen3_moe_debug (the default of --strategy ep) or deepseek_v3_debug for the expert-parallel pair only",
     )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=40)

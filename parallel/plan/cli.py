@@ -26,7 +26,7 @@ from models.shape import count_text
 from models.spec import hydra_schema, make_config
 from parallel.config import PlannerConfig, TopologyConfig
 from parallel.foundation import dims
-from parallel.plan.cost_model import Estimate
+from parallel.plan.cost_model import Candidate, Estimate, estimate
 from parallel.plan.search import TRAINER_AC, Plan, describe, pitfalls, plan, strategy_of
 from parallel.plan.specs import GB, TRAINER_PRECISION, HardwareSpec, ModelShape, PlanError, Workload
 
@@ -259,6 +259,53 @@ def _versus(r, key: str) -> str:
     return f"{got} ({r.estimated[key] / GB:.4g}, {ratio - 1:+.1%})" if ratio else got
 
 
+def layout_candidate(text: str) -> Candidate:
+    """``--layout "dp=128 pp=16 ep=64 zero=1 m=120 schedule=1f1b"`` as a ``Candidate`` (the degrees by their
+    dimension names; ``m``: micro-batches; ``zero``: 0-3; ``schedule``, ``recompute``, ``v``: stages per rank;
+    ``sp``: sequence parallel 0/1)."""
+    fields = {"m": "micro_batches", "zero": "zero_stage", "schedule": "schedule", "recompute": "recompute",
+              "v": "stages_per_rank", "sp": "sequence_parallel"}  # fmt: skip
+    sizes: dict[str, int] = {}
+    kwargs: dict[str, Any] = {}
+    for item in text.replace(",", " ").split():
+        key, sep, value = item.partition("=")
+        if not sep or (key not in fields and key not in dims.names()):
+            raise PlanError(
+                f"--layout {text!r}: {item!r} is not KEY=VALUE with KEY one of {', '.join([*dims.names(), *fields])}"
+            )
+        if key in dims.names():
+            sizes[key] = int(value)
+        elif key in ("schedule", "recompute"):
+            kwargs[fields[key]] = value
+        else:
+            kwargs[fields[key]] = bool(int(value)) if key == "sp" else int(value)
+    if kwargs.get("schedule") is None:
+        kwargs["schedule"] = "1f1b" if sizes.get("pp", 1) > 1 else "none"
+    return Candidate(sizes=sizes, **kwargs)
+
+
+def gpu_hours_per_trillion_tokens(e: Estimate, *, hardware: HardwareSpec, workload: Workload) -> float:
+    """Device-hours one trillion training tokens take at the estimate's step time on every device of the topology."""
+    tokens_per_step = workload.global_batch_size * workload.seq_len
+    return e.step_time_s * hardware.world_size / 3600 * 1e12 / tokens_per_step
+
+
+def print_cost_lines(p: Plan, *, layout: Estimate | None, reference: float | None, file=None) -> None:
+    """GPU-hours per trillion tokens of the first choice and of ``layout`` (a published run's), beside ``reference``
+    (the published figure) with their ratios."""
+    rows = [("first choice", p.ranked[0])] if p.ranked else []
+    rows += [("--layout", layout)] if layout is not None else []
+    for name, e in rows:
+        hours = gpu_hours_per_trillion_tokens(e, hardware=p.hardware, workload=p.workload)
+        against = f"; published {reference:,.0f}, ratio {hours / reference:.2f}" if reference else ""
+        fits = "" if e.fits else f" (does not fit: {e.memory.total / GB:.1f} GB > {e.budget_bytes / GB:.1f} GB)"
+        print(
+            f"{name}: {describe(e.candidate)}: {e.step_time_s:.4g} s/step, {hours:,.0f} GPU-hours per trillion tokens"
+            f"{against}{fits}",
+            file=file or sys.stdout,
+        )
+
+
 def print_dry_run(report, *, file=None) -> None:
     """Measured beside estimated bytes per sampled rank (``parallel/plan/dry_run.py``)."""
     from rich.console import Console
@@ -316,6 +363,18 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="build the first choice for sampled ranks under torch's fake process group and measure its memory",
     )
+    parser.add_argument(
+        "--layout",
+        default=None,
+        help='also price this layout, e.g. "dp=128 pp=16 ep=64 zero=1 m=120 schedule=1f1b" (a published run\'s); '
+        "with --dry-run it is the one built",
+    )
+    parser.add_argument(
+        "--reference-gpu-hours",
+        type=float,
+        default=None,
+        help="a published GPU-hours per trillion tokens to print the estimates' ratios against",
+    )
     args = parser.parse_args(argv)
     args.overrides = shell_expanded(args.overrides)  # key=~/path as a shell expands a path
     t0 = time.perf_counter()
@@ -327,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
         result = plan(model=model, hardware=hardware, workload=workload)
         if not result.ranked:
             _ = result.best  # raises PlanError naming the budget and the fix
+        layout = None
+        if args.layout:
+            layout = estimate(layout_candidate(args.layout), model=model, hardware=hardware, workload=workload)
     except PlanError as exc:
         print(f"parallel.plan: {exc}", file=sys.stderr)
         return 2
@@ -337,18 +399,25 @@ def main(argv: list[str] | None = None) -> int:
 
         report = dry_run(
             model_config=typed_model(cfg.model),
-            candidate=result.best.candidate,
+            candidate=layout.candidate if layout is not None else result.best.candidate,
             model=model,
             hardware=hardware,
             workload=workload,
         )
     if args.json:
         out = {**plan_json(result, top=top), "planning_time_s": elapsed}
+        for key, e in (("first_choice", result.ranked[0]), ("layout", layout)):
+            if e is not None:
+                hours = gpu_hours_per_trillion_tokens(e, hardware=hardware, workload=workload)
+                out.setdefault("gpu_hours_per_trillion_tokens", {})[key] = hours
+        if layout is not None:
+            out["layout"] = layout.to_dict()
         if report is not None:
             out["dry_run"] = report.to_dict()
         print(json.dumps(out, indent=1))
     else:
         print_table(result, top=top, elapsed_s=elapsed)
+        print_cost_lines(result, layout=layout, reference=args.reference_gpu_hours)
         if report is not None:
             print_dry_run(report)
     return 1 if report is not None and any(r.error for r in report.ranks) else 0

@@ -23,7 +23,7 @@ def test_all_runs_the_pairs_of_the_model():
     ("argv", "message"),
     [
         (["--strategy", "ep", "--model", "gpt_small"], "--strategy ep --model gpt_small: the ep pair runs --model "
-         "qwen3_moe_debug (expert parallel needs a mixture-of-experts model)"),
+         "qwen3_moe_debug or deepseek_v3_debug (expert parallel needs a mixture-of-experts model)"),
         (["--strategy", "fsdp", "--model", "qwen3_moe_debug"], "the fsdp pair runs --model gpt_small or llama_debug"),
         (["--strategy", "ep", "--nproc", "1"], "only a 2-rank pair of one dimension (ddp, fsdp, tp, pp) shrinks"),
     ],

@@ -1,0 +1,53 @@
+"""``python -m parallel.plan ... --layout "..." --reference-gpu-hours N``: a published run's layout priced beside
+the first choice, each as GPU-hours per trillion tokens with its ratio to the published figure; the layout string's
+keys; the H800 topology's published links. No workers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from parallel.plan.cli import gpu_hours_per_trillion_tokens, layout_candidate, main
+from parallel.plan.specs import PlanError
+
+
+def test_the_layout_string_names_degrees_and_options():
+    c = layout_candidate("dp=128 pp=16 ep=64 zero=1 m=120 schedule=1f1b recompute=selective")
+    assert (c.dp, c.pp, c.size("ep"), c.tp, c.cp) == (128, 16, 64, 1, 1)
+    assert (c.zero_stage, c.micro_batches, c.schedule, c.recompute) == (1, 120, "1f1b", "selective")
+    assert layout_candidate("dp=8,pp=2").schedule == "1f1b" and layout_candidate("dp=8").schedule == "none"
+    with pytest.raises(PlanError, match="'zero_stage=1' is not KEY=VALUE"):
+        layout_candidate("dp=8 zero_stage=1")
+
+
+def test_gpu_hours_per_trillion_tokens(capsys):
+    """The JSON's GPU-hours equal step time x devices / tokens per step, for the first choice and the layout."""
+    argv = ["model=llama3_8b", "topology=cluster_1024xh100", "data.seq_len=4096", "data.global_batch_size=1024"]
+    assert main([*argv, "--json", "--top", "1", "--layout", "dp=128 pp=8 m=8 zero=3"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    step = out["layout"]["step_time_s"]
+    assert out["gpu_hours_per_trillion_tokens"]["layout"] == pytest.approx(step * 1024 / 3600 * 1e12 / (1024 * 4096))
+    first = out["candidates"][0]["step_time_s"]
+    assert out["gpu_hours_per_trillion_tokens"]["first_choice"] == pytest.approx(first * 1024 / 3600 * 1e12 / 4194304)
+    assert main([*argv, "--top", "1", "--layout", "dp=128 pp=8 m=8 zero=3", "--reference-gpu-hours", "50000"]) == 0
+    text = capsys.readouterr().out
+    assert "first choice: " in text and "--layout: hybrid dp=128 pp=8" in text and "published 50,000, ratio" in text
+
+
+def test_the_h800_cluster_has_the_published_links(compose_cfg):
+    topo = compose_cfg("topology=cluster_2048xh800").topology
+    assert (topo.nnodes * topo.devices_per_node, topo.intra_node_gbps / 8, topo.inter_node_gbps / 8) == (2048, 160, 50)
+
+
+def test_gpu_hours_formula_is_the_step_time_over_the_tokens():
+    class E:
+        step_time_s = 36.0
+
+    class H:
+        world_size = 100
+
+    class W:
+        global_batch_size, seq_len = 1000, 1000
+
+    assert gpu_hours_per_trillion_tokens(E, hardware=H, workload=W) == pytest.approx(36 * 100 / 3600 * 1e6)
