@@ -26,10 +26,14 @@ from models.preference import PreferenceLoss
 from trainer.data.preference import SPLITS, PreferenceData
 from trainer.data.shards import DataError
 
+#: bumped when how the values are computed changes (a file an older meshtrain stored is then computed again)
+VERSION = 2
+
 
 def reference_key(*, model: dict[str, Any], seed: int, precision: str, data_folder: Path) -> str:
     """sha256 naming the reference: the model config (adapters aside: they are off), its weights' folder and files
-    (names, sizes, modification times), the seed that draws weights without one, the precision, the data."""
+    (names, sizes, modification times), the seed that draws weights without one, the precision, the data, and
+    ``VERSION``."""
     base = {k: v for k, v in model.items() if k != "lora"}
     weights = []
     folder = model.get("init_from")
@@ -40,7 +44,14 @@ def reference_key(*, model: dict[str, Any], seed: int, precision: str, data_fold
                 st = path.stat()
                 weights.append((path.name, st.st_size, st.st_mtime_ns))
     text = json.dumps(
-        {"model": base, "weights": weights, "seed": seed, "precision": precision, "data": str(data_folder)},
+        {
+            "model": base,
+            "weights": weights,
+            "seed": seed,
+            "precision": precision,
+            "data": str(data_folder),
+            "v": VERSION,
+        },
         sort_keys=True,
         default=str,
     )
