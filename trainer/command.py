@@ -60,8 +60,8 @@ def task(cfg: DictConfig) -> float | None:
 
 
 def _refused(message: str) -> None:
-    """Hydra refused the command line: add what meshtrain knows of the key (trainer/checks/keys.py), exit 2."""
-    from trainer.checks.keys import append_hint
+    """Hydra refused the command line: add what meshtrain knows of the key (conf/keys.py), exit 2."""
+    from conf.keys import append_hint
 
     hint = append_hint(message)
     if hint:

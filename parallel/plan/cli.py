@@ -61,6 +61,25 @@ def compose(overrides: list[str]):
         return hydra_compose("config", overrides=workload_overrides(overrides))
 
 
+def composed(overrides: list[str]):
+    """``compose``, with a command line Hydra refuses, or a key nothing reads (``+paralel=fsdp``), raised as
+    PlanError with the nearest key (conf/keys.py), as train.py refuses them."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from conf.keys import append_hint, unread_problems
+
+    try:
+        cfg = compose(overrides)
+    except (HydraException, OmegaConfBaseException) as exc:
+        hint = append_hint(str(exc))
+        raise PlanError(f"{exc}".strip() + (f"\n{hint}" if hint else "")) from None
+    problems = unread_problems(cfg)
+    if problems:
+        raise PlanError("; ".join(problems))
+    return cfg
+
+
 def model_from_folder(cfg: Any, overrides: list[str]) -> None:
     """``model.init_from=DIR`` without a ``model=``: the model DIR's config.json describes replaces the default one,
     as training takes it (``models.registry.hf_model``; trainer/hf/start.py), the command line's ``model.*`` over it.
@@ -379,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     args.overrides = shell_expanded(args.overrides)  # key=~/path as a shell expands a path
     t0 = time.perf_counter()
     try:
-        cfg = compose(args.overrides)
+        cfg = composed(args.overrides)
         model_from_folder(cfg, args.overrides)
         top = args.top if args.top is not None else int(cfg.planner.top)
         model, hardware, workload = specs_from_cfg(cfg)

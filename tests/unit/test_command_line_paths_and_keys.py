@@ -106,7 +106,7 @@ def test_a_key_nothing_reads_is_refused_with_the_nearest_one(compose_cfg, overri
     ],
 )
 def test_keys_something_reads_are_accepted(compose_cfg, overrides):
-    from trainer.checks.keys import unread_keys
+    from conf.keys import unread_keys
 
     assert unread_keys(compose_cfg(*overrides)) == {}
 
@@ -273,3 +273,28 @@ def test_every_printed_train_command_parses_as_bash_passes_it(monkeypatch):
             parser.parse_overrides(shell_expanded(args))  # raises as train.py would (LexerNoViableAltException)
             checked += 1
     assert checked >= 30
+
+
+def test_the_planner_refuses_a_key_nothing_reads_as_training_does(capsys):
+    from parallel.plan.cli import main
+
+    assert main(["+paralel=fsdp"]) == 2
+    assert "paralel=fsdp: no key 'paralel' exists" in capsys.readouterr().err
+    assert main(["paralel=fsdp"]) == 2  # Hydra's own refusal, followed by the hint (before: a traceback, exit 1)
+    err = capsys.readouterr().err
+    assert "To append to your config use +paralel=fsdp" in err and "did you mean parallel=fsdp?" in err
+
+
+OPTIONS = [
+    f"{group}={path.stem}"
+    for group in ("model", "data", "optim", "parallel", "topology", "logger", "experiment", "hparams_search")
+    for path in sorted((ROOT / "conf" / group).glob("*.yaml"))
+]
+
+
+@pytest.mark.parametrize("option", OPTIONS)
+def test_every_shipped_option_sets_only_keys_something_reads(compose_cfg, option):
+    from conf.keys import unread_keys
+
+    extra = ("model=cnn_bn",) if option == "data=images" else ()
+    assert unread_keys(compose_cfg(option, *extra)) == {}
