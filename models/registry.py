@@ -39,6 +39,7 @@ BUILT_IN = (
     "models.qwen3_moe.spec:SPEC",
     "models.deepseek_v3.spec:SPEC",
     "models.cnn.spec:SPEC",
+    "models.hf_transformers.spec:SPEC",
 )
 for _path in BUILT_IN:
     register(import_object(_path))
@@ -113,21 +114,39 @@ def spec_for_model_type(model_type: Any) -> ModelSpec | None:
     return None
 
 
-def hf_model(hf: dict[str, Any], *, start: str) -> tuple[ModelSpec, dict[str, Any], list[str]]:
+#: the family that runs any architecture with transformers' own modules (models/hf_transformers)
+TRANSFORMERS = "hf"
+
+
+def hf_model(
+    hf: dict[str, Any], *, start: str, backend: str = "auto"
+) -> tuple[ModelSpec, dict[str, Any], list[str]]:
     """The model a Hugging Face ``config.json`` (``hf``, read from folder ``start``) describes: its family's spec, the
     model keys it fixes (every size from the adapter's ``model_config``, the training keys from ``training_fields``,
     ``name`` and ``init_from``) and notes on what could not be carried. Training (trainer/hf/start.py) and the
-    planner (parallel/plan/cli.py) build the same model from it. Raises UnknownModel naming the families that exist,
-    or the adapter's HFConfigError."""
-    spec = spec_for_model_type(hf.get("model_type"))
+    planner (parallel/plan/cli.py) build the same model from it. ``backend`` (``model.backend``): auto takes the
+    native family that reads ``model_type`` where one exists, else transformers' own modules (family ``hf``, whose
+    architecture is config.json itself); native / transformers force one. Raises UnknownModel naming the families
+    that exist and the fix, or the adapter's HFConfigError."""
+    kind = hf.get("model_type")
+    spec = spec_for_model_type(kind) if backend != "transformers" else None
+    name = Path(start).expanduser().name
     if spec is None:
-        known = sorted(s.hf_adapter_obj().model_type for s in REGISTRY.values() if s.hf_adapter)
-        raise UnknownModel(
-            f"model.init_from={start}: config.json has model_type={hf.get('model_type')!r}, which no meshtrain "
-            f"family reads (known: {', '.join(known)}); choose model= yourself if one fits"
-        )
+        if backend == "native":
+            known = sorted(s.hf_adapter_obj().model_type for s in REGISTRY.values() if s.hf_adapter and s.config)
+            raise UnknownModel(
+                f"model.init_from={start}: config.json has model_type={kind!r}, which no meshtrain family reads "
+                f"(native: {', '.join(k for k in known if k != '*')}); model.backend=auto or transformers runs it "
+                "with transformers' own modules"
+            )
+        from models.hf_transformers.spec import architecture_problems
+
+        problems = architecture_problems(hf, where=f"model.init_from={start}", trust_remote_code=False)
+        if problems:
+            raise UnknownModel(problems[0])
+        return REGISTRY[TRANSFORMERS], {"name": name or TRANSFORMERS, "init_from": start, "config_dir": start}, []
     adapter = spec.hf_adapter_obj()
     sizes = read_keys(adapter.model_config, hf)  # a damaged config.json refused as HFConfigError naming the key
     carried, notes = read_keys(adapter.training_fields, hf)
-    values = {"name": Path(start).expanduser().name or spec.family, "init_from": start, **sizes, **carried}
+    values = {"name": name or spec.family, "init_from": start, **sizes, **carried}
     return spec, values, notes

@@ -52,9 +52,12 @@ META_KEYS = (
     "global_batch_size",
     "source",
     "lora",
+    "backend",
 )
 
 INIT_DEVICES = ("auto", "cpu", "meta")
+#: ``model.backend``: who runs a model folder's architecture (``trainer/hf/start.py``)
+BACKENDS = ("auto", "native", "transformers")
 
 
 class ConfigReads:
@@ -113,6 +116,9 @@ class ModelArgs(ConfigReads):
     rank for the shards it holds (``ModelSpec.hf_adapter`` maps the names); null: random weights."""
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     """LoRA adapters (``rank > 0``): only they train; the other weights are frozen."""
+    backend: str = "auto"
+    """With ``init_from`` alone, who runs the folder's architecture: auto (the native family that reads its
+    ``model_type``, else transformers' own modules), native, or transformers (``models/hf_transformers``)."""
 
 
 class ConfigView(Mapping):
@@ -388,6 +394,9 @@ class ModelSpec:
     """``package.module:function`` of its loss, ``fn(output, targets, *, reduction="mean"|"sum")`` (``models/losses.py``)."""
     tp_plan: TPPlan | None = None
     """The module names its ``parallelize`` function shards; ``None`` for a family without tensor parallel."""
+    sequence_parallel: bool = True
+    """Its ``parallelize`` can shard the residual stream over the sequence (``tp.sequence_parallel``); False: validation
+    refuses that key with this family."""
     context_parallel: bool = False
     """Its attention modules call ``self.attend`` and its top-level module has a ``seq_chunk`` (models/attention.py):
     context parallel (``cp.size``) can split its sequence."""

@@ -190,3 +190,68 @@ def run_lm_eval(folder: Path, tasks: Path):
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     print(done.stdout[-2000:])
     return done
+
+
+#: tiny configs of architectures no native family reads, run by the Hugging Face backend (models/hf_transformers):
+#: model_type -> transformers config keywords over ``ARCH_BASE`` (sliding windows shorter than data.seq_len=32, so
+#: the sliding layers' masks differ from the full ones)
+ARCH_BASE = {
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "mistral": {"sliding_window": 8},
+    "gemma3_text": {
+        "head_dim": 16,
+        "sliding_window": 8,
+        "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+    },
+    "phi3": {},
+    "olmo2": {},
+    "granite": {"embedding_multiplier": 2.0, "logits_scaling": 4.0, "residual_multiplier": 0.5},
+    "smollm3": {},
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    "deepseek_v3": {
+        "num_key_value_heads": 4,
+        "q_lora_rank": 32,
+        "kv_lora_rank": 16,
+        "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 8,
+        "v_head_dim": 16,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "n_group": 1,
+        "topk_group": 1,
+        "first_k_dense_replace": 1,
+        "moe_intermediate_size": 32,
+        "rope_scaling": None,
+    },
+    "gpt_oss": {"num_local_experts": 4, "num_experts_per_tok": 2, "head_dim": 16, "sliding_window": 8},
+}
+
+
+def save_architecture(model_type: str, folder: Path, *, seed: int = 0) -> Path:
+    """A random tiny ``model_type`` written by transformers (``save_pretrained``, nothing downloaded), its norm
+    weights and biases random too (at 1 and 0 a misplaced one would go unnoticed)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = AutoConfig.for_model(model_type, **{**ARCH_BASE, **ARCHITECTURES[model_type]})
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(1.0 if p.mean() > 0.5 else 0.0, 0.2)
+            elif name.endswith("bias") or name.endswith("sinks"):
+                p.normal_(0.0, 0.1)
+    model.save_pretrained(folder)
+    return folder

@@ -278,7 +278,7 @@ def model_spec(cfg: DictConfig, f: Findings | None = None):
 
 def check_model(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
     """What the model's spec says its config must satisfy, and whether this layout can hold its weights."""
-    from models.spec import INIT_DEVICES, builder_kwargs, hydra_schema
+    from models.spec import BACKENDS, INIT_DEVICES, builder_kwargs, hydra_schema
 
     model = typed_model(cfg.model)  # the family's typed config (trainer/typed/run_spec.py): what its rules read
     spec = model_spec(cfg, f)
@@ -295,6 +295,9 @@ def check_model(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
     init_device = str(model.get("init_device", "auto"))
     if init_device not in INIT_DEVICES:
         f.error(f"model.init_device={init_device}: use auto, cpu or meta")
+    backend = str(model.get("backend", "auto"))
+    if backend not in BACKENDS:
+        f.error(f"model.backend={backend}: use one of {', '.join(BACKENDS)} (who runs a model.init_from folder)")
     if f.problems or spec.shape is None or model.get("planner_only", False):
         return
     shape = spec.shape(model)

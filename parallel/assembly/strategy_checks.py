@@ -55,6 +55,11 @@ def tensor_parallel_problems(run: RunSpec, strategy: Any = None) -> list[str]:
             f"tp.loss_parallel=true with pp.size={layout.pp}: the pipeline schedule computes the loss outside "
             "loss_parallel() on plain tensors; set tp.loss_parallel=false (the head then gathers the logits)"
         )
+    if settings.sequence_parallel and not spec.sequence_parallel:
+        out.append(
+            f"tp.sequence_parallel=true with the model family '{spec.family}': its tensor-parallel plan keeps the "
+            "residual stream replicated (ModelSpec.sequence_parallel); set tp.sequence_parallel=false"
+        )
     seq = run.batch.seq_len
     if settings.sequence_parallel and seq % tp:
         out.append(

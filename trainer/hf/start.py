@@ -64,9 +64,12 @@ def adopt(cfg: DictConfig, *, overrides: list[str]) -> list[str]:
         folder = HFFolder(start)
         hf = folder.config()
     except HFFolderError as exc:
-        raise InitFromError(str(exc)) from None
+        scratch = ""
+        if (Path(start).expanduser() / "config.json").is_file():
+            scratch = f"; to pretrain its architecture from random weights: model=hf model.config_dir={start}"
+        raise InitFromError(f"{exc}{scratch}") from None
     try:
-        spec, values, notes = hf_model(hf, start=start)
+        spec, values, notes = hf_model(hf, start=start, backend=str(cfg.model.get("backend", "auto")))
     except UnknownModel as exc:
         raise InitFromError(str(exc)) from None
     except HFConfigError as exc:

@@ -1,0 +1,149 @@
+"""``HFCausalLM``: a transformers ``AutoModelForCausalLM`` run by its own modules, laid out as meshtrain's decoders.
+
+transformers builds the model from ``config.json`` (on whatever device is the default: the meta device for a
+sharded or pipelined run); its parts are then held the way every meshtrain decoder holds its own: the token
+embedding ``embed_tokens``, the decoder layers in ``layers`` (a ``ModuleDict`` keyed "0".."n-1", transformers' own
+layer modules), the final ``norm``, the head ``lm_head`` and the parameterless parts (``rotary_emb``), so pipeline
+stages, FSDP units, activation checkpointing and compile find the blocks where they find the native ones. Names
+are transformers' without the base model's prefix (``layers.0.self_attn.q_proj.weight`` is the checkpoint's
+``model.layers.0.self_attn.q_proj.weight``).
+
+``forward`` is the base model's forward written once for every architecture: the embedding (times the config's
+``embedding_multiplier``, Granite), the masks transformers' own ``masking_utils`` builds for each layer type
+(causal, sliding window; packed documents from positions that restart at 0), the rotary tables (per layer type
+where the rotary module takes one, Gemma 3), each layer called as its base model calls it, the final norm, the head
+and the config's logit transforms (Granite's ``logits_scaling``, Gemma's ``final_logit_softcapping``). A later
+pipeline stage gets the hidden states and rebuilds positions, rotary tables and masks itself.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from torch import nn
+
+from models.attention import chunk_start
+from models.documents import unpack_inputs
+from models.hf_transformers.config import HFTransformersConfig
+from models.spec import config_or_fields
+
+FULL, SLIDING = "full_attention", "sliding_attention"
+
+
+def load_hf_config(config: Any) -> Any:
+    """transformers' config of ``config.config_dir`` (its own code only with ``trust_remote_code``)."""
+    from transformers import AutoConfig
+
+    hf = AutoConfig.from_pretrained(str(config.config_dir), trust_remote_code=bool(config.trust_remote_code))
+    if config.attn_implementation:
+        hf._attn_implementation = str(config.attn_implementation)
+    hf.use_cache = False
+    return hf
+
+
+def layer_types(hf: Any) -> list[str]:
+    """Each layer's attention kind: config.json's ``layer_types``, else sliding everywhere when the config sets a
+    ``sliding_window`` (Mistral, Mixtral, Phi-3 pick their mask that way), else full."""
+    n = int(hf.num_hidden_layers)
+    given = getattr(hf, "layer_types", None)
+    if given:
+        return [str(t) for t in given[:n]]
+    return [SLIDING if getattr(hf, "sliding_window", None) else FULL] * n
+
+
+class HFCausalLM(nn.Module):
+    """``HFCausalLM(HFTransformersConfig(config_dir=DIR))``: DIR's architecture, transformers' modules."""
+
+    def __init__(self, config: HFTransformersConfig | None = None, **fields: Any):
+        super().__init__()
+        from transformers import AutoModelForCausalLM
+
+        self.config = c = config_or_fields(HFTransformersConfig, config, fields)
+        self.hf_config = hf = load_hf_config(c)
+        model = AutoModelForCausalLM.from_config(hf, trust_remote_code=bool(c.trust_remote_code))
+        base = model.get_decoder()
+        self.embed_tokens: nn.Module | None = base.embed_tokens
+        self.layers = nn.ModuleDict({str(i): layer for i, layer in enumerate(base.layers)})
+        self.norm: nn.Module | None = base.norm
+        self.lm_head: nn.Module | None = model.get_output_embeddings()
+        extra = [n for n, _ in base.named_children() if n not in ("embed_tokens", "layers", "norm")]
+        for name in extra:  # rotary tables and the like: every stage keeps them
+            setattr(self, name, getattr(base, name))
+        self.layer_types = layer_types(hf)
+        rotary = getattr(self, "rotary_emb", None)
+        self._rotary_by_type = rotary is not None and "layer_type" in inspect.signature(rotary.forward).parameters
+        # transformers' _init_weights, called on this module's parts (it needs a model of its class and the config)
+        shell = type(model).__new__(type(model))
+        nn.Module.__init__(shell)
+        shell.config = hf
+        object.__setattr__(self, "_hf_init", shell)
+        self.seq_chunk = 0  # which contiguous chunk of the sequence the inputs are (context parallel sets it)
+
+    # ---- forward ---------------------------------------------------------------------------------
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x``: token ids ``(b, t)``, a packed batch ``(b, 2, t)`` (ids and positions within each document), or,
+        on a later pipeline stage, the hidden states ``(b, t, d)``."""
+        if self.embed_tokens is not None:
+            tokens, positions = unpack_inputs(x)
+            h = self.embed_tokens(tokens)
+            scale = getattr(self.hf_config, "embedding_multiplier", None)
+            if scale is not None and float(scale) != 1.0:
+                h = h * float(scale)
+        else:
+            h, positions = x, None
+        if positions is None:
+            start = chunk_start(self.seq_chunk, h.shape[1])
+            positions = torch.arange(start, start + h.shape[1], device=h.device).unsqueeze(0)
+        kinds = {self.layer_types[int(k)] for k in self.layers}
+        masks = {kind: self._mask(kind, h, positions) for kind in kinds}
+        rotary = {kind: self._rotary(kind, h, positions) for kind in kinds}
+        for key, layer in self.layers.items():
+            kind = self.layer_types[int(key)]
+            out = layer(h, attention_mask=masks[kind], position_embeddings=rotary[kind], position_ids=positions)
+            h = out[0] if isinstance(out, tuple) else out
+        if self.norm is not None:
+            h = self.norm(h)
+        if self.lm_head is not None:
+            h = self._logits(self.lm_head(h))
+        return h
+
+    def _mask(self, kind: str, h: torch.Tensor, positions: torch.Tensor) -> Any:
+        from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+        build = create_sliding_window_causal_mask if kind == SLIDING else create_causal_mask
+        return build(config=self.hf_config, inputs_embeds=h, attention_mask=None, cache=None, position_ids=positions)
+
+    def _rotary(self, kind: str, h: torch.Tensor, positions: torch.Tensor) -> Any:
+        rotary = getattr(self, "rotary_emb", None)
+        if rotary is None:
+            return None
+        return rotary(h, positions, kind) if self._rotary_by_type else rotary(h, positions)
+
+    def _logits(self, logits: torch.Tensor) -> torch.Tensor:
+        hf = self.hf_config
+        scaling = getattr(hf, "logits_scaling", None)
+        if scaling is not None and float(scaling) != 1.0:
+            logits = logits / float(scaling)
+        cap = getattr(hf, "final_logit_softcapping", None)
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    # ---- after a meta-device build -----------------------------------------------------------------
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """transformers' ``_init_weights`` of the architecture on every part this (possibly sharded, possibly pruned)
+        module holds, rotary tables included."""
+        for module in self.modules():
+            if module is not self:
+                self._hf_init._init_weights(module)
+
+    @torch.no_grad()
+    def init_buffers(self) -> None:
+        """What no checkpoint holds (rotary tables, Gemma's embedding scale): the architecture's init, whose drawn
+        weights the checkpoint then overwrites."""
+        self.init_weights()

@@ -1,0 +1,101 @@
+"""Tensor parallel for the Hugging Face backend, from the architecture's own plan: transformers' config carries
+``base_model_tp_plan`` (module pattern -> style name, ``layers.*.self_attn.q_proj: colwise`` ...), applied here with
+torch's DTensor styles over the tp mesh, the head split as transformers splits it (``lm_head``: column-wise, its
+logits gathered, or left vocabulary-sharded under loss parallel).
+
+| transformers' style            | torch's style here                                                              |
+|--------------------------------|---------------------------------------------------------------------------------|
+| colwise                        | ``ColwiseParallel()``: output split over the features (heads)                   |
+| rowwise                        | ``RowwiseParallel()``: input split, output all-reduced                          |
+| colwise_gather_output          | ``ColwiseParallel(output_layouts=Replicate())`` (OLMo 2, Phi-3: a norm or a split over the whole width follows) |
+| rowwise_split_input            | ``RowwiseParallel(input_layouts=Replicate())``                                  |
+| replicated_with_grad_allreduce | per-head norms on a tp rank's own heads: weights replicated, gradients summed over tp |
+| mla_kv_a_proj                  | DeepSeek's latent projection, replicated (the column-wise ``kv_b_proj`` after it sums its input gradient) |
+| embedding_rowwise              | the embedding split over the vocabulary, the partial lookups summed             |
+
+A tied embedding is split as the head (``Shard(0)`` of one matrix) and the head takes its Parameter again, as the
+native decoders do (``models/tensor_parallel.py``). Sequence parallel is not offered: where each architecture's
+norms sit relative to its projections differs (OLMo 2's after them), so the residual stream stays replicated;
+validation refuses ``tp.sequence_parallel=true`` with this family before spawn. What the plan needs of the sizes
+(heads, key/value heads, widths divisible by tp) and a plan that splits no attention are refused before spawn too
+(``models/hf_transformers/spec.py``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Any
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from models.hf_transformers.spec import TP_STYLES
+
+
+def torch_style(name: str) -> Any:
+    """torch's parallel style for transformers' style ``name`` (None: the module stays replicated)."""
+    if name == "colwise":
+        return ColwiseParallel()
+    if name == "rowwise":
+        return RowwiseParallel()
+    if name == "colwise_gather_output":
+        return ColwiseParallel(output_layouts=Replicate())
+    if name == "rowwise_split_input":
+        return RowwiseParallel(input_layouts=Replicate())
+    if name == "replicated_with_grad_allreduce":
+        # the input is this rank's heads: declared sharded on a dimension the norm does not reduce over, so the
+        # replicated weight's gradient is summed over tp (local tensors unchanged)
+        return SequenceParallel(sequence_dim=0, use_local_output=True)
+    if name == "embedding_rowwise":
+        return RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+    if name == "mla_kv_a_proj":
+        return None
+    raise ValueError(f"transformers' tensor-parallel style {name!r} is not one meshtrain applies ({TP_STYLES})")
+
+
+def plan_for(model: nn.Module, plan: dict[str, str]) -> dict[str, Any]:
+    """The plan's patterns matched against this module's (a whole model's or a pipeline stage's) submodules."""
+    present = [name for name, module in model.named_modules() if name and module is not None]
+    out: dict[str, Any] = {}
+    for pattern, style in plan.items():
+        for name in fnmatch.filter(present, pattern):
+            chosen = torch_style(style)
+            if chosen is not None:
+                out[name] = chosen
+    return out
+
+
+def parallelize_hf(
+    model: nn.Module, *, tp_mesh: DeviceMesh, sequence_parallel: bool = False, loss_parallel: bool = False, **_: Any
+) -> nn.Module:
+    """Apply the architecture's ``base_model_tp_plan`` in place, then the head's split; returns ``model``."""
+    if tp_mesh.size() == 1:
+        return model
+    if sequence_parallel:
+        raise ValueError("tp.sequence_parallel=true: the Hugging Face backend keeps the residual stream replicated")
+    by_name = plan_for(model, dict(model.hf_config.base_model_tp_plan or {}))
+    tied = bool(getattr(model.hf_config, "tie_word_embeddings", False))
+    embedding, head = model.embed_tokens, model.lm_head
+    if tied and embedding is not None:
+        by_name["embed_tokens"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+    if head is not None:
+        by_name["lm_head"] = ColwiseParallel(
+            input_layouts=Replicate(),
+            output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=not loss_parallel,
+        )
+    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
+    parallelize_module(model, tp_mesh, by_name)
+    for name, p in model.named_parameters():  # torch's SequenceParallel makes every weight it replicates trainable
+        if name in frozen:
+            p.requires_grad_(False)
+    if tied and embedding is not None and head is not None:
+        head.weight = embedding.weight  # one Parameter again (each module's weight was distributed on its own)
+    return model

@@ -1,0 +1,124 @@
+"""Architectures no native family reads, trained from ``model.init_from=DIR`` alone through the Hugging Face backend
+(``models/hf_transformers``: transformers' own modules), one multirun: a tiny Mistral (sliding window) and a tiny
+Gemma 3 (sliding and global layers, tied embeddings, per-head norms), written by transformers. Step 1's loss under
+single is transformers' loss on the same batch; fsdp (one unit per decoder layer), dp2 x tp2 (the config's
+``base_model_tp_plan``) and dp2 x pp2 (1F1B, stages cut between decoder layers) reproduce single's losses and
+gradient norms to 1e-6 relative; ``model=hf model.config_dir=DIR`` pretrains from config.json alone (the
+architecture's ``_init_weights``); the hybrid runs export to folders transformers loads with meshtrain's logits (fp32
+and bf16)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from tests.helpers import FAST, assert_losses_close, case_multirun
+from tests.hf_helpers import max_logit_difference, save_architecture
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+HYBRID_TP = {"defaults": [{"override /parallel": "hybrid"}], "dp": {"size": 2}, "tp": {"size": 2}, "pp": {"size": 1}}
+HYBRID_PP = {
+    "defaults": [{"override /parallel": "hybrid"}],
+    "dp": {"size": 2},
+    "tp": {"size": 1},
+    "pp": {"size": 2, "schedule": "1f1b", "micro_batches": 2},
+}
+LAYOUTS = {
+    "single": {"defaults": [{"override /parallel": "single"}]},
+    "fsdp": {"defaults": [{"override /parallel": "fsdp"}]},
+    "dp_tp": HYBRID_TP,
+    "dp_pp": HYBRID_PP,
+}
+MODELS = {"mistral": ("single", "fsdp", "dp_tp", "dp_pp"), "gemma3_text": ("single", "dp_tp", "dp_pp")}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    base = tmp_path_factory.mktemp("arch")
+    out = {name: save_architecture(name, base / name) for name in MODELS}
+    scratch = base / "scratch"
+    scratch.mkdir()
+    shutil.copy(out["mistral"] / "config.json", scratch / "config.json")  # config.json alone: no weights
+    out["scratch"] = scratch
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, folders):
+    cases = {
+        f"{name}_{layout}": {**LAYOUTS[layout], "model": {"init_from": str(folders[name])}}
+        for name, layouts in MODELS.items()
+        for layout in layouts
+    }
+    cases["scratch"] = {
+        "defaults": [{"override /parallel": "single"}, {"override /model": "hf"}],
+        "model": {"config_dir": str(folders["scratch"])},
+    }
+    steps = ("trainer.max_steps=3", "pp.trace_step=0")
+    return case_multirun(cases, *FAST, *steps, base=tmp_path_factory.mktemp("runs"), group="hf_case", timeout=800)
+
+
+def metrics(job) -> list[dict]:
+    return [json.loads(line) for line in (job / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_step_one_loss_is_transformers_loss(runs, folders, name):
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+    from transformers import AutoModelForCausalLM
+
+    job = runs[f"{name}_single"]
+    cfg = OmegaConf.load(job / ".hydra" / "config.yaml")
+    assert cfg.model.family == "hf"
+    inputs, targets = instantiate(cfg.data, seed=int(cfg.trainer.seed)).global_batch(1)
+    hf = AutoModelForCausalLM.from_pretrained(folders[name]).eval()
+    with torch.no_grad():
+        want = hf(inputs, labels=targets, shift_labels=targets).loss.item()
+    got = metrics(job)[0]["loss"]
+    print(f"{name}: step 1 loss {got:.7f}, transformers {want:.7f}")
+    assert abs(got - want) <= 1e-6 * want
+
+
+@pytest.mark.parametrize("case", [f"{n}_{layout}" for n, ls in MODELS.items() for layout in ls if layout != "single"])
+def test_layouts_match_single(runs, case):
+    name = case[: case.index("_dp_")] if "_dp_" in case else case.rsplit("_", 1)[0]
+    ref, got = metrics(runs[f"{name}_single"]), metrics(runs[case])
+    assert len(got) == 3
+    for key in ("loss", "grad_norm"):
+        worst = max(abs(a[key] - r[key]) / r[key] for a, r in zip(got, ref))
+        print(f"{case}: max relative {key} difference {worst:.1e}")
+        assert_losses_close([m[key] for m in got], [m[key] for m in ref], rel=1e-6)
+
+
+def test_config_json_alone_pretrains(runs):
+    losses = [m["loss"] for m in metrics(runs["scratch"])]
+    assert len(losses) == 3 and all(5.0 < x < 6.0 for x in losses)  # ln(256) = 5.55: the architecture's own init
+
+
+@pytest.mark.parametrize("case", ["mistral_dp_tp", "gemma3_text_dp_pp"])
+def test_run_exports_with_transformers_logits(runs, tmp_path, case):
+    from hydra.utils import instantiate
+    from transformers import AutoModelForCausalLM
+
+    from models.spec import builder_kwargs
+    from trainer.checkpoint.files import read_marker
+    from trainer.export import export, find_checkpoint, full_state
+
+    checkpoint = find_checkpoint(runs[case])
+    module = instantiate(builder_kwargs(read_marker(checkpoint)["model"])).eval()
+    module.load_state_dict(full_state(checkpoint))
+    tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    for dtype, cast in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        out = export(runs[case], tmp_path / dtype, dtype=dtype)
+        hf = AutoModelForCausalLM.from_pretrained(out, dtype=cast).eval()
+        with torch.no_grad():
+            for p in module.parameters():  # the weights in the export's dtype; buffers (rotary) as transformers'
+                p.data = p.data.to(cast)
+            diff = max_logit_difference(module(tokens), hf(tokens).logits)
+        print(f"{case}: exported after 3 steps ({dtype}), max |logit difference| in transformers {diff:.2e}")
+        assert diff <= 1e-5

@@ -1,0 +1,137 @@
+"""The Hugging Face backend (``models/hf_transformers``) runs transformers' own modules: for tiny random models of
+nine architectures transformers writes (mistral, gemma3_text with sliding and global layers, phi3, olmo2, granite,
+smollm3, mixtral, deepseek_v3, gpt_oss), the model read from the folder through the backend's adapter gives
+transformers' logits (1e-5), packed documents give each document its own logits, a meta-device build initialised by
+the architecture's ``_init_weights`` is finite, and ``model.init_from=DIR`` alone picks the backend only where no
+native family reads the folder. In-process."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from tests.hf_helpers import ARCHITECTURES, save_architecture
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    base = tmp_path_factory.mktemp("arch")
+    return {name: save_architecture(name, base / name) for name in ARCHITECTURES}
+
+
+def backend_model(folder):
+    from models.hf_transformers.config import HFTransformersConfig
+    from models.hf_transformers.model import HFCausalLM
+    from trainer.hf.load import load_hf_weights
+
+    config = HFTransformersConfig(config_dir=str(folder), init_from=str(folder))
+    with torch.device("meta"):
+        model = HFCausalLM(config)
+    model.to_empty(device="cpu")
+    model.init_buffers()
+    load_hf_weights(model, folder=folder, model_cfg=config)
+    return model.eval()
+
+
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
+def test_backend_gives_transformers_logits(folders, name):
+    from transformers import AutoModelForCausalLM
+
+    ref = AutoModelForCausalLM.from_pretrained(folders[name]).eval()
+    model = backend_model(folders[name])
+    tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        diff = (model(tokens) - ref(tokens).logits).abs().max().item()
+    print(f"{name}: max |logit difference| {diff:.2e}")
+    assert diff <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["mistral", "gemma3_text", "gpt_oss"])
+def test_packed_documents_see_only_themselves(folders, name):
+    model = backend_model(folders[name])
+    tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(1))
+    positions = torch.cat([torch.arange(12), torch.arange(20)]).expand(2, 32)
+    with torch.no_grad():
+        packed = model(torch.stack([tokens, positions], 1))
+        alone = model(tokens[:, 12:])
+    assert (packed[:, 12:] - alone).abs().max().item() <= 1e-5
+
+
+def test_meta_build_takes_the_architectures_init(folders):
+    from models.hf_transformers.config import HFTransformersConfig
+    from models.hf_transformers.model import HFCausalLM
+
+    with torch.device("meta"):
+        model = HFCausalLM(HFTransformersConfig(config_dir=str(folders["gemma3_text"])))
+    model.to_empty(device="cpu")
+    torch.manual_seed(0)
+    model.init_weights()
+    std = model.layers["0"].mlp.up_proj.weight.std().item()
+    assert abs(std - 0.02) < 0.002  # initializer_range
+    assert torch.all(model.layers["0"].input_layernorm.weight == 0)  # Gemma's (1 + weight) norms start at 0
+    assert model.embed_tokens.embed_scale.item() == pytest.approx(64**0.5)  # its non-persistent buffer
+    assert model(torch.zeros(1, 8, dtype=torch.long)).isfinite().all()
+
+
+def test_init_from_alone_picks_the_backend_only_without_a_native_family(compose_cfg, folders, tmp_path):
+    from tests.hf_helpers import hf_model, save_folder
+    from trainer.hf.start import InitFromError, adopt
+
+    mistral = str(folders["mistral"])
+    cfg = compose_cfg("parallel=single", f"model.init_from={mistral}")
+    adopt(cfg, overrides=[f"model.init_from={mistral}"])
+    assert cfg.model.family == "hf" and cfg.model.config_dir == mistral
+    llama = save_folder(hf_model("llama", vocab_size=256), tmp_path / "llama")
+    cfg = compose_cfg("parallel=single", f"model.init_from={llama}")
+    adopt(cfg, overrides=[f"model.init_from={llama}"])
+    assert cfg.model.family == "llama"  # the native family stays the default
+    cfg = compose_cfg("parallel=single", f"model.init_from={llama}", "model.backend=transformers")
+    adopt(cfg, overrides=[f"model.init_from={llama}", "model.backend=transformers"])
+    assert cfg.model.family == "hf"
+    cfg = compose_cfg("parallel=single", f"model.init_from={mistral}", "model.backend=native")
+    with pytest.raises(InitFromError, match="model.backend=auto or transformers runs it"):
+        adopt(cfg, overrides=[f"model.init_from={mistral}", "model.backend=native"])
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    shutil.copy(folders["mistral"] / "config.json", scratch / "config.json")
+    cfg = compose_cfg("parallel=single", f"model.init_from={scratch}")
+    with pytest.raises(InitFromError, match=f"from random weights: model=hf model.config_dir={scratch}"):
+        adopt(cfg, overrides=[f"model.init_from={scratch}"])
+
+
+def test_remote_code_is_never_implicit(compose_cfg, folders, tmp_path):
+    from trainer.hf.start import InitFromError, adopt
+
+    remote = tmp_path / "remote"
+    shutil.copytree(folders["mistral"], remote)
+    config = json.loads((remote / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_mine.MyModel"}
+    (remote / "config.json").write_text(json.dumps(config))
+    cfg = compose_cfg("parallel=single", f"model.init_from={remote}")
+    with pytest.raises(InitFromError, match="model.trust_remote_code=true"):
+        adopt(cfg, overrides=[f"model.init_from={remote}"])
+
+
+def refusal(compose_cfg, *overrides: str) -> str:
+    from trainer.validate import ConfigError, validate
+
+    with pytest.raises(ConfigError) as exc:
+        validate(compose_cfg(*overrides))
+    return str(exc.value)
+
+
+def test_what_an_architecture_cannot_do_is_refused_before_spawn(compose_cfg, folders):
+    from trainer.validate import validate
+
+    gpt_oss, mistral = (f"model.config_dir={folders[n]}" for n in ("gpt_oss", "mistral"))
+    validate(compose_cfg("parallel=tp", "model=hf", mistral, "data.seq_len=32"))  # its plan splits heads by 2
+    msg = refusal(compose_cfg, "parallel=tp", "model=hf", gpt_oss, "data.seq_len=32")
+    assert "transformers gives this architecture no tensor-parallel plan for its attention" in msg
+    assert "use tp.size=1 and shard with parallel=fsdp" in msg
+    msg = refusal(compose_cfg, "parallel=tp", "tp.size=4", "topology.nproc_per_node=4", "model=hf", mistral)
+    assert "tp.size=4 does not divide config.json's num_key_value_heads=2" in msg
+    msg = refusal(compose_cfg, "parallel=tp", "tp.sequence_parallel=true", "model=hf", mistral, "data.seq_len=32")
+    assert "keeps the residual stream replicated (ModelSpec.sequence_parallel); set tp.sequence_parallel=false" in msg
