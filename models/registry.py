@@ -118,9 +118,7 @@ def spec_for_model_type(model_type: Any) -> ModelSpec | None:
 TRANSFORMERS = "hf"
 
 
-def hf_model(
-    hf: dict[str, Any], *, start: str, backend: str = "auto"
-) -> tuple[ModelSpec, dict[str, Any], list[str]]:
+def hf_model(hf: dict[str, Any], *, start: str, backend: str = "auto") -> tuple[ModelSpec, dict[str, Any], list[str]]:
     """The model a Hugging Face ``config.json`` (``hf``, read from folder ``start``) describes: its family's spec, the
     model keys it fixes (every size from the adapter's ``model_config``, the training keys from ``training_fields``,
     ``name`` and ``init_from``) and notes on what could not be carried. Training (trainer/hf/start.py) and the
@@ -139,12 +137,11 @@ def hf_model(
                 f"(native: {', '.join(k for k in known if k != '*')}); model.backend=auto or transformers runs it "
                 "with transformers' own modules"
             )
-        from models.hf_transformers.spec import architecture_problems
-
-        problems = architecture_problems(hf, where=f"model.init_from={start}", trust_remote_code=False)
+        spec = REGISTRY[TRANSFORMERS]
+        problems = spec.problems({"config_dir": start})  # a causal LM transformers knows, no code of its own
         if problems:
-            raise UnknownModel(problems[0])
-        return REGISTRY[TRANSFORMERS], {"name": name or TRANSFORMERS, "init_from": start, "config_dir": start}, []
+            raise UnknownModel(problems[0].replace("model.config_dir=", "model.init_from=", 1))
+        return spec, {"name": name or TRANSFORMERS, "init_from": start, "config_dir": start}, []
     adapter = spec.hf_adapter_obj()
     sizes = read_keys(adapter.model_config, hf)  # a damaged config.json refused as HFConfigError naming the key
     carried, notes = read_keys(adapter.training_fields, hf)
