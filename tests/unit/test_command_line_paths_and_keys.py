@@ -211,11 +211,13 @@ REFUSED = [
     ("parallel=hybrid", "dp.size=2", "ep.size=2", "tp.size=1", "pp.size=1"),  # ep for a dense model
     ("dp.size=3",),
     ("parallel=hybrid", "topology.nproc_per_node=4"),
+    ("parallel=pp", "pp.micro_batches=3"),
+    ("parallel=hybrid", "tp.loss_parallel=true"),
 ]
 SUGGESTION = re.compile(
     r"(?:use |: |; )(?P<layout>parallel=\w+(?: [a-z]+\.size=\d+)*)"  # a whole layout (not "with parallel=ddp:")
     r"|set (?P<set>[\w.]+=[\w.\[\]]+)"  # set key=value
-    r"|use (?P<use>[\w.]+)=(?P<values>\w+(?: or \w+)*)"  # use key=a or b
+    r"|use (?P<use>[\w.]+)=(?P<values>\w+(?: or \d+)*)"  # use key=a or b
     r"|\((?P<choice>model=\w+)\)"
 )
 
