@@ -208,6 +208,8 @@ class Trainer:
             if first is not None:
                 self.first_loss_step, self.first_loss = first
         self.reference = attach_reference(trainer=self, start_step=start_step)  # before any batch is built
+        if self.objective is not None:  # what a build-time loss call saw (pp.split=balanced's timing) is no step's
+            self.objective.take(self.ctx.device)
         self._prefetch = Prefetcher(
             self.data.global_batch,
             first_step=start_step + 1,
