@@ -19,6 +19,10 @@ def test_default_job_outputs(default_job):
     d = run.run_dir
     # console: progress lines and where the outputs are
     assert "done: loss" in run.proc.stdout and f"outputs in {d}" in run.proc.stdout
+    # before step 1 it says what it does, on the clock of the command's start (issue 42)
+    before = run.proc.stdout[: run.proc.stdout.index("step     1 |")]
+    for stage in ("checking the run", "preparing the data", "starting 2 worker(s)", "building the model"):
+        assert f" s] {stage}" in before, before[-3000:]
 
     metrics = run.metrics()
     assert [m["step"] for m in metrics] == [1, *range(10, 201, 10)]
@@ -29,6 +33,7 @@ def test_default_job_outputs(default_job):
     assert metrics[-1]["loss"] < 0.7 * metrics[0]["loss"], "loss did not fall by 30%"
 
     summary = run.summary()
+    assert summary["time_to_first_step_s"] > summary["fit_to_first_step_s"] > 0  # from the command's start
     assert summary["final_loss"] == pytest.approx(metrics[-1]["loss"])
     assert summary["first_loss"] == pytest.approx(metrics[0]["loss"])
     assert summary["tokens_per_s"] > 0 and len(summary["peak_memory_bytes_per_rank"]) == 2

@@ -159,7 +159,7 @@ def mesh_place(layout: ParallelLayout, rank: int) -> str:
 
 
 def layout_label(layout: ParallelLayout) -> str:
-    """``hybrid: dp2 x tp2 x pp2 on 8 ranks``: the strategy and its degrees above 1."""
+    """``hybrid: pp2 x dp2 x tp2 on 8 ranks``: the strategy and its degrees above 1, in mesh order."""
     sizes = [f"{n}{layout.size(n)}" for n in coord_names() if layout.size(n) > 1]
     return (
         f"{layout.strategy}: {' x '.join(sizes)} on {layout.world_size} ranks"
