@@ -130,3 +130,20 @@ def test_hybrid_run_exports_to_transformers_with_equal_logits(runs, tmp_path, ca
         diff = max_logit_difference(module(tokens), hf(tokens).logits)
     print(f"{case}: exported after 3 steps, max |logit difference| in transformers {diff:.2e}")
     assert diff <= 1e-5
+
+
+def test_lm_eval_runs_on_an_export_with_no_extra_arguments(compose_cfg, tmp_path):
+    """lm-evaluation-harness's command on an exported folder, `--model hf --model_args pretrained=OUT`, nothing
+    else about the model: a local multiple-choice task (json data files, --include_path; no download) reports
+    its accuracy. The export is written in-process; lm_eval runs the model in a process of its own (here, not in
+    the fast tier: it took a tenth of tests/unit's time)."""
+    from tests.hf_helpers import run_lm_eval
+    from tests.unit.test_hf_export import write_run
+    from trainer.export import main
+
+    write_run(compose_cfg, tmp_path / "run", "model=gpt_small")
+    out = tmp_path / "hf"
+    assert main([str(tmp_path / "run"), "--hf", str(out)]) == 0
+    done = run_lm_eval(out, tmp_path / "tasks")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "meshtrain_tiny_mc" in done.stdout and "acc" in done.stdout

@@ -178,18 +178,3 @@ def test_bf16_export_and_overwrite_replace_stale_shards(compose_cfg, tmp_path, c
         diff = max_logit_difference(module(tokens), hf(tokens).logits.float())
     print(f"bf16 export: max |logit difference| against fp32 meshtrain {diff:.2e}")
     assert diff < 0.1
-
-
-def test_lm_eval_runs_on_an_export_with_no_extra_arguments(compose_cfg, tmp_path):
-    """lm-evaluation-harness's command on an exported folder, `--model hf --model_args pretrained=OUT`, nothing
-    else about the model: a local multiple-choice task (json data files, --include_path; no download) reports
-    its accuracy."""
-    from tests.hf_helpers import run_lm_eval
-    from trainer.export import main
-
-    write_run(compose_cfg, tmp_path / "run", "model=gpt_small")
-    out = tmp_path / "hf"
-    assert main([str(tmp_path / "run"), "--hf", str(out)]) == 0
-    done = run_lm_eval(out, tmp_path / "tasks")
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "meshtrain_tiny_mc" in done.stdout and "acc" in done.stdout
