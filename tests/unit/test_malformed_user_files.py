@@ -458,3 +458,17 @@ def test_prepare_names_what_is_wrong_in_a_damaged_jsonl(tmp_path, capsys):
     assert main(["--input", str(tmp_path / "docs"), "--output", str(tmp_path / "ds"), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "a.jsonl: cannot be read as json" in err and "An error occurred" not in err, err
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [(b'{"chosen": "\xff"}\n', "not UTF-8"), (b"hello\n", "not JSON"), (b"[1]\n", "not a JSON object")],
+    ids=["not UTF-8", "not JSON", "a list"],
+)
+def test_damaged_preference_pairs_are_named_by_file_and_line(tmp_path, content, words):
+    from trainer.data.preference import read_pairs
+
+    path = tmp_path / "pairs.jsonl"
+    path.write_bytes(content)
+    found, problems = read_pairs([path])
+    assert not found and len(problems) == 1 and problems[0].startswith(f"{path}:1: ") and words in problems[0], problems

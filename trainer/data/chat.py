@@ -34,7 +34,7 @@ import numpy as np
 
 from trainer.data.packing import PACKINGS, assemble, fill_rows
 from trainer.data.shards import DataError
-from trainer.data.user_files import COPY_AGAIN, read_json_object
+from trainer.data.user_files import COPY_AGAIN, NOT_UTF8, read_json_object, text_lines
 from trainer.observe.startup import Steps
 
 FORMAT = "meshtrain-chat-shards"
@@ -66,21 +66,15 @@ def read_conversations(files: list[Path]) -> tuple[list[tuple[str, list[dict]]],
     """(``file:line``, messages) of every conversation, and the problems found (each naming its file and line)."""
     found, problems = [], []
     for path in files:
-        with open(path, "rb") as f:
-            for number, raw in enumerate(f, start=1):
-                where = f"{path}:{number}"
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    problems.append(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8")
-                    continue
-                if not line.strip():
-                    continue
-                problem, messages = _conversation(line)
-                if problem:
-                    problems.append(f"{where}: {problem}")
-                else:
-                    found.append((where, messages))
+        for where, line in text_lines(path):
+            if line is None:
+                problems.append(f"{where}: {NOT_UTF8}")
+                continue
+            problem, messages = _conversation(line)
+            if problem:
+                problems.append(f"{where}: {problem}")
+            else:
+                found.append((where, messages))
     return found, problems
 
 

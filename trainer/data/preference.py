@@ -47,6 +47,7 @@ from trainer.data.chat import (
 )
 from trainer.data.packing import assemble, fill_rows
 from trainer.data.shards import DataError
+from trainer.data.user_files import NOT_UTF8, read_json_object, text_lines
 
 FORMAT = "meshtrain-preference-shards"
 VERSION = 1
@@ -58,14 +59,14 @@ def read_pairs(files: list[Path]) -> tuple[list[tuple[str, list[dict], list[dict
     """(``file:line``, prompt, chosen, rejected messages) of every pair, and the problems (each with file:line)."""
     found, problems = [], []
     for path in files:
-        with open(path, encoding="utf-8") as f:
-            for number, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    found.append((f"{path}:{number}", *parse_pair(line)))
-                except ValueError as exc:
-                    problems.append(f"{path}:{number}: {exc}")
+        for where, line in text_lines(path):
+            if line is None:
+                problems.append(f"{where}: {NOT_UTF8}")
+                continue
+            try:
+                found.append((where, *parse_pair(line)))
+            except ValueError as exc:
+                problems.append(f"{where}: {exc}")
     return found, problems
 
 
@@ -289,7 +290,7 @@ class PreferenceData:
     def prepare(self) -> None:
         """Tokenize into ``folder`` unless it already holds these inputs prepared (launcher, before spawn)."""
         path = self.folder / METADATA
-        if path.is_file() and json.loads(path.read_text()).get("fingerprint") == self._stamp:
+        if path.is_file() and read_json_object(path, error=DataError).get("fingerprint") == self._stamp:
             return
         self.folder.parent.mkdir(parents=True, exist_ok=True)
         prepare_pairs(
@@ -307,7 +308,7 @@ class PreferenceData:
     @cached_property
     def metadata(self) -> dict[str, Any]:
         path = self.folder / METADATA
-        meta = json.loads(path.read_text()) if path.is_file() else {}
+        meta = read_json_object(path, error=DataError) if path.is_file() else {}
         if meta.get("format") != FORMAT or meta.get("version") != VERSION:
             raise DataError(f"{path}: not a prepared {FORMAT} v{VERSION} folder; prepare() first, or remove it")
         return meta

@@ -4,6 +4,7 @@ with its name and the fix, never a traceback. The caller names the error class i
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,3 +35,21 @@ def read_tokenizer(path: Path, *, error: type[ValueError]):
         return Tokenizer.from_file(str(path))
     except Exception as exc:  # noqa: BLE001 - tokenizers raises plain Exceptions for every malformed file
         raise error(f"{path}: not a tokenizer the tokenizers library loads ({exc}); {COPY_AGAIN}") from None
+
+
+def text_lines(path: Path) -> Iterator[tuple[str, str | None]]:
+    """(``file:line``, the line) of each non-blank line of a JSON-lines file; a line that is not UTF-8 comes as
+    (``file:line``, None), for the reader to list among its problems by file and line."""
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                yield f"{path}:{number}", None
+                continue
+            if line.strip():
+                yield f"{path}:{number}", line
+
+
+#: what a reader says of a line ``text_lines`` gives as None
+NOT_UTF8 = "not UTF-8 text; save the file as UTF-8"
