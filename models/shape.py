@@ -100,6 +100,13 @@ class ModelShape:
     """MLA: a query/key head's rotary channels (the keys' one head shared by every query head)."""
     v_head_dim: int = 0
     """MLA: a value head's channels."""
+    score_func: str = "softmax"
+    """A mixture of experts' router scores: softmax (Qwen3-MoE) or sigmoid in fp32 from an fp32 copy of the input
+    (DeepSeek-V3)."""
+    n_group: int = 1
+    """Expert groups a router picks its experts within (DeepSeek-V3's node-limited routing; 1: none)."""
+    sequence_aux_loss: bool = False
+    """The balance loss is DeepSeek-V3's sequence-wise one (per sequence) instead of Switch's."""
     context_parallel: bool = True
     """The family splits sequences over cp (``ModelSpec.context_parallel``, set by ``models.registry.model_shape``):
     when False the planner ranks no cp > 1, which validation would refuse."""

@@ -11,7 +11,9 @@ and ``output``; the parts a pipeline stage lacks are ``None``.
 ``qk_rope_head_dim`` rotated; ``wkv_a(x)`` gives the compressed key/value (``kv_lora_rank`` channels, normed, then
 ``wkv_b`` to every head's key channels without rotation and its value) and one rotary key head every query head
 shares. Attention is the family's causal kernel (``self.attend``: context parallel splits it by heads) over keys of
-``qk_nope + qk_rope`` channels and values of ``v_head_dim``.
+``qk_nope + qk_rope`` channels and values of ``v_head_dim``, padded with zeros to the keys' width and cut back after
+(torch's fused SDPA kernels take one head width; with two, torch 2.13 falls back to the math kernel, which keeps the
+s x s attention weights for backward: 50 GB per micro-batch of a 671B stage in the planner's dry run).
 
 **Rotary positions**: DeepSeek rotates interleaved channel pairs, as meshtrain's Llama does (``apply_rotary``); only
 the two rotary parts are rotated. With ``rope_scaling.factor`` > 0 (YaRN, ``yarn_frequencies``), the frequencies are
@@ -26,6 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from models.attention import causal_attention, chunk_start
@@ -126,7 +129,9 @@ class MLA(nn.Module):
         if self.q_scale != 1.0:
             q = q * self.q_scale
         k = torch.cat([k_nope, k_pe], dim=-1)
-        return self.wo(self.attend(q, k, v, mask=mask).reshape(b, t, -1))
+        pad = q.shape[-1] - self.v_dim  # values padded to the query/key width: SDPA's fused kernels need one width
+        out = self.attend(q, k, F.pad(v, (0, pad)) if pad > 0 else v, mask=mask)
+        return self.wo((out[..., : self.v_dim] if pad > 0 else out).reshape(b, t, -1))
 
 
 def sparse_layer(c: DeepseekV3Config, layer: int) -> bool:

@@ -326,6 +326,8 @@ def attention_saved_bytes(model: ModelShape, case: ActivationCase) -> float:
     """
     h, q, kv, a, t, e = model.d_model, model.q_dim, model.kv_dim, model.n_heads, case.tp, case.element_bytes
     lse = a * FP32_BYTES / t
+    if model.kv_lora_rank and case.recompute == "none":
+        return mla_saved_bytes(model, case)
     if case.recompute == "selective":
         return (q + 2 * kv + q) * e / t + lse + h * e
     r = kv_repeats(model.n_kv_heads // t, case.cp)
@@ -333,6 +335,21 @@ def attention_saved_bytes(model: ModelShape, case: ActivationCase) -> float:
     if model.qk_norm:
         saved += (model.n_heads + model.n_kv_heads) * norm_saved_bytes(model, model.head_dim, element_bytes=e) / t
     return saved
+
+
+def mla_saved_bytes(model: ModelShape, case: ActivationCase) -> float:
+    """What one multi-head latent attention (``models/deepseek_v3/model.py: MLA``) saves per token without
+    recomputation, in bytes: the normed input the down-projections share, h·e; each latent norm's
+    (``norm_saved_bytes`` over ``q_lora_rank`` and ``kv_lora_rank``) and the up-projections' inputs, (q_rank +
+    kv_rank)·e; what SDPA saves, q, k and the values padded to the query/key width and its output, 4·a·d·e/t, and its
+    log-sum-exp a·4/t (d: nope + rope channels); the cut-back output ``wo`` reads, a·v·e/t. The latent terms are
+    replicated over tp (``wq_a``, ``wkv_a`` run whole on every rank). Counted from the tensors autograd saves (torch
+    2.13, bf16 and fp32) and checked by the dry run."""
+    a, t, e, d = model.n_heads, case.tp, case.element_bytes, model.head_dim
+    latent = model.q_lora_rank + model.kv_lora_rank
+    norms = sum(norm_saved_bytes(model, r, element_bytes=e) for r in (model.q_lora_rank, model.kv_lora_rank) if r)
+    heads = (4 * a * d * e + a * FP32_BYTES + a * model.v_head_dim * e) / t
+    return model.d_model * e + norms + latent * e + heads
 
 
 def dense_mlp_saved_bytes(model: ModelShape, layer: int, case: ActivationCase) -> float:
@@ -391,7 +408,8 @@ def rotary_table_saved_bytes(model: ModelShape, *, seq_len: int) -> float:
     multiply keeps its non-differentiable operand): an fp32 buffer of max(``max_seq_len``, the sequence) positions x
     head_dim values, the same storage for every block and micro-batch (counted with each micro-batch here, as the dry
     run counts it: an overcount of one table per further micro-batch in flight). 0 with learned positions (GPT)."""
-    return 0.0 if model.learned_positions else max(model.max_seq_len, seq_len) * model.head_dim * FP32_BYTES
+    rotary = model.qk_rope_head_dim or model.head_dim  # MLA rotates its rotary channels only
+    return 0.0 if model.learned_positions else max(model.max_seq_len, seq_len) * rotary * FP32_BYTES
 
 
 def head_saved_bytes(model: ModelShape, case: ActivationCase) -> float:
@@ -434,9 +452,15 @@ def moe_saved_activation_bytes(model: ModelShape, layer: int, case: ActivationCa
     if case.recompute == "selective":
         return tokens * n_experts * e + rows * (2 * f + h) * e + tokens * (2 * shared + h * (shared > 0)) * e
     router = tokens * n_experts * 4 + rows * (8 + 4) + tokens * 4
+    if model.score_func == "sigmoid":  # an fp32 copy of the input and of the router weight
+        router += tokens * h * 4 + n_experts * h * 4
+    if model.n_group > 1:  # each group's two best (int64 ids) and the groups' mask
+        router += tokens * model.n_group * (2 * 8 + 1)
     dispatch = 2 * rows * 8 * (2 if case.ep > 1 else 1)
     experts = rows * (h + 4 * f) * e + 4 * tokens * shared * e
     combine = rows * e + 2 * rows * h * e
+    if model.sequence_aux_loss:  # per token the scores' sum, per sequence the expert fractions
+        return router + dispatch + experts + combine + tokens * 4 + case.micro_batch * n_experts * 4
     return router + dispatch + experts + combine + n_experts * 4
 
 
