@@ -179,7 +179,11 @@ class ModelShape:
         if not self.sparse[i]:
             return 0
         shared = 3 * self.d_model * self.moe_d_ff * self.n_shared_experts
-        return self.layer_expert_params(i) + shared + self.d_model * self.n_experts
+        return self.layer_expert_params(i) + shared + self.layer_router_params(i)
+
+    def layer_router_params(self, i: int) -> int:
+        """A sparse layer's router, E·h (0 when dense)."""
+        return self.d_model * self.n_experts if self.sparse[i] else 0
 
     def layer_moe_active_params(self, i: int) -> int:
         """The feed-forward matrices of a sparse layer one token runs through: its top-k and shared experts

@@ -122,6 +122,19 @@ class Muon(torch.optim.Optimizer):
             self._adamw.step()
         return loss
 
+    def allocate_state(self) -> None:
+        """The state a first step creates, without stepping (the planner's dry run, on meta tensors): each Muon
+        matrix's momentum buffer, and AdamW's moments by a step of the AdamW part."""
+        for group in self.param_groups:
+            if group["role"] == "muon":
+                for p in group["params"]:
+                    self.state[p].setdefault(
+                        "momentum_buffer", torch.zeros_like(p, memory_format=torch.preserve_format)
+                    )
+        if self._adamw is not None:
+            self._link_adamw()
+            self._adamw.step()
+
     def _step_muon(self, group: dict) -> None:
         whole, sharded = [], []
         for p in group["params"]:

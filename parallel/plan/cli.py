@@ -140,6 +140,7 @@ def specs_from_cfg(cfg: Any, *, calibrate: bool | None = None) -> tuple[ModelSha
             seq_len=int(data.get("seq_len") or 0),
             trainer_precision=str(trainer.precision) if trainer is not None else None,
             hardware=hw,
+            optim=cfg.get("optim"),
         )
 
     if calibrate if calibrate is not None else bool(topology.calibrate):

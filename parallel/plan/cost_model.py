@@ -11,11 +11,12 @@ cluster on a laptop.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from models.shape import kv_repeats
 from parallel.foundation.dims import Sized, lenders, with_dim_kwargs
 from parallel.pipeline.schedules import SCHEDULES, schedule_spec, stage_to_rank
+from parallel.plan.muon_cost import MuonCost, muon_step_cost, rank_muon_params
 from parallel.plan.specs import HardwareSpec, Link, ModelShape, Workload
 
 #: schedules the cost model knows (their bubble and in-flight rules are on ``ScheduleSpec``)
@@ -82,6 +83,8 @@ class Estimate:
     rank_work_s: float = 0.0
     """A mean rank's CPU seconds per step, as the time-share floor counts them (its micro-batches, its AdamW and
     the measured CPU share of its fixed costs): what it takes from cores that ranks beyond them share."""
+    muon: MuonCost = MuonCost()
+    """``optim=muon``'s Newton-Schulz FLOPs and gathers on the fullest rank (in ``optimizer_s``; zero for AdamW)."""
 
     @property
     def comm_fraction(self) -> float:
@@ -238,13 +241,22 @@ def rank_state_bytes(
     """Weights, gradients, optimizer states of a pipeline rank holding ``params`` (``rank_params``): its routed
     experts divided by ep and then sharded (ZeRO) over the experts' own n·c/ep ranks, the rest over n·c. Under
     ZeRO-3 an expert therefore costs Ψ/(n·c) bytes per rank whatever ep is; expert parallel saves the experts'
-    all-gathers and reduce-scatters instead (each rank gathers 1/ep of them: ``estimate``'s data-parallel time)."""
+    all-gathers and reduce-scatters instead (each rank gathers 1/ep of them: ``estimate``'s data-parallel time).
+    With ``optim=muon`` the blocks' matrices (experts included) keep one momentum buffer instead of two moments
+    (``parallel/plan/muon_cost.py``)."""
     data = c.dp * c.cp
     experts = rank_expert_params(model, layers, tp=c.tp, meshtrain=meshtrain)
-    kw = {"bytes_per_param": workload.bytes_per_param, "zero_stage": c.zero_stage}
-    dense = model_state_bytes(params - experts, dp=data, **kw)
-    routed = model_state_bytes(experts / c.ep, dp=data // c.ep, **kw)
-    return dense[0] + routed[0], dense[1] + routed[1], dense[2] + routed[2]
+    muon = workload.optimizer == "muon"
+    matrices = rank_muon_params(model, layers, tp=c.tp, meshtrain=meshtrain) if muon else 0.0
+    adam, orth = workload.bytes_per_param, workload.muon_bytes_per_param
+    parts = (
+        model_state_bytes(params - experts - matrices, bytes_per_param=adam, zero_stage=c.zero_stage, dp=data),
+        model_state_bytes(matrices, bytes_per_param=orth, zero_stage=c.zero_stage, dp=data),
+        model_state_bytes(
+            experts / c.ep, bytes_per_param=orth if muon else adam, zero_stage=c.zero_stage, dp=data // c.ep
+        ),
+    )
+    return sum(p[0] for p in parts), sum(p[1] for p in parts), sum(p[2] for p in parts)
 
 
 @dataclass(frozen=True)
@@ -553,6 +565,16 @@ def ring_allreduce_s(nbytes: float, *, n: int, link: Link, messages: int = 1) ->
     return 2 * (n - 1) / n * nbytes / link.bytes_per_s + 2 * (n - 1) * link.latency_s * messages
 
 
+def muon_gather_s(m: MuonCost) -> float:
+    """``optim=muon``'s gathers: spread, two all-to-all-like exchanges of a rank's parts over the matrix's mesh (to
+    the owners, and back); everywhere, an all-gather of every matrix (half a ring all-reduce)."""
+    if m.link is None or m.mesh <= 1:
+        return 0.0
+    if m.spread:
+        return all_to_all_s(m.out_bytes, n=m.mesh, link=m.link) + all_to_all_s(m.back_bytes, n=m.mesh, link=m.link)
+    return ring_allreduce_s(m.out_bytes, n=m.mesh, link=m.link) / 2
+
+
 def tp_collectives_per_layer(
     model: ModelShape, *, meshtrain: bool, recompute: str = "none", sparse: bool = False
 ) -> int:
@@ -751,6 +773,10 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
         shard_params * (2 * w + 2 * g + 2 * k) / hardware.memory_bytes_per_s
     )  # read w,g,K + write w,K; clip reads g
 
+    muon = muon_step_cost(model, layers_of[rank_memory.index(worst)], c=c, hardware=hardware, workload=workload)
+    muon = replace(muon, gather_s=muon_gather_s(muon))
+    optimizer_s += muon.ns_s + muon.gather_s  # optim=muon: the rank's orthogonalisations and their gathers
+
     budget = hardware.memory_bytes * workload.memory_fraction
     step = pipeline_s + dp_comm_s + optimizer_s
     # CPU ranks beyond the node's cores time-share them: the step takes at least the node's CPU work (each
@@ -784,4 +810,5 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
         rank_memory=tuple(rank_memory),
         rank_activation_per_micro_batch=tuple(rank_per_mb),
         rank_work_s=work,
+        muon=replace(muon, ns_s=muon.ns_s * t, gather_s=muon.gather_s * t),
     )

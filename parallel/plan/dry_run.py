@@ -321,11 +321,7 @@ def _measure_rank(
         )
         on_step("optimizer")
         params = [p for part in composed.parts for p in part.module.parameters()]
-        trainable = [p for p in params if p.requires_grad]  # LoRA: frozen weights get no gradient, no state
-        for p in trainable:
-            p.grad = torch.zeros_like(p)
-        opt = torch.optim.AdamW(trainable, lr=1e-4, foreach=False)
-        opt.step()  # creates the moments, on meta tensors
+        opt = _optimizer_with_state(composed.parts, workload)
         measured: dict[str, float] = {k: float(v) for k, v in model_state_bytes(params, opt).items()}
         measured["activations_per_micro_batch"] = float(acts)
         return measured
@@ -335,6 +331,26 @@ def _measure_rank(
     finally:
         dist.destroy_process_group()
         _clear_dtensor_caches()
+
+
+def _optimizer_with_state(parts, workload: Workload):
+    """The run's optimizer over the rank's trainable parameters (LoRA: frozen weights get no gradient, no state)
+    with its state created on meta tensors: AdamW's moments by a real step; ``optim=muon``'s momentum buffers for
+    the blocks' matrices as its step creates them, and AdamW's moments for the rest."""
+    import torch
+
+    named = [(n, p) for part in parts for n, p in part.module.named_parameters() if p.requires_grad]
+    for _, p in named:
+        p.grad = torch.zeros_like(p)
+    if workload.optimizer == "muon":
+        from parallel.optim.muon import Muon
+
+        opt = Muon(named, muon_gather=workload.muon_gather, implementation="for-loop")
+        opt.allocate_state()
+        return opt
+    opt = torch.optim.AdamW([p for _, p in named], lr=1e-4, foreach=False)
+    opt.step()  # creates the moments, on meta tensors
+    return opt
 
 
 def dry_run(

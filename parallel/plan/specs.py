@@ -26,6 +26,21 @@ __all__ = ["ModelShape", "PlanError", "HardwareSpec", "Workload", "Link"]
 GB = 1e9
 
 #: the planner's precision -> the trainer.precision that trains it (parallel=auto sets it)
+#: bytes of one fp32 moment (Adam's first or second, Muon's momentum) per parameter
+MOMENT_BYTES = 4
+
+
+def muon_workload(optim: Any) -> dict[str, Any]:
+    """The Workload fields of an optim section: ``optimizer=muon`` and its keys for ``optim=muon``, none else."""
+    if optim is None or str(optim.get("name", "")) != "muon":
+        return {}
+    return {
+        "optimizer": "muon",
+        "muon_gather": str(optim.get("muon_gather", "spread")),
+        "ns_steps": int(optim.get("ns_steps", 5)),
+    }
+
+
 TRAINER_PRECISION = {name: p.trains_as for name, p in PLANNER_PRECISIONS.items()}
 
 
@@ -155,6 +170,20 @@ class Workload:
     hold and save, checked by the dry run: ``parallel/plan/dry_run.py``) or ``megatron`` (Megatron-LM's, as
     ZeRO and Korthikanti et al. count them)."""
 
+    optimizer: str = "adamw"
+    """``adamw`` (two moments per parameter), or ``muon`` (``optim=muon``: one momentum buffer for the blocks' weight
+    matrices, AdamW's two for the rest; the matrices gathered whole and orthogonalised: ``parallel/plan/muon_cost.py``)."""
+    muon_gather: str = "spread"
+    """``optim.muon_gather``: spread (each matrix orthogonalised by one owner rank) or everywhere."""
+    ns_steps: int = 5
+    """``optim.ns_steps``: Newton-Schulz iterations per matrix and step."""
+
+    @property
+    def muon_bytes_per_param(self) -> tuple[int, int, int]:
+        """``bytes_per_param`` of a matrix Muon updates: one fp32 momentum buffer instead of AdamW's two moments."""
+        w, g, k = self.bytes_per_param
+        return w, g, k - MOMENT_BYTES
+
     @property
     def bytes_per_param(self) -> tuple[int, int, int]:
         """(weights, gradients, optimizer states) per parameter. meshtrain's bf16-mixed keeps fp32 weights
@@ -179,9 +208,11 @@ class Workload:
         seq_len: int,
         trainer_precision: str | None,
         hardware: HardwareSpec,
+        optim: Any = None,
     ) -> Workload:
         """The job a typed ``planner`` section plans for: ``model`` (its typed config), the data's batch and
-        sequence, and the run's ``trainer.precision`` (None: a config without a trainer, the planner's own)."""
+        sequence, and the run's ``trainer.precision`` (None: a config without a trainer, the planner's own); ``optim``:
+        the run's optim section (``optim=muon``: its gather way and Newton-Schulz steps), None: AdamW."""
         # a description of a published run (gpt_175b, llama3_8b ...) carries that run's batch and sequence
         described = model.get("global_batch_size") is not None
         gbs = planner.global_batch_size or (model.get("global_batch_size") if described else global_batch_size)
@@ -207,4 +238,5 @@ class Workload:
             memory_fraction=fraction,
             recompute=options[recompute],
             recompute_fallback=AC_MODES if recompute == "auto" else (),
+            **muon_workload(optim),
         )

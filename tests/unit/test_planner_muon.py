@@ -1,0 +1,84 @@
+"""The planner with ``optim=muon`` (parallel/plan/muon_cost.py): the blocks' matrices keep one momentum buffer instead
+of AdamW's two moments, and the dry run's optimizer-state bytes (the real optimizer's state on meta tensors) equal
+the plan's; the Newton-Schulz FLOPs are torch's own count; the gathers are the sharded matrices' volume."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from parallel.plan.cli import compose, specs_from_cfg, typed_model
+from parallel.plan.cost_model import Candidate, estimate
+from parallel.plan.dry_run import dry_run
+from parallel.plan.muon_cost import ns_flops
+
+
+def _specs(*overrides: str):
+    cfg = compose(
+        ["optim=muon", "data.seq_len=64", "data.global_batch_size=16", "topology.nproc_per_node=8", *overrides]
+    )
+    model, hardware, workload = specs_from_cfg(cfg, calibrate=False)
+    return cfg, model, hardware, workload
+
+
+def test_the_workload_reads_optim_muon():
+    *_, workload = _specs("model=llama_debug", "optim.muon_gather=everywhere", "optim.ns_steps=3")
+    assert (workload.optimizer, workload.muon_gather, workload.ns_steps) == ("muon", "everywhere", 3)
+    assert workload.muon_bytes_per_param == (4, 4, 4)  # AdamW: (4, 4, 8)
+
+
+@pytest.mark.parametrize(
+    ("model_name", "candidate"),
+    [
+        ("llama_debug", Candidate(dp=2, tp=2, zero_stage=3)),
+        ("llama_debug", Candidate(dp=2, pp=2, micro_batches=2, schedule="1f1b", zero_stage=3)),
+        ("qwen3_moe_debug", Candidate(dp=2, ep=2, zero_stage=3)),
+        ("qwen3_moe_debug", Candidate(tp=2)),
+    ],
+    ids=["dp2xtp2", "dp2xpp2", "dp2xep2", "tp2"],
+)
+def test_dry_run_optimizer_bytes_equal_the_plan(model_name, candidate):
+    cfg, model, hardware, workload = _specs(f"model={model_name}")
+    report = dry_run(
+        model_config=typed_model(cfg.model), candidate=candidate, model=model, hardware=hardware, workload=workload
+    )
+    adamw = estimate(
+        candidate, model=model, hardware=hardware, workload=dataclasses.replace(workload, optimizer="adamw")
+    )
+    for r in report.ranks:
+        assert r.error is None, r.error
+        assert r.measured["optimizer"] == pytest.approx(r.estimated["optimizer"], rel=1e-9), r
+        assert r.ratio("model_state") == pytest.approx(1.0, abs=0.01), r
+    # one buffer for the matrices: less than AdamW's two moments, more than one per parameter
+    worst = max(report.ranks, key=lambda r: r.estimated["optimizer"])
+    assert worst.measured["params"] < worst.measured["optimizer"] < adamw.memory.optimizer
+
+
+def test_newton_schulz_flops_are_torchs_own_count():
+    from torch.optim._muon import DEFAULT_A, DEFAULT_B, DEFAULT_C, _zeropower_via_newtonschulz
+    from torch.utils.flop_counter import FlopCounterMode
+
+    for rows, cols in [(64, 176), (176, 64), (128, 128)]:
+        with FlopCounterMode(display=False) as counter:
+            _zeropower_via_newtonschulz(torch.randn(rows, cols), (DEFAULT_A, DEFAULT_B, DEFAULT_C), 5, 1e-7)
+        assert counter.get_total_flops() == ns_flops(rows, cols, steps=5)
+
+
+def test_spread_gathers_a_share_and_everywhere_gathers_all():
+    _, model, hardware, workload = _specs("model=llama_debug")
+    c = Candidate(dp=2, zero_stage=3)
+    spread = estimate(c, model=model, hardware=hardware, workload=workload).muon
+    everywhere = estimate(
+        c, model=model, hardware=hardware, workload=dataclasses.replace(workload, muon_gather="everywhere")
+    ).muon
+    matrices = sum(model.layer_matmul_params(i) for i in range(model.n_layers))
+    # spread: half of the rank's half of each matrix goes to its owner (parameter, gradient, momentum; 4 bytes each)
+    # and half comes back (parameter, momentum)
+    assert spread.gather_bytes == pytest.approx(0.5 * matrices / 2 * (12 + 8))
+    assert everywhere.gather_bytes == pytest.approx(0.5 * matrices * 12)
+    assert spread.ns_flops == pytest.approx(everywhere.ns_flops / 2)
+    assert spread.gather_s > 0 and spread.ns_s > 0
+    ddp = estimate(Candidate(dp=2), model=model, hardware=hardware, workload=workload).muon
+    assert ddp.gather_bytes == 0 and ddp.ns_flops == everywhere.ns_flops  # replicated: every rank all, no gather
