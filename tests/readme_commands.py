@@ -295,6 +295,11 @@ PLANS: dict[str, Run | Compose | Covered | Skip] = {
     "python train.py trainer.precision=bf16-mixed trainer.activation_checkpointing=selective trainer.compile=true": Compose(),
     "python benchmarks/gpu_smoke.py": Covered(INTEGRATION + "test_gpu_smoke_script.py::test_gpu_smoke_tiny_on_cpu"),
     "python benchmarks/precision.py": BENCHMARK,
+    "python benchmarks/muon_step.py": BENCHMARK,
+    "python benchmarks/muon_vs_adamw.py": BENCHMARK,
+    "python train.py model=llama_debug optim=muon parallel=fsdp": Covered(
+        INTEGRATION + "test_muon_layouts.py::test_real_gradients_match_single_within_the_parity_tolerance"
+    ),
     # docs/callbacks.md, docs/parallelism.md, docs/pipeline.md (blocks marked runnable)
     "python train.py trainer.callbacks=[{_target_:my_callbacks.PrintLoss,every:10}]": Covered(
         INTEGRATION + "test_trainer_callbacks.py::test_user_callback_sees_every_step_validation_and_checkpoint"

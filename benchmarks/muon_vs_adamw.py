@@ -1,0 +1,128 @@
+"""Muon against AdamW on llama_debug and qwen3_moe_debug: a learning-rate sweep, then 300 steps x 3 seeds each.
+
+    python benchmarks/muon_vs_adamw.py [--out outputs/muon_vs_adamw] [--steps 300] [--sweep-steps 100] [--models ...]
+
+1. **Sweep** (the project's own multirun, ``python train.py -m``): for each model and optimizer, ``optim.lr`` over
+   ``SWEEP`` at ``--sweep-steps`` steps, seed 0, ``parallel=single``; the lr with the lowest final loss is kept
+   (``optim=muon`` sweeps Muon's lr; its AdamW part keeps ``optim.adamw_lr``'s default).
+2. **Runs**: the kept lr, ``--steps`` steps, ``trainer.seed=0,1,2`` (one multirun per model and optimizer).
+3. **Output** under ``--out``: ``results.json`` (every sweep point, each seed's loss at the last step, the mean and
+   spread (max - min) per model and optimizer, the load average before and after), ``results.md`` (the tables the
+   docs show) and ``muon_vs_adamw.png`` (loss against step, the mean over seeds with its min-max band).
+
+Everything else is each option's default (``conf/optim/{adamw,muon}.yaml``: warm-up, cosine decay, weight decay 0).
+Hours of CPU on a 2-core machine; the load average is recorded because a loaded machine slows it, not the losses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ("llama_debug", "qwen3_moe_debug")
+SWEEP = {"adamw": (1e-3, 3e-3, 1e-2), "muon": (5e-3, 1e-2, 2e-2, 5e-2)}
+SEEDS = (0, 1, 2)
+COMMON = ("parallel=single", "logger=none", "trainer.checkpoint_every=0", "trainer.log_every=1")
+
+
+def multirun(folder: Path, *overrides: str) -> list[Path]:
+    """``python train.py -m OVERRIDES`` into ``folder``; its job folders (those with a summary)."""
+    cmd = [sys.executable, str(ROOT / "train.py"), "-m", *COMMON, *overrides, f"hydra.sweep.dir={folder}"]
+    subprocess.run(cmd, cwd=ROOT, check=True, env={**os.environ, "WANDB_SILENT": "true"})
+    return sorted(p.parent for p in folder.glob("*/summary.json"))
+
+
+def losses(job: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (job / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def chosen(job: Path, key: str) -> str:
+    import yaml
+
+    picked = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())
+    return next(o.split("=", 1)[1] for o in picked if o.startswith(f"{key}="))
+
+
+def sweep(out: Path, model: str, optim: str, steps: int) -> tuple[float, dict[str, float]]:
+    lrs = ",".join(str(x) for x in SWEEP[optim])
+    jobs = multirun(out / "sweep" / model / optim, f"model={model}", f"optim={optim}", f"optim.lr={lrs}",
+                    f"trainer.max_steps={steps}", "trainer.seed=0")  # fmt: skip
+    finals = {chosen(j, "optim.lr"): losses(j)[-1] for j in jobs}
+    best = min(finals, key=finals.get)
+    return float(best), finals
+
+
+def seeds(out: Path, model: str, optim: str, lr: float, steps: int) -> list[list[float]]:
+    seeds_arg = ",".join(str(s) for s in SEEDS)
+    jobs = multirun(out / "runs" / model / optim, f"model={model}", f"optim={optim}", f"optim.lr={lr}",
+                    f"trainer.max_steps={steps}", f"trainer.seed={seeds_arg}")  # fmt: skip
+    return [losses(j) for j in jobs]
+
+
+def figure(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4), squeeze=False)
+    for ax, model in zip(axes[0], results):
+        for optim, r in results[model].items():
+            curves = r["curves"]
+            steps = range(1, len(curves[0]) + 1)
+            mean = [statistics.fmean(c[i] for c in curves) for i in range(len(curves[0]))]
+            ax.plot(steps, mean, label=f"{optim} (lr {r['lr']:g})")
+            ax.fill_between(steps, [min(c[i] for c in curves) for i in range(len(mean))],
+                            [max(c[i] for c in curves) for i in range(len(mean))], alpha=0.25)  # fmt: skip
+        ax.set_title(f"{model}: {len(SEEDS)} seeds, mean and min-max")
+        ax.set_xlabel("step")
+        ax.set_ylabel("training loss")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def tables(results: dict, load: dict) -> str:
+    lines = [f"load average before {load['before']}, after {load['after']}", ""]
+    lines += ["| model | optimizer | swept lr: final loss | kept lr | loss at the last step (mean, spread) |", "|---|---|---|---:|---|"]  # fmt: skip
+    for model, by_optim in results.items():
+        for optim, r in by_optim.items():
+            swept = ", ".join(f"{lr}: {v:.4f}" for lr, v in r["sweep"].items())
+            last = [c[-1] for c in r["curves"]]
+            lines.append(f"| {model} | {optim} | {swept} | {r['lr']:g} | {statistics.fmean(last):.4f} "
+                         f"(± {(max(last) - min(last)) / 2:.4f}) |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "muon_vs_adamw")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--sweep-steps", type=int, default=100)
+    parser.add_argument("--models", nargs="+", default=list(MODELS), help=f"conf/model options (default {MODELS})")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    load = {"before": [round(x, 2) for x in os.getloadavg()]}
+    results: dict = {}
+    for model in args.models:
+        for optim in SWEEP:
+            lr, finals = sweep(args.out, model, optim, args.sweep_steps)
+            curves = seeds(args.out, model, optim, lr, args.steps)
+            results.setdefault(model, {})[optim] = {"lr": lr, "sweep": finals, "curves": curves}
+    load["after"] = [round(x, 2) for x in os.getloadavg()]
+    (args.out / "results.json").write_text(json.dumps({"load": load, "results": results}, indent=1))
+    (args.out / "results.md").write_text(tables(results, load))
+    figure(results, args.out / "muon_vs_adamw.png")
+    print((args.out / "results.md").read_text())
+    print(f"figure: {args.out / 'muon_vs_adamw.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
