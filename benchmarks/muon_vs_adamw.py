@@ -7,7 +7,7 @@
    (``optim=muon`` sweeps Muon's lr; its AdamW part keeps ``optim.adamw_lr``'s default).
 2. **Runs**: the kept lr, ``--steps`` steps, ``trainer.seed=0,1,2`` (one multirun per model and optimizer).
 3. **Output** under ``--out``: ``results.json`` (every sweep point, each seed's loss at the last step, the mean and
-   spread (max - min) per model and optimizer, the load average before and after), ``results.md`` (the tables the
+   half their min-max range per model and optimizer, the load average before and after), ``results.md`` (the tables the
    docs show) and ``muon_vs_adamw.png`` (loss against step, the mean over seeds with its min-max band).
 
 Everything else is each option's default (``conf/optim/{adamw,muon}.yaml``: warm-up, cosine decay, weight decay 0).
@@ -90,7 +90,7 @@ def figure(results: dict, path: Path) -> None:
 
 def tables(results: dict, load: dict) -> str:
     lines = [f"load average before {load['before']}, after {load['after']}", ""]
-    lines += ["| model | optimizer | swept lr: final loss | kept lr | loss at the last step (mean, spread) |", "|---|---|---|---:|---|"]  # fmt: skip
+    lines += ["| model | optimizer | swept lr: final loss | kept lr | loss at the last step: mean ± half the min-max range over seeds |", "|---|---|---|---:|---|"]  # fmt: skip
     for model, by_optim in results.items():
         for optim, r in by_optim.items():
             swept = ", ".join(f"{lr}: {v:.4f}" for lr, v in r["sweep"].items())
