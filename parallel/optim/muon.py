@@ -2,8 +2,8 @@
 
 **Who gets Muon** (``muon_role``): a parameter with two or more dimensions inside a block (``layers.<i>.``, the name
 every decoder family gives its blocks), except a MoE router's weight. Embeddings, the output head, norms, biases and
-routers go to AdamW, as Keller Jordan's Muon and Moonshot's recipe do. An experts' 3-D tensor is one matrix per
-expert (``parallel/optim/muon_shards.py``). LoRA is refused before any worker starts (``trainer/checks/optim.py``).
+routers (a ``router`` or ``gate`` module) go to AdamW, as Keller Jordan's Muon and Moonshot's recipe do. An
+experts' 3-D tensor is one matrix per expert (``parallel/optim/muon_shards.py``). LoRA is refused before any worker starts (``trainer/checks/optim.py``).
 
 **One torch optimizer.** ``Muon`` is a ``torch.optim.Optimizer`` whose param groups carry ``role`` (muon or adamw),
 each with its own ``lr`` and ``weight_decay``; its ``state`` holds Muon's ``momentum_buffer`` and AdamW's moments
@@ -32,13 +32,16 @@ from parallel.optim.muon_shards import SpreadStep, held_whole, local_matrices, s
 #: torch's defaults for the orthogonalisation, read from torch
 NS_DEFAULTS = {"ns_coefficients": (DEFAULT_A, DEFAULT_B, DEFAULT_C), "eps": EPS, "ns_steps": DEFAULT_NS_STEPS}
 
+#: a MoE router's module name: meshtrain's (``models/moe.py``) and transformers' (``mlp.gate``, beside ``gate_proj``)
+ROUTER_NAMES = {"router", "gate"}
+
 _BLOCK = re.compile(r"(^|\.)layers\.\d+\.")
 
 
 def muon_role(name: str, param: torch.Tensor) -> str:
     """``muon`` for a block's weight matrix (2-D, or an experts' 3-D tensor), else ``adamw``."""
     in_block = _BLOCK.search(name) is not None
-    router = "router" in name.split(".")
+    router = bool(ROUTER_NAMES & set(name.split(".")))
     return "muon" if param.ndim >= 2 and in_block and not router else "adamw"
 
 

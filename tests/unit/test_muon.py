@@ -41,6 +41,10 @@ def test_roles_follow_the_block_matrices():
     ]
     # compiled or checkpoint-wrapped blocks keep the block in their names
     assert muon_role("layers.3._orig_mod.attention.wo.weight", torch.empty(2, 2)) == "muon"
+    # transformers' own modelling code (model.init_from of a family meshtrain has no native code for)
+    assert muon_role("model.layers.0.mlp.gate.weight", torch.empty(4, 2)) == "adamw"
+    assert muon_role("model.layers.0.mlp.experts.1.gate_proj.weight", torch.empty(4, 2)) == "muon"
+    assert muon_role("model.embed_tokens.weight", torch.empty(4, 2)) == "adamw"
 
 
 def _reference(params: dict[str, torch.nn.Parameter]):
