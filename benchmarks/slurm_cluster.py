@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import shutil
 import signal
 import socket
@@ -24,6 +25,8 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from trainer.launch.environment import rendezvous_port
 
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 DAEMONS = ("slurmctld", "slurmd", "munged")
@@ -86,6 +89,33 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+#: job ids one cluster hands out before its jobs' rendezvous ports could meet another cluster's
+JOB_ID_BLOCK = 100
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def first_job_id() -> int:
+    """The cluster's ``FirstJobId``: a random block of ``JOB_ID_BLOCK`` job ids whose rendezvous ports
+    (``rendezvous_port``: a Slurm job's MASTER_PORT comes from its job id) no process listens on now. Every cluster
+    started at job 1 before, so two of them on one host (a suite beside a rerun of the Slurm tests, two sessions)
+    gave their jobs the same MASTER_PORT: a job whose port another cluster's job held could not start or joined the
+    other job's store."""
+    block = JOB_ID_BLOCK
+    for _ in range(50):
+        block = random.randrange(1, 19_000 // JOB_ID_BLOCK) * JOB_ID_BLOCK
+        if all(_port_free(rendezvous_port(str(i))) for i in range(block, block + JOB_ID_BLOCK)):
+            break
+    return block
+
+
 def write_config(root: Path, *, node: str, cpus: int) -> Path:
     for sub in ("munge", "state/ctld", "state/d", "log"):
         (root / sub).mkdir(parents=True, exist_ok=True)
@@ -96,6 +126,7 @@ SlurmctldHost={node}(127.0.0.1)
 SlurmUser=root
 SlurmctldPort={_free_port()}
 SlurmdPort={_free_port()}
+FirstJobId={first_job_id()}
 AuthType=auth/munge
 CredType=cred/munge
 # cred_expire: also the delay before a requeued job may start again (Slurm default 120 s)

@@ -6,7 +6,12 @@ requeued, job 2 gets SIGTERM and may not be requeued (max_num_preemption=0), job
 from 2 tasks. Time limits are not waited for: the warning is sent with ``scancel --signal=<submitit's signal>``,
 which is what Slurm sends at ``--signal=USR2@signal_delay_s`` (and what submitit's own test helper sends). The
 Slurm jobs hold before step 4 until a signal arrives (``WAIT``: tests/faults.py's ``WaitAt``), so the signal lands at a point
-the job waits for, never raced against its last steps.
+the job waits for, never raced against its last steps. The last test lets slurmctld send the warning itself
+(``--signal=USR2@60`` before a 3-minute limit: its periodic check sends it 60 to 90 s before the limit) to a job that
+holds before step 4 until it comes, so the real time-limit path is tested at a point the job waits for too.
+Every cluster hands out its own block of job ids (benchmarks/slurm_cluster.py ``first_job_id``): a job's rendezvous
+port comes from its id, and two clusters that both started at job 1 (a suite beside a rerun of this module) gave
+their jobs the same port.
 """
 
 from __future__ import annotations
@@ -196,3 +201,42 @@ def test_a_job_whose_task_count_does_not_match_the_layout_is_refused_before_trai
         assert "slurm started 2 tasks" in job.reason and "= 4 ranks" in job.reason
         assert "hydra.launcher.nodes x hydra.launcher.tasks_per_node" in job.reason
         assert not (job.path / "logs").exists(), "a refused job must not start training"
+
+
+def test_slurmctlds_own_time_limit_warning_stops_the_job_where_it_waits(slurm_cluster, tmp_path):
+    """The real path: slurmctld's periodic check sends ``--signal=USR2@60`` (60 to 90 s before the 3-minute limit)
+    to a one-task job holding before step 4; it checkpoints there and ends preempted (max_num_timeout=0: no
+    requeue)."""
+    from submitit.core.job_environment import JobEnvironment
+
+    one_task = tuple(o for o in SLURM if not o.startswith("hydra.launcher.tasks_per_node="))
+    limit = (
+        *one_task,
+        "hydra.launcher.tasks_per_node=1",
+        "hydra.launcher.timeout_min=3",
+        "hydra.launcher.signal_delay_s=60",
+    )
+    proc = _start(
+        slurm_cluster,
+        tmp_path / "limit",
+        "parallel=single",
+        f"trainer.max_steps={STEPS}",
+        *FAST,
+        *limit,
+        WAIT,
+        "hydra.launcher.max_num_timeout=0",
+    )
+    try:
+        proc.wait(timeout=600)  # no job completed: the sweep's exit code is not 0 (a preempted job is not done)
+        out = proc.console.read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    (job,) = read_sweep(tmp_path / "limit")
+    seen = f"\n--- sweep console (end) ---\n{out[-3000:]}"
+    assert "1 jobs: 0 completed, 0 skipped, 0 failed, 1 preempted" in out, seen
+    assert job.status == "preempted", (job.status, job.reason, seen)
+    assert job.summary["stop_signals"] == ["SIG" + JobEnvironment.USR_SIG] and job.summary["last_step"] == 4, seen
+    assert (job.path / "checkpoints" / "step_0000004").is_dir(), seen
+    assert "not requeued" in job.reason and "hydra.launcher.max_num_timeout=0" in job.reason, (job.reason, seen)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 import subprocess
 import sys
 import time
@@ -56,6 +57,18 @@ def _read_json(path: Path, default: dict | list) -> Any:
 def stop_kind(signals: Sequence[str]) -> str:
     """``preemption`` (SIGTERM, or nothing known) or ``timeout`` (only the time-limit warning signal)."""
     return "timeout" if signals and not any(s in PREEMPTION_SIGNALS for s in signals) else "preemption"
+
+
+def _ignore_sigterm() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def requeue(job_id: str) -> None:
+    """``scontrol requeue JOB`` of the job this process runs in, as submitit's ``JobEnvironment._requeue`` runs it, with
+    SIGTERM ignored in scontrol (kept across its exec): Slurm signals every process of the job it requeues, scontrol
+    included, and one killed before it exited (seen under load: 'died with <Signals.SIGTERM: 15>') read as a failed
+    requeue of a job that Slurm had requeued."""
+    subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=60, preexec_fn=_ignore_sigterm)
 
 
 class RequeueingSlurmLauncher(plugin.SlurmLauncher):
@@ -161,7 +174,8 @@ class RequeueingSlurmLauncher(plugin.SlurmLauncher):
         with submitit_utils.temporary_save_path(env.paths.submitted_pickle) as tmp:
             delayed.dump(tmp)
         try:
-            env._requeue(timeouts_left)
+            requeue(env.job_id)
+            log.info("requeued job %s (%d timeout requeue(s) left)", env.job_id, timeouts_left)
         except (subprocess.SubprocessError, OSError) as exc:  # e.g. Slurm requeued it already (PreemptMode=REQUEUE)
             status["reason"] = f"{what}: checkpoint step {found[-1][0]} saved; scontrol requeue failed: {exc}"
             write_json(run_dir / "status.json", status)
