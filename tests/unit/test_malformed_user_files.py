@@ -472,3 +472,28 @@ def test_damaged_preference_pairs_are_named_by_file_and_line(tmp_path, content, 
     path.write_bytes(content)
     found, problems = read_pairs([path])
     assert not found and len(problems) == 1 and problems[0].startswith(f"{path}:1: ") and words in problems[0], problems
+
+
+#: the folder a run started from (model.init_from), which the export reads again for config.json's other keys
+START_FOLDER = {
+    "config.json not JSON": (text("config.json", "{"), "config.json"),
+    "generation_config.json a list": (text("generation_config.json", "[]"), "generation_config.json"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(START_FOLDER))
+def test_export_refuses_a_damaged_folder_the_run_started_from_naming_the_file(run_folder, tmp_path, capsys, case):
+    from trainer.export import main
+
+    damage, named = START_FOLDER[case]
+    start = tmp_path / "start"
+    start.mkdir()
+    (start / "config.json").write_text("{}")
+    (start / "generation_config.json").write_text("{}")
+    damage(start)
+    copy = damaged_copy(
+        run_folder, tmp_path / "run", edit(f"{STEP}/{MARKER}", lambda m: m["model"].update(init_from=str(start)))
+    )
+    assert main([str(copy), "--hf", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and str(start / named) in err, err
