@@ -190,10 +190,9 @@ def test_the_planner_plans_the_folders_model_as_training_builds_it(compose_cfg, 
     assert planned["name"] == "Qwen3-0.6B" and planned["params"] == trained.params
     assert (planned["n_layers"], planned["d_model"], planned["vocab_size"]) == (28, 1024, 151936)
 
-    (folder / "config.json").write_text(json.dumps({**QWEN3_0_6B, "model_type": "bert"}))
-    assert main([f"model.init_from={folder}"]) == 2
-    err = capsys.readouterr().err
-    assert "config.json has model_type='bert', which no meshtrain family reads (known: " in err and "qwen3" in err
+    (folder / "config.json").write_text(json.dumps({**QWEN3_0_6B, "model_type": "no_such_model"}))
+    assert main([f"model.init_from={folder}"]) == 2  # no family reads it, and transformers knows no such model
+    assert "model_type='no_such_model' is not a causal language model" in capsys.readouterr().err
     assert main([f"model.init_from={tmp_path / 'nowhere'}"]) == 2
     assert "no readable config.json" in capsys.readouterr().err
 
