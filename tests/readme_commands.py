@@ -204,6 +204,9 @@ PLANS: dict[str, Run | Compose | Covered | Skip] = {
     # README: the commands table
     "python train.py parallel=NAME": Covered("tests/unit/test_config_groups.py::test_parallel_option_instantiates"),
     "python train.py parallel=pp pp.micro_batches=8 pp.schedule=1f1b": Compose(),
+    "python train.py model.init_from=DIR data=preference data.path=pairs.jsonl trainer.objective=dpo model.lora.rank=8 parallel=fsdp": Covered(
+        INTEGRATION + "test_preference_layouts.py::test_step_one_is_ln2_and_the_held_out_pairs_are_scored"
+    ),
     "python train.py parallel=hybrid pp.micro_batches=8": Compose(),
     "python train.py parallel=hybrid dp.size=1 tp.size=1 pp.size=1 cp.size=2 model=llama_debug data.seq_len=1024": Compose(),
     "python train.py -m trainer.seed=1,2": Covered(

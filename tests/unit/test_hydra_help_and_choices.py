@@ -21,15 +21,29 @@ def help_text() -> str:
     return out.stdout
 
 
+def help_groups(lines: list[str]) -> dict[str, str]:
+    """The '== Groups ==' table: group -> its options, a long list's wrapped lines joined to their group's."""
+    table = lines[lines.index("== Groups (group=option) ==") + 1 :]
+    groups: dict[str, str] = {}
+    for line in table[: table.index("")]:
+        if line.startswith("   "):  # a wrapped line continues the group above
+            last = next(reversed(groups))
+            groups[last] = f"{groups[last]} {line.strip()}"
+        else:
+            name, options = line.split(None, 1)
+            groups[name] = options
+    return groups
+
+
 def test_help_is_meshtrains_own_and_fits_one_screen(help_text):
     lines = help_text.rstrip().splitlines()
     assert len(lines) <= 45 and max(len(line) for line in lines) <= 110, (len(lines), max(map(len, lines)))
     assert lines[0].startswith("meshtrain: distributed training") and "Powered by Hydra" not in help_text
-    groups = {line.split()[0]: line.split(None, 1)[1] for line in lines if line.startswith("  ") and "  " in line[2:]}
+    groups = help_groups(lines)
     assert groups["parallel"].split(", ") == ["auto", "ddp", "dp", "fsdp", "hybrid", "mp", "pp", "single", "tp"]
     assert (
         "gpt_small" in groups["model"]
-        and groups["optim"] == "adamw, sgd"
+        and groups["optim"] == "adamw, muon, sgd"
         and groups["data"] == "chat, images, preference, text, tokens"
     )
     # schemas are not options, Hydra's own groups are not listed
