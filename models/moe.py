@@ -460,6 +460,19 @@ def moe_layers(module: nn.Module) -> list[MoE]:
     return [m for m in module.modules() if isinstance(m, MoE)]
 
 
+def dispatch_seams(module: nn.Module) -> list[nn.Module]:
+    """Every module that routes through a ``LocalDispatch`` (its ``dispatcher``, its ``n_experts``): meshtrain's
+    ``MoE`` blocks, and modules run behind the seam whose own parameters stack the experts (the Hugging Face
+    backend's, ``models/hf_transformers/experts.py``). Expert parallel replaces their dispatcher."""
+    return [m for m in module.modules() if isinstance(getattr(m, "dispatcher", None), LocalDispatch)]
+
+
+def stacked_experts(block: nn.Module) -> nn.Module:
+    """The module holding a seam's stacked expert weights (dim 0: the expert): a ``MoE``'s ``experts``, else the
+    module itself."""
+    return block.experts if isinstance(block, MoE) else block
+
+
 def set_aux_loss_scale(module: nn.Module, scale: float) -> None:
     """Tell every MoE block how the engine scales each forward's loss (1 / micro-batches per optimizer step), so
     the auxiliary loss's gradient is ``coef x`` the step's mean, as the LM loss's is."""

@@ -107,6 +107,10 @@ class ModelShape:
     """Expert groups a router picks its experts within (DeepSeek-V3's node-limited routing; 1: none)."""
     sequence_aux_loss: bool = False
     """The balance loss is DeepSeek-V3's sequence-wise one (per sequence) instead of Switch's."""
+    layer_extra_params: tuple[int, ...] = ()
+    """Per block, parameters the formulas here do not see (an architecture's extra norms, biases, attention sinks),
+    counted on the built module (the Hugging Face backend's shapes, ``models/hf_transformers/shape.py``); empty:
+    none."""
     context_parallel: bool = True
     """The family splits sequences over cp (``ModelSpec.context_parallel``, set by ``models.registry.model_shape``):
     when False the planner ranks no cp > 1, which validation would refuse."""
@@ -138,9 +142,9 @@ class ModelShape:
         key = tuple(layers)
         found = self._groups.get(key)
         if found is None:
-            counts: dict[tuple[int, bool], list[int]] = {}
+            counts: dict[tuple[int, bool, int], list[int]] = {}
             for i in key:
-                counts.setdefault((self.layer_d_ff[i], self.sparse[i]), []).append(i)
+                counts.setdefault((self.layer_d_ff[i], self.sparse[i], self.layer_extra(i)), []).append(i)
             found = self._groups[key] = tuple((same[0], len(same)) for same in counts.values())
         return found
 
@@ -227,7 +231,11 @@ class ModelShape:
         biases = (self.q_dim + h + 2 * self.kv_dim) + (2 if self.gated_mlp else 1) * f + h if self.bias else 0
         if self.sparse[i]:
             biases = 0  # the experts and the router have none (Qwen3-MoE, DeepSeek-V3)
-        return self.layer_matmul_params(i) + self.layer_norm_params(i) + biases
+        return self.layer_matmul_params(i) + self.layer_norm_params(i) + biases + self.layer_extra(i)
+
+    def layer_extra(self, i: int) -> int:
+        """Block ``i``'s ``layer_extra_params`` (0 when none are given)."""
+        return self.layer_extra_params[i] if self.layer_extra_params else 0
 
     def layer_norm_params(self, i: int) -> int:
         """The block's two norms (and its query/key head norms): the part tensor parallel does not shard."""

@@ -31,6 +31,22 @@ def hf_json(model: Any) -> dict[str, Any]:
     return {**hf, **hf["text_config"]} if isinstance(hf.get("text_config"), dict) else hf
 
 
+def max_seq_len(model: Any) -> int:
+    """``model.max_seq_len``, else config.json's ``max_position_embeddings``."""
+    return int(model.get("max_seq_len") or 0) or int(hf_json(model).get("max_position_embeddings") or 0)
+
+
+def tied(model: Any) -> bool:
+    """Whether the head is the token embedding: transformers' default, tied unless config.json says otherwise."""
+    return bool(hf_json(model).get("tie_word_embeddings", True))
+
+
+def n_experts(model: Any) -> int:
+    """Routed experts per sparse layer (0: a dense architecture), under the names transformers' configs use."""
+    hf = hf_json(model)
+    return int(next((hf[k] for k in ("num_local_experts", "n_routed_experts", "num_experts") if hf.get(k)), 0))
+
+
 @dataclass(frozen=True)
 class HFTransformersConfig(ModelArgs):
     _target_: str = "models.hf_transformers.model.HFCausalLM"

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from models.hf_adapter import HFAdapter, Reader, Shape, Source, over_base
-from models.hf_transformers.config import hf_json
-from models.hf_transformers.spec import tied
+from models.hf_transformers.config import hf_json, tied
 
 if TYPE_CHECKING:
     import torch

@@ -27,6 +27,7 @@ from torch import nn
 from models.attention import chunk_start
 from models.documents import unpack_inputs
 from models.hf_transformers.config import HFTransformersConfig
+from models.hf_transformers.experts import install as install_experts
 from models.spec import config_or_fields
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -71,6 +72,7 @@ class HFCausalLM(nn.Module):
         extra = [n for n, _ in base.named_children() if n not in ("embed_tokens", "layers", "norm")]
         for name in extra:  # rotary tables and the like: every stage keeps them
             setattr(self, name, getattr(base, name))
+        install_experts(self)  # MoE experts behind meshtrain's dispatch seam (expert parallel)
         self.layer_types = layer_types(hf)
         rotary = getattr(self, "rotary_emb", None)
         self._rotary_by_type = rotary is not None and "layer_type" in inspect.signature(rotary.forward).parameters

@@ -7,8 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from models.hf_transformers.config import CONFIG_JSON, HFTransformersConfig, hf_json
-from models.spec import ModelSpec, PipelineUnits
+from models.hf_transformers.config import CONFIG_JSON, HFTransformersConfig, hf_json, max_seq_len, n_experts
+from models.hf_transformers.shape import hf_shape
+from models.spec import ModelSpec, MoESpec, PipelineUnits
 
 #: the base model's parts before and after its layers (transformers' ``base_model_pp_plan`` names them so)
 UNITS = PipelineUnits(pre=("embed_tokens",), post=("norm", "lm_head"))
@@ -16,15 +17,6 @@ UNITS = PipelineUnits(pre=("embed_tokens",), post=("norm", "lm_head"))
 
 def n_layers(model: Any) -> int:
     return int(hf_json(model)["num_hidden_layers"])
-
-
-def max_seq_len(model: Any) -> int:
-    return int(model.get("max_seq_len") or 0) or int(hf_json(model).get("max_position_embeddings") or 0)
-
-
-def tied(model: Any) -> bool:
-    """transformers' default: tied unless config.json says otherwise."""
-    return bool(hf_json(model).get("tie_word_embeddings", True))
 
 
 def hf_problems(model: Any) -> list[str]:
@@ -130,6 +122,14 @@ SPEC = ModelSpec.of(
     tp_check=tp_problems,
     sequence_parallel=False,
     check=hf_problems,
+    shape=hf_shape,
     hf_adapter="models.hf_transformers.hf_adapter:ADAPTER",
+    # transformers' experts run behind meshtrain's dispatch seam (models/hf_transformers/experts.py)
+    moe=MoESpec(
+        experts=("layers.*.experts.*",),
+        router=("layers.*.mlp.gate.weight", "layers.*.mlp.router.weight"),
+        n_experts=n_experts,
+        top_k=lambda model: int(hf_json(model).get("num_experts_per_tok") or 0),
+    ),
     description="any decoder-only causal LM transformers knows, run by transformers' own modules (config.json)",
 )

@@ -85,6 +85,11 @@ def expert_parallel_problems(run: RunSpec, strategy: Any = None) -> list[str]:
             "this model has none; set ep.size=1, or use a MoE model (model=qwen3_moe_debug)"
         ]
     experts = int(spec.moe.n_experts(model))
+    if experts < 1:
+        return [
+            f"ep.size={ep} with model={model.get('name')}: expert parallel splits a mixture of experts' experts and "
+            "this model has none; set ep.size=1"
+        ]
     if experts % ep:
         fits = [d for d in range(1, experts + 1) if experts % d == 0 and dims.lent("ep", layout.sizes) % d == 0]
         return [

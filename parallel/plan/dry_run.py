@@ -99,12 +99,12 @@ def build_meta_model(model_config: Any, *, seq_len: int | None = None):
     return model
 
 
-def _stage_plan(model, c: Candidate, *, split_points: tuple[int, ...] | None):
+def _stage_plan(model, c: Candidate, *, split_points: tuple[int, ...] | None, units=None):
     from parallel.pipeline.schedules import schedule_spec, stage_to_rank
     from parallel.pipeline.split import min_max_partition, uniform_costs
     from parallel.pipeline.stages import pipeline_parts, stage_specs
 
-    pre, blocks, post = pipeline_parts(model)
+    pre, blocks, post = pipeline_parts(model, units)
     num_stages = c.pp * c.stages_per_rank
     if split_points is None:  # the trainer's uniform policy: embeddings and head weigh one block each
         costs = uniform_costs(len(blocks), input_weight=1.0 if pre else 0.0, output_weight=1.0 if post else 0.0)
@@ -233,6 +233,7 @@ def _measure_rank(
     settings: ComposeSettings,
     tp_plan,
     loss,
+    units=None,
 ) -> dict[str, float]:
     """Build this rank's part of the layout under a fake process group of ``world`` ranks and measure it: the
     trainer's ``compose`` on the meta device (TP, FSDP2 for ZeRO-3, the pipeline stages and their schedule)."""
@@ -262,7 +263,7 @@ def _measure_rank(
             # a tensor- and context-parallel copy of the stage, run on fake tensors (FSDP2 leaves a micro-batch's
             # activations alone); under cp each rank holds seq_len / cp tokens of every sample
             copy = compose(
-                build_stage_module(meta_model, spec=spec),
+                build_stage_module(meta_model, spec=spec, units=units),
                 composition=Composition(tp=c.tp > 1, cp=c.cp > 1),
                 settings=settings,
                 mesh=mesh,
@@ -300,7 +301,7 @@ def _measure_rank(
         composed = compose(
             # pipelined, compose cuts copies of the stages; else it wraps in place, so it gets a copy (the next
             # sampled rank starts from the same meta model)
-            meta_model if c.pp > 1 else build_stage_module(meta_model, spec=local[0]),
+            meta_model if c.pp > 1 else build_stage_module(meta_model, spec=local[0], units=units),
             composition=composition,
             settings=settings,
             mesh=mesh,
@@ -314,6 +315,7 @@ def _measure_rank(
                 micro_batches=c.micro_batches,
                 loss_fn=lambda out, tgt: out.sum(),
                 group=mesh["pp"].get_group(),
+                units=units,
             )
             if c.pp > 1
             else None,
@@ -375,7 +377,7 @@ def dry_run(
     family = family_kwargs(model_config, {})[0]
     meta_model = build_meta_model(model_config, seq_len=workload.seq_len)
     tp_plan = family.parallelize_fn() if c.tp > 1 else None
-    split_points, specs = _stage_plan(meta_model, c, split_points=c.split_points)
+    split_points, specs = _stage_plan(meta_model, c, split_points=c.split_points, units=family.pipeline)
     from dataclasses import replace
 
     c = replace(c, split_points=tuple(split_points) if c.pp > 1 else None, sequence_parallel=sp)
@@ -410,6 +412,7 @@ def dry_run(
                     activation_checkpointing=c.recompute,  # the planner's modes are the trainer's
                 ),
                 tp_plan=tp_plan,
+                units=family.pipeline,
                 loss=family.loss_fn(),
             )
         except DryRunError as exc:

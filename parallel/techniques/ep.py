@@ -1,7 +1,8 @@
 """Expert parallel: each MoE block's experts split over the ``ep`` mesh, tokens sent to their experts' owners and
 back by all-to-all (torchtitan's and Megatron-core's dispatch; GShard's layout).
 
-``apply_ep`` does two things to every ``models.moe.MoE`` block of a module:
+``apply_ep`` does two things to every ``models.moe.MoE`` block of a module (and every other module behind the same
+dispatch seam, ``models.moe.dispatch_seams``: the Hugging Face backend's experts):
 
 1. The stacked expert weights (E, ...) become DTensors sharded on dim 0 over the ep mesh (``Shard(0)``): rank
    ``r`` of ``ep`` holds experts ``r x E/ep`` to ``(r + 1) x E/ep - 1``. The router and everything else stay
@@ -29,7 +30,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from models.moe import LocalDispatch, Routed, has_values, moe_layers
+from models.moe import LocalDispatch, Routed, dispatch_seams, has_values, stacked_experts
 from parallel.foundation.all_to_all import exchange, timed_all_to_all
 from parallel.foundation.intervals import IntervalLog
 
@@ -132,13 +133,14 @@ def apply_ep(module: nn.Module, *, ep_mesh: DeviceMesh, meter: IntervalLog | Non
 
     ep, rank = ep_mesh.size(), ep_mesh.get_local_rank()
     experts = []
-    for block in moe_layers(module):
+    for block in dispatch_seams(module):
         block.dispatcher = AllToAllDispatch(
             block.n_experts, block.dispatcher.capacity_factor, mesh=ep_mesh, meter=meter
         )
-        for name, param in list(block.experts.named_parameters(recurse=False)):
+        holder = stacked_experts(block)
+        for name, param in list(holder.named_parameters(recurse=False)):
             local = param.detach().chunk(ep, dim=0)[rank].clone()
             sharded = DTensor.from_local(local, ep_mesh, [Shard(0)], run_check=False)
-            setattr(block.experts, name, nn.Parameter(sharded, requires_grad=param.requires_grad))
-        experts.append(block.experts)
+            setattr(holder, name, nn.Parameter(sharded, requires_grad=param.requires_grad))
+        experts.append(holder)
     return experts

@@ -117,8 +117,10 @@ def test_run_exports_with_transformers_logits(runs, tmp_path, case):
         out = export(runs[case], tmp_path / dtype, dtype=dtype)
         hf = AutoModelForCausalLM.from_pretrained(out, dtype=cast).eval()
         with torch.no_grad():
-            for p in module.parameters():  # the weights in the export's dtype; buffers (rotary) as transformers'
-                p.data = p.data.to(cast)
+            module.to(cast)  # in the export's dtype, its buffers (rotary tables ...) as transformers keeps them
+            buffers = dict(hf.named_buffers())
+            for key, buffer in module.named_buffers():
+                buffer.data = buffers[key if key in buffers else f"model.{key}"].clone()
             diff = max_logit_difference(module(tokens), hf(tokens).logits)
         print(f"{case}: exported after 3 steps ({dtype}), max |logit difference| in transformers {diff:.2e}")
         assert diff <= 1e-5

@@ -135,3 +135,28 @@ def test_what_an_architecture_cannot_do_is_refused_before_spawn(compose_cfg, fol
     assert "tp.size=4 does not divide config.json's num_key_value_heads=2" in msg
     msg = refusal(compose_cfg, "parallel=tp", "tp.sequence_parallel=true", "model=hf", mistral, "data.seq_len=32")
     assert "keeps the residual stream replicated (ModelSpec.sequence_parallel); set tp.sequence_parallel=false" in msg
+
+
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
+def test_planner_shape_counts_the_built_model(folders, name):
+    """The ModelShape from config.json (the planner's, the dry run's, the memory check's) holds exactly the built
+    model's parameters, and a mixture of experts' active ones are fewer."""
+    from models.hf_transformers.config import HFTransformersConfig
+    from models.hf_transformers.model import HFCausalLM
+    from models.registry import model_shape
+
+    config = HFTransformersConfig(config_dir=str(folders[name]))
+    with torch.device("meta"):
+        built = sum(p.numel() for p in HFCausalLM(config).parameters())
+    shape = model_shape(config)
+    assert shape.params == built
+    assert (shape.active_params < shape.params) == (name in ("mixtral", "deepseek_v3", "gpt_oss"))
+
+
+def test_expert_parallel_needs_experts(compose_cfg, folders):
+    from trainer.validate import validate
+
+    moe = ("parallel=hybrid", "dp.size=2", "ep.size=2", "tp.size=1", "pp.size=1", "model=hf", "data.seq_len=32")
+    validate(compose_cfg(*moe, f"model.config_dir={folders['gpt_oss']}"))
+    msg = refusal(compose_cfg, *moe, f"model.config_dir={folders['mistral']}")
+    assert "expert parallel splits a mixture of experts' experts and this model has none; set ep.size=1" in msg
