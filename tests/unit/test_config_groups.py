@@ -8,6 +8,7 @@ from hydra.utils import instantiate
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from tests.helpers import CONF
+from tests.hf_helpers import save_architecture
 from trainer.validate import validate
 
 PARALLEL = sorted(p.stem for p in (CONF / "parallel").glob("*.yaml"))
@@ -72,9 +73,11 @@ def test_topology_option_composes(compose_cfg, name):
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_model_option_instantiates(compose_cfg, name):
-    cfg = compose_cfg(f"model={name}")
-    cfg = compose_cfg(f"model={name}", _data_for(cfg.model))
+def test_model_option_instantiates(compose_cfg, name, tmp_path):
+    # model=hf is any architecture transformers knows: its config.json comes from model.config_dir
+    folder = [f"model.config_dir={save_architecture('mistral', tmp_path / 'mistral')}"] if name == "hf" else []
+    cfg = compose_cfg(f"model={name}", *folder)
+    cfg = compose_cfg(f"model={name}", _data_for(cfg.model), *folder)
     m = cfg.model
     from models.spec import builder_kwargs
 
