@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -209,16 +210,22 @@ def test_prepare_cli_refuses_bad_input(tmp_path, capsys):
 
 
 def test_prefetcher_keeps_order_reports_waits_and_raises_in_the_loop():
+    second_started = threading.Event()
+
     def make(step: int) -> int:
         if step == 4:
             raise ValueError("bad step 4")
+        if step == 2:
+            second_started.set()
         time.sleep(0.02)
         return step * 10
 
     pre = Prefetcher(make, first_step=1, last_step=6, depth=2)
-    time.sleep(0.1)  # the thread runs ahead while the "step" runs
+    # the thread runs ahead while the "step" runs: once it makes step 2, step 1 waits in the queue (an event, not a
+    # sleep, so a loaded machine cannot make the thread late)
+    assert second_started.wait(timeout=60)
     got, waited = pre.get(1)
-    assert got == 10 and waited < 0.01
+    assert got == 10 and waited < 0.5  # taken from the queue, not made while the loop waits (that takes 0.02 s+)
     assert [pre.get(s)[0] for s in (2, 3)] == [20, 30]
     with pytest.raises(ValueError, match="bad step 4"):
         pre.get(4)
