@@ -120,6 +120,19 @@ def _draw(fqn: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
     return (torch.rand(shape, generator=generator, dtype=torch.float32) * 2 - 1) * bound
 
 
+def add_adapters(model: nn.Module, model_config: Any, *, seed: int, draw: bool) -> int | None:
+    """``model.lora``'s adapters added to ``model`` (the rest frozen), as the trainer and the planner's dry run build
+    it: how many modules got them, None when the config asks for none. ``draw``: initialise them now (a model
+    built on the meta device draws them once placed, ``init_lora``)."""
+    lora = LoRA.of(model_config)
+    if lora is None:
+        return None
+    adapted = len(apply_lora(model, lora))
+    if draw:
+        init_lora(model, seed=seed)
+    return adapted
+
+
 @torch.no_grad()
 def init_lora(module: nn.Module, *, seed: int) -> int:
     """Initialise the adapters ``module`` (whole, a stage or a shard; full FQNs) holds: ``A`` drawn, ``B`` zero.

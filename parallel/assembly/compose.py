@@ -25,7 +25,7 @@ from torch.distributed.pipelining import PipelineStage
 
 from models.moe import moe_layers, uncounted
 from models.spec import PipelineUnits
-from parallel.foundation.intervals import StepCommMeter
+from parallel.foundation.intervals import Meter, StepCommMeter
 from parallel.foundation.meshes import expert_meshes, fsdp_mesh, loss_mesh
 from parallel.foundation.precision import MIXED_PRECISIONS, enable_autocast, fsdp_mp_policy
 from parallel.foundation.run import ComposeSettings
@@ -35,13 +35,13 @@ from parallel.pipeline.stages import StageSpec, build_stage_module
 from parallel.pipeline.tied import share_across_stages
 from parallel.techniques.checkpointing import apply_activation_checkpointing
 from parallel.techniques.compile import apply_compile
-from parallel.techniques.cp import AllToAllTimer, apply_cp
+from parallel.techniques.cp import AllToAllTimer, apply_cp, cp_meter, sequence_share
 from parallel.techniques.ddp import wrap_ddp
-from parallel.techniques.ep import A2AMeter, apply_ep
+from parallel.techniques.ep import A2AMeter, EPMeter, apply_ep
 from parallel.techniques.fp8 import convert_to_fp8, float8_tp_styles, precompute_scales
 from parallel.techniques.fsdp import FSDPCommTimer, apply_fsdp, float8_bytes_all_gather, fsdp_no_sync
 from parallel.techniques.moe_balance import bias_balancing, scope_balance
-from parallel.techniques.tp import apply_tp
+from parallel.techniques.tp import apply_tp, tp_meter
 
 #: how the dp dimension wraps a module: not at all, DistributedDataParallel, or FSDP2 ``fully_shard``
 DP_WRAPS = ("none", "ddp", "fsdp")
@@ -136,8 +136,11 @@ class Composed:
     stages: list[Any] = field(default_factory=list)
     """``PipelineStage`` per part when pipelined."""
     schedule: Any = None
-    cp_timer: AllToAllTimer | None = None
-    """The cp all-to-alls of every part, timed on measured steps (``SampledCommMeter(..., prefix="cp")``)."""
+    meters: list[Meter] = field(default_factory=list)
+    """The techniques' meters over every part (``Engine.meters``): the tp group's collectives, the cp and ep
+    all-to-alls."""
+    sample_shares: list[Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=list)
+    """What this rank keeps of each sample (``Engine.sample_shares``): cp's sequence chunk."""
 
     @property
     def module(self) -> nn.Module:
@@ -186,13 +189,57 @@ def compose(
     balance_group = loss_mesh(mesh, sizes).get_group() if composition.dp != "none" else None
     for part in parts:
         part.after_update = _chain(part.after_update, bias_balancing(part.module, group=balance_group))
+    composed = Composed(parts, meters=_meters(parts, composition, settings, mesh, sizes, cp_timer))
+    if composition.cp:
+        composed.sample_shares.append(sequence_share(mesh["cp"]))
     if not composition.pipeline:
-        return Composed(parts, cp_timer=cp_timer)
+        return composed
     if composition.dp == "none":  # a V schedule's first and last stage on this rank share one tied Parameter
         share_across_stages([p.module for p in parts], ties)
     on_step("schedule")
-    stages, schedule = _pipeline_stages(parts, plan=pipeline, device=device)
-    return Composed(parts, stages=stages, schedule=schedule, cp_timer=cp_timer)
+    composed.stages, composed.schedule = _pipeline_stages(parts, plan=pipeline, device=device)
+    return composed
+
+
+def _meters(
+    parts: list[ComposedPart],
+    composition: Composition,
+    settings: ComposeSettings,
+    mesh: Any,
+    sizes: Mapping[str, int],
+    cp_timer: AllToAllTimer | None,
+) -> list[Meter]:
+    """Each composed technique's meter: the tp group's collectives, the cp all-to-alls, the ep all-to-alls of every
+    part."""
+    meters: list[Meter] = []
+    if composition.tp:
+        tp_mesh = mesh["tp"] if sizes.get("tp", 1) > 1 else None
+        meters.append(tp_meter(tp_mesh=tp_mesh, measure=settings.measure_tp_comm, compiled=settings.compile))
+    if composition.cp:
+        meters.append(cp_meter(cp_timer))
+    ep_logs = [p.ep_timer for p in parts if p.ep_timer is not None]
+    if ep_logs:
+        meters.append(EPMeter(ep_logs))
+    return meters
+
+
+def compose_on_rank(
+    ctx: Any, model: nn.Module, *, composition: Composition, pipeline: PipelinePlan | None = None
+) -> Composed:
+    """``compose`` on this rank (``ctx``: its ``WorkerContext``): its run's settings, its mesh and degrees, its
+    device, the family's TP plan and ``ctx.place`` for storage (a meta-built module is materialised holding what
+    this rank keeps)."""
+    return compose(
+        model,
+        composition=composition,
+        settings=ctx.compose_settings(),
+        mesh=ctx.mesh,
+        sizes=ctx.layout.sizes,
+        device=ctx.device,
+        parallelize=ctx.model_spec.parallelize_fn() if composition.tp else None,
+        place=ctx.place,
+        pipeline=pipeline,
+    )
 
 
 def _chain(*hooks: Callable[[], None] | None) -> Callable[[], None] | None:

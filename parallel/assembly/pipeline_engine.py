@@ -28,19 +28,20 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import ExitStack
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from models.moe import moe_step_table, set_aux_loss_scale
-from parallel.assembly.base import Engine, WorkerContext
-from parallel.assembly.compose import Composition, PipelinePlan, compose
+from models.moe import set_aux_loss_scale
+from parallel.assembly.compose import Composition, PipelinePlan, compose_on_rank
+from parallel.assembly.context import WorkerContext
+from parallel.assembly.engine import Engine
 from parallel.assembly.registry import strategy_spec
-from parallel.foundation.comm_timer import SampledCommMeter
 from parallel.foundation.expert_load import ExpertLoad
-from parallel.foundation.intervals import IntervalLog, union_seconds
+from parallel.foundation.intervals import IntervalLog, Meter, union_seconds
 from parallel.foundation.rank_map import announce_rank_map
 from parallel.foundation.run import ComposeSettings
 from parallel.foundation.ties import tied_parameters
@@ -111,7 +112,8 @@ def choose_split(model: nn.Module, *, ctx: WorkerContext, num_stages: int) -> Sp
 
 class PipelineEngine(Engine):
     """This rank's stages and their schedule; measures every action and reports per stage, plus, for composed
-    stages, the tp group's collectives (``tp_meter``) and the dp dimension's (``dp_timers``, one per stage)."""
+    stages, the techniques' meters (``Engine.meters``) and the dp dimension's collectives (``dp_timers``, one per
+    stage)."""
 
     def __init__(
         self,
@@ -123,25 +125,20 @@ class PipelineEngine(Engine):
         recorder: StageRecorder,
         plan: SplitPlan,
         part_names: tuple[list[str], list[str], list[str]],
-        tp_meter: SampledCommMeter | None = None,
-        cp_meter: SampledCommMeter | None = None,
+        meters: list[Meter] | None = None,
         dp_timers: list[IntervalLog] | None = None,
         rank_map: dict[str, Any] | None = None,
         loss: TokenMean | None = None,
         tied: list[TiedCopies] | None = None,
-        ep_timers: list[IntervalLog] | None = None,
     ):
         self.ctx = ctx
-        self.ep_timers = ep_timers or []
         self.moe = ctx.model_spec.moe is not None  # every rank knows: the balance's gather over pp is collective
         self.expert_load = ExpertLoad()
-        self.ep_a2a_total = 0.0
         self.loss = loss
         self.tied = [t for t in tied or () if t.active]
         self.uncounted = tuple(p for t in self.tied for p in t.uncounted)
         self.state_aliases = {k: v for t in self.tied for k, v in t.aliases.items()}
-        self.tp_meter = tp_meter or SampledCommMeter(None)
-        self.cp_meter = cp_meter or SampledCommMeter(None, prefix="cp")
+        self.meters = list(meters or ())
         self.dp_timers = dp_timers or []
         self.rank_map = rank_map or {}
         self._step_start = time.perf_counter()
@@ -179,7 +176,8 @@ class PipelineEngine(Engine):
         if self.has_last and self.loss is not None:
             self.loss.start(targets)
         self.recorder.begin_step(count_saved=self.measure_step)
-        with self.tp_meter.step(self.measure_step), self.cp_meter.step(self.measure_step):
+        with ExitStack() as stack:
+            self.metered(stack)
             self.schedule.step(*args, target=targets if self.has_last else None, losses=losses)
         for tied in self.tied:  # before the gradient norm: the copies' gradients summed into each
             tied.sync_grads()
@@ -258,45 +256,32 @@ class PipelineEngine(Engine):
         return out
 
     def _comm_metrics(self) -> dict[str, float]:
-        """The tp group's, the cp all-to-alls' and the dp dimension's (every local stage's, as one union) communication
-        time."""
-        out = {**self.tp_meter.metrics(), **self.cp_meter.metrics()}
+        """The techniques' meters and the dp dimension's (every local stage's, as one union) communication time."""
+        elapsed = max(time.perf_counter() - self._step_start, 1e-9)  # the loop's step, as ModuleEngine's
+        out = self.meter_metrics(elapsed)
         if self.dp_timers:
             intervals = [i for t in self.dp_timers for i in t.take_intervals()]
             busy = union_seconds(intervals)
-            elapsed = max(time.perf_counter() - self._step_start, 1e-9)  # the loop's step, as ModuleEngine's
             out.update(dp_comm_time_s=busy, comm_time_s=busy, comm_fraction=min(1.0, busy / elapsed))
             out[self.dp_timers[0].count_key] = len(intervals)
         return out
 
     def _moe_metrics(self) -> dict[str, Any]:
         """The step's expert balance and tokens per expert over every stage's MoE blocks (each stage's counts summed
-        over dp, then the stages' tables gathered over pp; added up over the run for the summary) and this rank's
-        all-to-all time (``ep_a2a_*``, as ModuleEngine's)."""
-        out: dict[str, Any] = {}
-        if self.ep_timers:
-            intervals = [i for t in self.ep_timers for i in t.take_intervals()]
-            busy = union_seconds(intervals)
-            self.ep_a2a_total += busy
-            elapsed = max(time.perf_counter() - self._step_start, 1e-9)
-            out.update(ep_a2a_time_s=busy, ep_a2a_fraction=min(1.0, busy / elapsed), ep_a2a_calls=len(intervals))
+        over dp, then the stages' tables gathered over pp; added up over the run for the summary)."""
         if not self.moe:
-            return out
+            return {}
         group = self.loss.group if self.loss is not None else None
-        mine = []
-        for part in self.model_parts:
-            taken = moe_step_table(part, reduce=(lambda t: dist.all_reduce(t, group=group)) if group else None)
-            if taken is not None:
-                mine += [(layer, row.tolist()) for layer, row in zip(*taken, strict=True)]
-        gathered = [mine]
-        if self.pp_group is not None and self.pp > 1:
-            gathered = [None] * self.pp
-            dist.all_gather_object(gathered, mine, group=self.pp_group)
-        rows = dict(r for g in gathered for r in g)  # a layer once (tp and dp copies hold the same numbers)
-        if rows:
-            layers = sorted(rows, key=lambda k: int(k.removeprefix("layer")) if k.startswith("layer") else 0)
-            out.update(self.expert_load.add(layers, torch.tensor([rows[k] for k in layers], dtype=torch.float64)))
-        return out
+        return self.expert_load.take_stages(
+            self.model_parts,
+            reduce=(lambda t: dist.all_reduce(t, group=group)) if group else None,
+            gather=self._gather_over_pp if self.pp_group is not None and self.pp > 1 else None,
+        )
+
+    def _gather_over_pp(self, mine: list) -> list[list]:
+        gathered: list[Any] = [None] * self.pp
+        dist.all_gather_object(gathered, mine, group=self.pp_group)
+        return gathered
 
     def _pipeline_metrics(self, rec: StepRecord) -> dict[str, float]:
         busy = union_busy(rec.actions, start=rec.start, end=rec.end)
@@ -470,10 +455,8 @@ class PipelineEngine(Engine):
             "bubble_theoretical": self.bubble_theoretical,
         }
         out.update({k: v for k, v in self.rank_map.items() if k != "artifacts"})
-        out.update(self.cp_meter.summary())
+        out.update(self.meter_summary())  # this rank's
         out.update(self.expert_load.summary())  # every stage's layers, summed over dp
-        if self.ep_timers:
-            out["ep_a2a_time_s_total"] = self.ep_a2a_total  # this rank's
         artifacts = [self.artifacts, self.rank_map.get("artifacts") or {}]
         images = {k: v for part in artifacts for k, v in part.get("images", {}).items()}
         files = [f for part in artifacts for f in part.get("files", [])]
@@ -536,15 +519,10 @@ def build_pipeline_engine(
     local_specs = [s for s in specs if s.pp_rank == pp_rank]
     ties = tied_parameters(model)  # (head, embedding) of a tied model, found before the stages are cut
     # a meta-built stage is materialised by ctx.place, holding its blocks only; PipelineStage drives the dp no-sync
-    composed = compose(
+    composed = compose_on_rank(
+        ctx,
         model,
         composition=composition,
-        settings=settings,
-        mesh=ctx.mesh,
-        sizes=ctx.layout.sizes,
-        device=ctx.device,
-        parallelize=ctx.model_spec.parallelize_fn() if composition.tp else None,
-        place=ctx.place,
         pipeline=PipelinePlan(
             stages=local_specs,
             num_stages=num_stages,
@@ -587,13 +565,12 @@ def build_pipeline_engine(
         recorder=recorder,
         plan=plan,
         part_names=part_names,
-        tp_meter=ctx.tp_meter(settings) if composition.tp else None,
-        cp_meter=SampledCommMeter(composed.cp_timer, prefix="cp"),
+        meters=composed.meters,
         dp_timers=[c.dp_timer for c in composed.parts if c.dp_timer is not None],
         rank_map=rank_map,
         loss=loss,
         tied=tied,
-        ep_timers=[c.ep_timer for c in composed.parts if c.ep_timer is not None],
     )
     engine.after_update = composed.after_update
+    engine.sample_shares = composed.sample_shares
     return engine

@@ -100,7 +100,8 @@ class SampledCommMeter:
             yield
         self._step_s = time.perf_counter() - start
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self, elapsed_s: float | None = None) -> dict[str, float]:
+        """The measured step's time, share and count (its share of its own window, not of ``elapsed_s``)."""
         if not self.active:
             return {}
         seconds, count = self.timer.take()

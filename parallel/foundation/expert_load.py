@@ -3,11 +3,13 @@ the run's (summary.json), the same for every engine (one module, a pipeline's st
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import nn
 
-from models.moe import balance_metrics, imbalance
+from models.moe import balance_metrics, imbalance, moe_step_table
 
 #: the per-layer lists of tokens per expert: one step's in a metrics.jsonl record, the run's in summary.json
 KEY = "moe_tokens_per_expert"
@@ -27,6 +29,34 @@ class ExpertLoad:
         for layer, row in zip(layers, counts, strict=True):
             self.totals[layer] = row + self.totals[layer] if layer in self.totals else row.clone()
         return {**balance_metrics(layers, table), KEY: as_lists(layers, counts)}
+
+    def take(self, module: nn.Module, *, reduce: Callable[[torch.Tensor], None] | None) -> dict[str, Any]:
+        """The step's table of ``module``'s MoE blocks, summed over the data-parallel ranks by ``reduce``, as
+        ``add``'s metrics; empty when no block ran."""
+        taken = moe_step_table(module, reduce=reduce)
+        return {} if taken is None else self.add(*taken)
+
+    def take_stages(
+        self,
+        parts: list[nn.Module],
+        *,
+        reduce: Callable[[torch.Tensor], None] | None,
+        gather: Callable[[list], list[list]] | None,
+    ) -> dict[str, Any]:
+        """``take`` over a pipeline rank's stages: each stage's table summed over dp by ``reduce``, the stages'
+        rows gathered over pp by ``gather`` (a collective every pp rank calls), a layer once (tp and dp copies
+        hold the same numbers), in layer order."""
+        mine = []
+        for part in parts:
+            taken = moe_step_table(part, reduce=reduce)
+            if taken is not None:
+                mine += [(layer, row.tolist()) for layer, row in zip(*taken, strict=True)]
+        gathered = gather(mine) if gather is not None else [mine]
+        rows = dict(r for g in gathered for r in g)
+        if not rows:
+            return {}
+        layers = sorted(rows, key=lambda k: int(k.removeprefix("layer")) if k.startswith("layer") else 0)
+        return self.add(layers, torch.tensor([rows[k] for k in layers], dtype=torch.float64))
 
     def summary(self) -> dict[str, Any]:
         """``moe_tokens_per_expert`` (the run's, per layer) and ``moe_imbalance`` (its max / mean, per layer); empty

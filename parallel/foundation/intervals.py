@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
-from typing import Protocol
+from typing import Any, Protocol
 
 
 def union_seconds(intervals: Iterable[tuple[float, float]], *, within: tuple[float, float] | None = None) -> float:
@@ -37,6 +37,24 @@ class StepCommMeter(Protocol):
 
     def take(self) -> tuple[float, int] | None:
         """(busy seconds, collectives) of the step just run; None when that step was not measured."""
+        ...
+
+
+class Meter(Protocol):
+    """What an engine asks of a technique's meter (tp's collectives, cp's and ep's all-to-alls): enter it around
+    each step, then read the step's metrics and, at the end, the run's summary. The engine never names the
+    technique: each offers its own (``tp.tp_meter``, ``cp.cp_meter``, ``ep.EPMeter``)."""
+
+    def step(self, measure: bool = True) -> AbstractContextManager:
+        """Context for one whole step; ``measure``: the loop logs this step (a sampling meter times only those)."""
+        ...
+
+    def metrics(self, elapsed_s: float) -> dict[str, Any]:
+        """The step just run (``elapsed_s`` long, as the loop timed it): its metrics, empty when not measured."""
+        ...
+
+    def summary(self) -> dict[str, Any]:
+        """The run's figures for summary.json (empty when there are none)."""
         ...
 
 

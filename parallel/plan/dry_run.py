@@ -84,7 +84,7 @@ def build_meta_model(model_config: Any, *, seq_len: int | None = None):
     build) is the model of its family it describes. With ``model.lora`` its adapters are added and the rest frozen."""
     import torch
 
-    from models.lora import LoRA, apply_lora
+    from models.lora import add_adapters
     from parallel.plan.calibrate import build_family, family_kwargs
 
     configured = int(model_config.get("max_seq_len") or 0)
@@ -93,9 +93,7 @@ def build_meta_model(model_config: Any, *, seq_len: int | None = None):
     family, kwargs = family_kwargs(model_config, longer)
     with torch.device("meta"):
         model = build_family(family, kwargs)
-    lora = LoRA.of(model_config)
-    if lora is not None:  # as the trainer builds it (parallel/assembly/base.py): adapters beside frozen weights
-        apply_lora(model, lora)
+    add_adapters(model, model_config, seed=0, draw=False)  # as the trainer builds it (parallel/assembly/context.py)
     return model
 
 

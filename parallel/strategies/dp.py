@@ -10,9 +10,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from parallel.assembly.base import Engine, ModuleEngine, Strategy, WorkerContext
 from parallel.assembly.build import build_engine
 from parallel.assembly.compose import Composition
+from parallel.assembly.context import WorkerContext
+from parallel.assembly.engine import Engine
+from parallel.assembly.module_engine import ModuleEngine
+from parallel.assembly.strategy import Strategy
 from parallel.foundation.precision import MIXED_PRECISIONS, enable_autocast
 
 

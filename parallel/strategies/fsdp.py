@@ -3,9 +3,11 @@ parameters, gradients and optimizer state sharded, whatever ``dp.shard`` says.""
 
 from __future__ import annotations
 
-from parallel.assembly.base import Engine, Strategy, WorkerContext
 from parallel.assembly.build import build_engine
 from parallel.assembly.compose import Composition
+from parallel.assembly.context import WorkerContext
+from parallel.assembly.engine import Engine
+from parallel.assembly.strategy import Strategy
 
 
 class FSDPStrategy(Strategy):

@@ -14,9 +14,11 @@ The engine adds to its own measurements the tp group's communication time and th
 
 from __future__ import annotations
 
-from parallel.assembly.base import Engine, Strategy, WorkerContext
 from parallel.assembly.build import build_engine
 from parallel.assembly.compose import Composition
+from parallel.assembly.context import WorkerContext
+from parallel.assembly.engine import Engine
+from parallel.assembly.strategy import Strategy
 from parallel.foundation.layout import why_dp_needs_fsdp
 
 

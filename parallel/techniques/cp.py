@@ -28,6 +28,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from models.shape import kv_repeats
 from parallel.config import CP_ATTENTION
 from parallel.foundation.all_to_all import timed_all_to_all
+from parallel.foundation.comm_timer import SampledCommMeter
 from parallel.foundation.intervals import union_seconds
 
 Attend = Callable[..., torch.Tensor]
@@ -136,3 +137,16 @@ def local_chunk(x: torch.Tensor, *, cp: int, index: int) -> torch.Tensor:
         return x
     t = x.shape[-1] // cp
     return x[..., index * t : (index + 1) * t]
+
+
+def sequence_share(cp_mesh: DeviceMesh) -> Callable[[torch.Tensor], torch.Tensor]:
+    """What this rank keeps of each sample, inputs and targets alike (``Engine.sample_shares``): its cp
+    coordinate's contiguous chunk of the sequence."""
+    cp, index = cp_mesh.size(), cp_mesh.get_local_rank()
+    return lambda x: local_chunk(x, cp=cp, index=index)
+
+
+def cp_meter(timer: AllToAllTimer | None) -> SampledCommMeter:
+    """The cp all-to-alls as an engine's meter (``cp_comm_time_s``, ``cp_comm_fraction``, ``cp_collectives``; their
+    medians in the summary), on the steps the loop logs."""
+    return SampledCommMeter(timer, prefix="cp")

@@ -24,7 +24,9 @@ all-to-all's backward is the reverse all-to-all; both directions are timed (``A2
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,7 +34,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from models.moe import LocalDispatch, Routed, dispatch_seams, has_values, stacked_experts
 from parallel.foundation.all_to_all import exchange, timed_all_to_all
-from parallel.foundation.intervals import IntervalLog
+from parallel.foundation.intervals import IntervalLog, union_seconds
 
 
 class A2AMeter(IntervalLog):
@@ -40,6 +42,32 @@ class A2AMeter(IntervalLog):
     the split exchange included)."""
 
     count_key = "ep_a2a_calls"
+
+
+class EPMeter:
+    """Expert parallel's all-to-alls as an engine's meter, over every local part's ``A2AMeter`` (a pipeline rank's
+    stages as one union): ``ep_a2a_time_s``, ``ep_a2a_fraction`` of the step, ``ep_a2a_calls`` each step (logged
+    on every step), ``ep_a2a_time_s_total`` in the summary."""
+
+    def __init__(self, logs: list[A2AMeter]):
+        self.logs = logs
+        self.total = 0.0
+
+    def step(self, measure: bool = True) -> AbstractContextManager:
+        return nullcontext()
+
+    def metrics(self, elapsed_s: float) -> dict[str, Any]:
+        intervals = [i for log in self.logs for i in log.take_intervals()]
+        busy = union_seconds(intervals)
+        self.total += busy
+        return {
+            "ep_a2a_time_s": busy,
+            "ep_a2a_fraction": min(1.0, busy / elapsed_s),
+            A2AMeter.count_key: len(intervals),
+        }
+
+    def summary(self) -> dict[str, Any]:
+        return {"ep_a2a_time_s_total": self.total}
 
 
 @dataclass

@@ -45,7 +45,10 @@ def _takes(fn: Callable[..., object], name: str) -> bool:
     return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
-def tp_meter(*, tp_mesh: DeviceMesh | None, measure: bool, compiled: bool, log: logging.Logger) -> SampledCommMeter:
+log = logging.getLogger("meshtrain")
+
+
+def tp_meter(*, tp_mesh: DeviceMesh | None, measure: bool, compiled: bool) -> SampledCommMeter:
     """Times the tp group's collectives on the steps the loop logs (none with tp.measure_comm=false, none with
     tp 1)."""
     timer = None

@@ -393,7 +393,7 @@ def test_readme_architecture_matches_the_tree():
 
 #: a path into the repository as docs write it: `parallel/assembly/pipeline_engine.py`, `conf/topology/local_cpu.yaml`
 PATH = re.compile(r"(?<![\w./~-])((?:\.ci|conf|models|parallel|trainer|tests|benchmarks|docs)/[\w./-]*)")
-#: a module as docs write it: `parallel.assembly.base.Strategy`, `python -m trainer.report`
+#: a module as docs write it: `parallel.assembly.strategy.Strategy`, `python -m trainer.report`
 DOTTED = re.compile(r"(?<![\w./])((?:conf|models|parallel|trainer|benchmarks)(?:\.\w+)+)")
 
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from parallel.assembly.base import ModuleEngine
+from parallel.assembly.module_engine import ModuleEngine
 from parallel.techniques.ddp import ReducerCommMeter
 
 

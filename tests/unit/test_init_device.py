@@ -20,7 +20,7 @@ def test_auto_picks_meta_only_when_the_weights_do_not_fit():
 
 
 def _ctx(cfg, tmp_path):
-    from parallel.assembly.base import WorkerContext
+    from parallel.assembly.context import WorkerContext
     from trainer.typed.run_spec import run_spec
     from trainer.validate import build_layout
 

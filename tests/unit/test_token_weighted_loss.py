@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.losses import IGNORE_INDEX, count_targets, token_cross_entropy
-from parallel.assembly.base import ModuleEngine
+from parallel.assembly.module_engine import ModuleEngine
 from parallel.foundation.token_loss import TokenMean
 
 VOCAB = 13

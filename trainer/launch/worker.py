@@ -25,7 +25,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from parallel.assembly.base import WorkerContext
+from parallel.assembly.context import WorkerContext
 from parallel.foundation.dims import coord_names
 from parallel.foundation.layout import ParallelLayout
 from parallel.foundation.memory import tensor_bytes

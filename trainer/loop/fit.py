@@ -26,7 +26,8 @@ from torch import nn
 
 from models.losses import count_targets
 from models.preference import mean_stats
-from parallel.assembly.base import Engine, WorkerContext
+from parallel.assembly.context import WorkerContext
+from parallel.assembly.engine import Engine
 from parallel.foundation.state_bytes import model_state_bytes
 from trainer.data.prefetch import Prefetcher
 from trainer.loop.callbacks import build_callbacks, call

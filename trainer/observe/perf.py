@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from parallel.assembly.base import WorkerContext
+from parallel.assembly.context import WorkerContext
 from parallel.foundation.activations import SavedActivationMeter
 from parallel.foundation.precision import compute_dtype
 

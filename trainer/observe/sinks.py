@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from parallel.assembly.base import WorkerContext
+from parallel.assembly.context import WorkerContext
 from parallel.foundation.figures import draw_announced
 from trainer.observe.console import ConsoleSink
 from trainer.observe.files_sink import FilesSink
