@@ -271,15 +271,68 @@ def _wrap(
 ) -> ComposedPart:
     """One module through float8 → TP → CP → EP → AC → compile → autocast → FSDP2/DDP, placed on the device."""
     fsdp = composition.dp == "fsdp"
+    _split_model(
+        module, composition=composition, settings=settings, mesh=mesh, sizes=sizes, device=device,
+        parallelize=parallelize, on_step=on_step, cp_timer=cp_timer,
+    )  # fmt: skip
+    experts, ep_timer, experts_fsdp_mesh = [], None, None
+    if composition.ep:
+        on_step("expert parallel")
+        ep_mesh, experts_fsdp_mesh = expert_meshes(mesh, sizes)
+        ep_timer = A2AMeter()
+        experts = apply_ep(module, ep_mesh=ep_mesh, meter=ep_timer)
+    on_step("activation checkpointing and compile")
+    apply_activation_checkpointing(
+        module, mode=settings.activation_checkpointing, every=settings.ac_every, for_compile=settings.compile
+    )
+    if settings.compile:
+        apply_compile(module)
+    if settings.precision in MIXED_PRECISIONS and not fsdp:  # FSDP2 casts with its MixedPrecisionPolicy instead
+        enable_autocast(module, device_type=device.type)
+    if composition.dp == "none":
+        return ComposedPart(place(module))
+    if fsdp:
+        part = _shard(
+            module, settings=settings, mesh=mesh, sizes=sizes, place=place, on_step=on_step, experts=experts,
+            experts_mesh=experts_fsdp_mesh, reshard_after_forward=reshard_after_forward,
+        )  # fmt: skip
+        part.ep_timer = ep_timer
+        return part
+    on_step("DDP")
+    ddp, meter = wrap_ddp(
+        place(module),
+        dp_mesh=loss_mesh(mesh, sizes),
+        device=device,
+        bucket_cap_mb=settings.ddp.bucket_cap_mb,
+        find_unused_parameters=settings.ddp.find_unused_parameters,
+        sync_batchnorm=settings.ddp.sync_batchnorm,
+        measure_comm=settings.measure_dp_comm,
+    )
+    return ComposedPart(ddp, no_sync=ddp.no_sync, dp_timer=meter)
+
+
+def _split_model(
+    module: nn.Module,
+    *,
+    composition: Composition,
+    settings: ComposeSettings,
+    mesh: Any,
+    sizes: Mapping[str, int],
+    device: torch.device,
+    parallelize: Callable[..., nn.Module] | None,
+    on_step: Callable[[str], None],
+    cp_timer: AllToAllTimer | None,
+) -> None:
+    """float8 Linears, then tensor parallel (the family's plan) and context parallel (attention by all-to-all); a
+    MoE's balance statistics scoped to the ranks that see different tokens (``scope_balance``)."""
     fp8 = settings.precision == "fp8"
-    float8_gather = fp8 and settings.fp8.all_gather_in_float8(fsdp=fsdp)
     if fp8:
         on_step("float8")
         convert_to_fp8(
             module,
             settings=settings.fp8,
             emulate=device.type != "cuda",
-            fsdp_float8_all_gather=float8_gather,
+            fsdp_float8_all_gather=fp8 and settings.fp8.all_gather_in_float8(fsdp=composition.dp == "fsdp"),
             tp=sizes.get("tp", 1) if composition.tp else 1,
         )
     if composition.tp:
@@ -304,53 +357,38 @@ def _wrap(
         data_group=loss_mesh(mesh, sizes).get_group() if composition.dp != "none" else None,
         cp_group=mesh["cp"].get_group() if composition.cp else None,
     )
-    experts, ep_timer = [], None
-    if composition.ep:
-        on_step("expert parallel")
-        ep_mesh, experts_fsdp_mesh = expert_meshes(mesh, sizes)
-        ep_timer = A2AMeter()
-        experts = apply_ep(module, ep_mesh=ep_mesh, meter=ep_timer)
-    on_step("activation checkpointing and compile")
-    apply_activation_checkpointing(
-        module, mode=settings.activation_checkpointing, every=settings.ac_every, for_compile=settings.compile
-    )
-    if settings.compile:
-        apply_compile(module)
-    if settings.precision in MIXED_PRECISIONS and not fsdp:  # FSDP2 casts with its MixedPrecisionPolicy instead
-        enable_autocast(module, device_type=device.type)
-    if composition.dp == "none":
-        return ComposedPart(place(module))
-    if fsdp:
-        on_step("FSDP2 sharding")
-        # resharded blocks hold their sharded parameters between forward and backward: torch's split backward
-        # takes the weights to differentiate from the stage module when its input backward (I) starts, and
-        # got those instead of the gathered ones in the graph (no block weight gradients: zbv under dp 2 had
-        # gradient norm 8.63 against single's 11.90 at step 1)
-        mp_policy = fsdp_mp_policy(settings.precision)
-        for unit in experts:  # first, so the blocks' units leave them to their own mesh
-            apply_fsdp(
-                unit, dp_mesh=experts_fsdp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy
-            )
-        apply_fsdp(
-            module, dp_mesh=fsdp_mesh(mesh, sizes), reshard_after_forward=reshard_after_forward, mp_policy=mp_policy
-        )
-        module = place(module)  # storage for this rank's shards only, then their init
-        timer = FSDPCommTimer().attach(module) if settings.measure_dp_comm else None
-        if float8_gather and timer is None:
-            float8_bytes_all_gather(module)
-        after = precompute_scales(module) if float8_gather else None
-        return ComposedPart(module, no_sync=fsdp_no_sync(module), dp_timer=timer, after_update=after, ep_timer=ep_timer)
-    on_step("DDP")
-    ddp, meter = wrap_ddp(
-        place(module),
-        dp_mesh=loss_mesh(mesh, sizes),
-        device=device,
-        bucket_cap_mb=settings.ddp.bucket_cap_mb,
-        find_unused_parameters=settings.ddp.find_unused_parameters,
-        sync_batchnorm=settings.ddp.sync_batchnorm,
-        measure_comm=settings.measure_dp_comm,
-    )
-    return ComposedPart(ddp, no_sync=ddp.no_sync, dp_timer=meter)
+
+
+def _shard(
+    module: nn.Module,
+    *,
+    settings: ComposeSettings,
+    mesh: Any,
+    sizes: Mapping[str, int],
+    place: Callable[[nn.Module], nn.Module],
+    on_step: Callable[[str], None],
+    experts: list[nn.Module],
+    experts_mesh: Any,
+    reshard_after_forward: bool,
+) -> ComposedPart:
+    """FSDP2 over dp x cp (the experts first, over their own mesh), placed, its collectives timed.
+
+    Resharded blocks hold their sharded parameters between forward and backward: torch's split backward takes the
+    weights to differentiate from the stage module when its input backward (I) starts, and got those instead of the
+    gathered ones in the graph (no block weight gradients: zbv under dp 2 had gradient norm 8.63 against single's
+    11.90 at step 1)."""
+    on_step("FSDP2 sharding")
+    float8_gather = settings.precision == "fp8" and settings.fp8.all_gather_in_float8(fsdp=True)
+    mp_policy = fsdp_mp_policy(settings.precision)
+    for unit in experts:  # first, so the blocks' units leave them to their own mesh
+        apply_fsdp(unit, dp_mesh=experts_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy)
+    apply_fsdp(module, dp_mesh=fsdp_mesh(mesh, sizes), reshard_after_forward=reshard_after_forward, mp_policy=mp_policy)
+    module = place(module)  # storage for this rank's shards only, then their init
+    timer = FSDPCommTimer().attach(module) if settings.measure_dp_comm else None
+    if float8_gather and timer is None:
+        float8_bytes_all_gather(module)
+    after = precompute_scales(module) if float8_gather else None
+    return ComposedPart(module, no_sync=fsdp_no_sync(module), dp_timer=timer, after_update=after)
 
 
 def _shape_inference_uncounted(stage: PipelineStage, module: nn.Module) -> None:

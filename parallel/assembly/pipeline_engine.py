@@ -379,7 +379,28 @@ class PipelineEngine(Engine):
 
     def summary(self) -> dict[str, Any]:
         hist = self.history[1:] or self.history  # step 1 includes shape inference
-        med = (lambda key: statistics.median(h[key] for h in hist)) if hist else (lambda key: None)
+        stages = self._stage_rows(hist)
+        pipeline = self._pipeline_summary(hist, stages)
+        if self.ctx.rank == 0:
+            self._log_stages(stages)
+        out: dict[str, Any] = {
+            "pipeline": pipeline,
+            "bubble_fraction": pipeline["bubble_fraction"],
+            "bubble_theoretical": self.bubble_theoretical,
+        }
+        out.update({k: v for k, v in self.rank_map.items() if k != "artifacts"})
+        out.update(self.meter_summary())  # this rank's
+        out.update(self.expert_load.summary())  # every stage's layers, summed over dp
+        artifacts = [self.artifacts, self.rank_map.get("artifacts") or {}]
+        images = {k: v for part in artifacts for k, v in part.get("images", {}).items()}
+        files = [f for part in artifacts for f in part.get("files", [])]
+        if images or files:
+            out["artifacts"] = {"images": images, "files": files}
+        return out
+
+    def _stage_rows(self, hist: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Each stage's median forward, backward and weight-gradient time, busy time and its measured and
+        predicted share of the pipeline's work."""
         pre, _, post = self.part_names
         predicted = self.plan.predicted
         costs = self.plan.costs
@@ -412,7 +433,13 @@ class PipelineEngine(Engine):
         busy_all = sum(r["busy_s"] for r in stages) or 1.0
         for r in stages:
             r["measured_share"] = r["busy_s"] / busy_all
-        pipeline = {
+        return stages
+
+    def _pipeline_summary(self, hist: list[dict[str, Any]], stages: list[dict[str, Any]]) -> dict[str, Any]:
+        """summary.json's ``pipeline``: the schedule and split, the measured bubble and its parts (medians over the
+        steps), the imbalance, the bytes sent, the stages' rows."""
+        med = (lambda key: statistics.median(h[key] for h in hist)) if hist else (lambda key: None)
+        return {
             "schedule": self.ctx.layout.schedule,
             "micro_batches": self.m,
             "stages_per_rank": self.ctx.layout.stages_per_rank,
@@ -437,32 +464,19 @@ class PipelineEngine(Engine):
             "pipeline_time_s": med("pipeline_time_s") if hist else None,
             "stages": stages,
         }
-        if self.ctx.rank == 0:
-            for r in stages:
-                pred = r.get("predicted_per_micro_batch_s")
-                self.ctx.log.info(
-                    "stage %d (%s): %.2f ms busy per micro-batch%s, share %.0f%% (predicted %.0f%%)",
-                    r["stage"],
-                    r["layers"],
-                    r["busy_per_micro_batch_s"] * 1e3,
-                    f" (predicted {pred * 1e3:.2f} ms)" if pred is not None else "",
-                    100 * r["measured_share"],
-                    100 * (r.get("predicted_share") or 0.0),
-                )
-        out: dict[str, Any] = {
-            "pipeline": pipeline,
-            "bubble_fraction": pipeline["bubble_fraction"],
-            "bubble_theoretical": self.bubble_theoretical,
-        }
-        out.update({k: v for k, v in self.rank_map.items() if k != "artifacts"})
-        out.update(self.meter_summary())  # this rank's
-        out.update(self.expert_load.summary())  # every stage's layers, summed over dp
-        artifacts = [self.artifacts, self.rank_map.get("artifacts") or {}]
-        images = {k: v for part in artifacts for k, v in part.get("images", {}).items()}
-        files = [f for part in artifacts for f in part.get("files", [])]
-        if images or files:
-            out["artifacts"] = {"images": images, "files": files}
-        return out
+
+    def _log_stages(self, stages: list[dict[str, Any]]) -> None:
+        for r in stages:
+            pred = r.get("predicted_per_micro_batch_s")
+            self.ctx.log.info(
+                "stage %d (%s): %.2f ms busy per micro-batch%s, share %.0f%% (predicted %.0f%%)",
+                r["stage"],
+                r["layers"],
+                r["busy_per_micro_batch_s"] * 1e3,
+                f" (predicted {pred * 1e3:.2f} ms)" if pred is not None else "",
+                100 * r["measured_share"],
+                100 * (r.get("predicted_share") or 0.0),
+            )
 
     def _gather_params(self) -> dict[int, int]:
         mine = {
@@ -518,7 +532,6 @@ def build_pipeline_engine(
 
     local_specs = [s for s in specs if s.pp_rank == pp_rank]
     ties = tied_parameters(model)  # (head, embedding) of a tied model, found before the stages are cut
-    # a meta-built stage is materialised by ctx.place, holding its blocks only; PipelineStage drives the dp no-sync
     composed = compose_on_rank(
         ctx,
         model,
@@ -535,12 +548,7 @@ def build_pipeline_engine(
         ),
     )
     del model
-    # the pp ranks of the first and the last stage (every rank joins the group's creation: it is collective)
-    tied_group = embedding_group(ctx.mesh, first=ranks[0], last=ranks[-1]) if ties else None
-    parts = [c.module for c in composed.parts]
-    tied = [tied_copies(parts, alias=alias, original=original, group=tied_group) for alias, original in ties]
-    for copies in tied:  # the last stage's copy takes the first stage's values (a meta build draws each apart)
-        copies.sync_values()
+    tied = _tie_stages(ctx, [c.module for c in composed.parts], ties=ties, ranks=ranks)
     if ctx.world_size > 1:
         dist.barrier(group=group)
     recorder.origin = time.perf_counter()
@@ -552,6 +560,34 @@ def build_pipeline_engine(
         plan.policy,
         "; ".join(f"stage {s.index}: {s.describe(part_names[0], part_names[2])}" for s in local_specs),
     )
+    return _engine(ctx, composition, composed, specs=specs, recorder=recorder, plan=plan, part_names=part_names,
+                   loss=loss, tied=tied, local_specs=local_specs)  # fmt: skip
+
+
+def _tie_stages(ctx: WorkerContext, parts: list[nn.Module], *, ties: list, ranks: list[int]) -> list[TiedCopies]:
+    """A tied embedding's copies on the first and the last stage, the last one's values taken from the first (a meta
+    build draws each apart); the group of their pp ranks is made on every rank (its creation is collective)."""
+    tied_group = embedding_group(ctx.mesh, first=ranks[0], last=ranks[-1]) if ties else None
+    tied = [tied_copies(parts, alias=alias, original=original, group=tied_group) for alias, original in ties]
+    for copies in tied:
+        copies.sync_values()
+    return tied
+
+
+def _engine(
+    ctx: WorkerContext,
+    composition: Composition,
+    composed: Any,
+    *,
+    specs: list[StageSpec],
+    recorder: StageRecorder,
+    plan: SplitPlan,
+    part_names: tuple[list[str], list[str], list[str]],
+    loss: TokenMean,
+    tied: list[TiedCopies],
+    local_specs: list[StageSpec],
+) -> PipelineEngine:
+    """The engine over the composed stages, with their meters, rank map and after-step hooks."""
     rank_map = (
         announce_rank_map(ctx, stage_modules=[c.module for c in composed.parts], stages=[s.index for s in local_specs])
         if composition.rank_map

@@ -603,133 +603,214 @@ def p2p_s(nbytes: float, *, link: Link) -> float:
 # ---- the estimate -----------------------------------------------------------------------------
 
 
-def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec, workload: Workload) -> Estimate:
-    """Memory of the fullest rank and time of one optimizer step for ``candidate``."""
-    c, s_full = candidate, workload.seq_len
-    s = s_full / c.cp  # tokens of each sample on this rank: context parallel splits the sequence
-    v = c.stages_per_rank if c.pp > 1 else 1
-    e = workload.activation_bytes
-    b = workload.global_batch_size / (c.dp * c.micro_batches)  # samples per micro-batch
-    data = c.dp * c.cp  # ranks that see different tokens: FSDP shards and gradients reduce over dp x cp
-    layers_of = rank_layers(
-        model.n_layers, pp=c.pp, stages_per_rank=v, schedule=c.schedule, split_points=c.split_points
-    )
-    last = last_chunk_rank(pp=c.pp, schedule=c.schedule, stages_per_rank=v)
+@dataclass(frozen=True)
+class _Split:
+    """How a candidate cuts the workload, read by every term: tokens per sample on a rank (``s``; ``s_full``
+    unsplit), virtual stages per rank, activation bytes per element, samples per micro-batch, the ranks that see
+    different tokens (dp x cp), each pipeline rank's layers and the rank holding the last one."""
 
-    # ---- memory of each pipeline rank, keep the fullest
-    meshtrain = workload.implementation == "meshtrain"
-    layer_bytes = saved_layer_activation_bytes if meshtrain else layer_activation_bytes
-    worst: Memory | None = None
-    rank_memory: list[Memory] = []
-    rank_per_mb: list[float] = []
-    for r, layers in enumerate(layers_of):
-        params = rank_params(model, layers, first=r == 0, last=r == last, tp=c.tp, meshtrain=meshtrain)
-        w, g, o = rank_state_bytes(model, layers, params=params, c=c, workload=workload, meshtrain=meshtrain)
-        if model.lora_rank > 0:  # frozen weights held in full; the adapters alone have gradients and states
-            trainable = rank_trainable_params(model, layers, last=r == last, tp=c.tp, meshtrain=meshtrain)
-            adapters, g, o = model_state_bytes(
-                trainable, bytes_per_param=workload.bytes_per_param, zero_stage=c.zero_stage, dp=data
-            )
-            w += adapters
-        case = ActivationCase(
-            seq_len=s,
-            micro_batch=b,
-            tp=c.tp,
-            sequence_parallel=c.sequence_parallel,
-            recompute=c.recompute,
-            element_bytes=e,
-            cp=c.cp,
-            ep=c.ep,
+    s_full: int
+    s: float
+    v: int
+    e: int
+    b: float
+    data: int
+    layers_of: list[list[int]]
+    last: int
+    meshtrain: bool
+
+    @classmethod
+    def of(cls, c: Candidate, model: ModelShape, workload: Workload) -> _Split:
+        v = c.stages_per_rank if c.pp > 1 else 1
+        return cls(
+            s_full=workload.seq_len,
+            s=workload.seq_len / c.cp,  # context parallel splits the sequence
+            v=v,
+            e=workload.activation_bytes,
+            b=workload.global_batch_size / (c.dp * c.micro_batches),
+            data=c.dp * c.cp,  # FSDP shards and gradients reduce over dp x cp
+            layers_of=rank_layers(
+                model.n_layers, pp=c.pp, stages_per_rank=v, schedule=c.schedule, split_points=c.split_points
+            ),
+            last=last_chunk_rank(pp=c.pp, schedule=c.schedule, stages_per_rank=v),
+            meshtrain=workload.implementation == "meshtrain",
         )
-        per_mb = sum(n * layer_bytes(model, i, case) for i, n in model.layer_groups(layers))
-        if meshtrain and layers:  # each of the rank's stages keeps its own table
-            per_mb += v * rotary_table_saved_bytes(model, seq_len=s_full)
-        held = micro_batches_in_flight(c.schedule, pp=c.pp, m=c.micro_batches, v=v, stage=r)
-        if r == last:
-            per_mb += (
-                head_saved_bytes(model, case)
-                if meshtrain
-                else logits_bytes(model, seq_len=s, micro_batch=b, tp=c.tp, element_bytes=e)
-            )
-        acts = per_mb * held
-        mem = Memory(params=w, grads=g, optimizer=o, activations=acts)
-        rank_memory.append(mem)
-        rank_per_mb.append(per_mb)
-        if worst is None or mem.total > worst.total:
-            worst = mem
-    assert worst is not None
 
-    # ---- time of one micro-batch on each pipeline rank (forward + backward)
-    tokens = b * s
-    passes = {"none": 3.0, "selective": 3.0, "full": 4.0}[c.recompute]
-    tp_link = hardware.link_for(span=c.tp, stride=c.stride("tp"))
-    ar_of = {  # per block: dense or sparse
-        sparse: tp_collectives_per_layer(model, meshtrain=meshtrain, recompute=c.recompute, sparse=sparse)
-        for sparse in (False, True)
-    }
-    tp_ar = ring_allreduce_s(tokens * model.d_model * e, n=c.tp, link=tp_link)
-    tp_ar += hardware.tp_collective_s if c.tp > 1 else 0.0
-    # Ulysses: each all-to-all moves one of q, k, v or the output, this rank's b·s/c tokens x h/t channels
+
+def _rank_memory(
+    c: Candidate, model: ModelShape, workload: Workload, sp: _Split, r: int, layers: list[int]
+) -> tuple[Memory, float]:
+    """Pipeline rank ``r``'s memory (states, and the activations its micro-batches in flight hold) and its saved
+    activation bytes per micro-batch."""
+    meshtrain, last = sp.meshtrain, sp.last
+    layer_bytes = saved_layer_activation_bytes if meshtrain else layer_activation_bytes
+    params = rank_params(model, layers, first=r == 0, last=r == last, tp=c.tp, meshtrain=meshtrain)
+    w, g, o = rank_state_bytes(model, layers, params=params, c=c, workload=workload, meshtrain=meshtrain)
+    if model.lora_rank > 0:  # frozen weights held in full; the adapters alone have gradients and states
+        trainable = rank_trainable_params(model, layers, last=r == last, tp=c.tp, meshtrain=meshtrain)
+        adapters, g, o = model_state_bytes(
+            trainable, bytes_per_param=workload.bytes_per_param, zero_stage=c.zero_stage, dp=sp.data
+        )
+        w += adapters
+    case = ActivationCase(
+        seq_len=sp.s,
+        micro_batch=sp.b,
+        tp=c.tp,
+        sequence_parallel=c.sequence_parallel,
+        recompute=c.recompute,
+        element_bytes=sp.e,
+        cp=c.cp,
+        ep=c.ep,
+    )
+    per_mb = sum(n * layer_bytes(model, i, case) for i, n in model.layer_groups(layers))
+    if meshtrain and layers:  # each of the rank's stages keeps its own table
+        per_mb += sp.v * rotary_table_saved_bytes(model, seq_len=sp.s_full)
+    held = micro_batches_in_flight(c.schedule, pp=c.pp, m=c.micro_batches, v=sp.v, stage=r)
+    if r == last:
+        per_mb += (
+            head_saved_bytes(model, case)
+            if meshtrain
+            else logits_bytes(model, seq_len=sp.s, micro_batch=sp.b, tp=c.tp, element_bytes=sp.e)
+        )
+    return Memory(params=w, grads=g, optimizer=o, activations=per_mb * held), per_mb
+
+
+@dataclass(frozen=True)
+class _LinkCosts:
+    """Each dimension's communication per layer of one micro-batch: the tp collective, cp's all-to-alls, ep's."""
+
+    tp_calls_per_layer: dict[bool, int]
+    """tp collectives of a dense (False) or sparse (True) block."""
+    tp_collective: float
+    cp_per_layer: float
+    ep_per_layer: float
+
+    @classmethod
+    def of(cls, c: Candidate, model: ModelShape, hardware: HardwareSpec, sp: _Split) -> _LinkCosts:
+        tokens, e = sp.b * sp.s, sp.e
+        tp_link = hardware.link_for(span=c.tp, stride=c.stride("tp"))
+        ar_of = {  # per block: dense or sparse
+            sparse: tp_collectives_per_layer(model, meshtrain=sp.meshtrain, recompute=c.recompute, sparse=sparse)
+            for sparse in (False, True)
+        }
+        tp_ar = ring_allreduce_s(tokens * model.d_model * e, n=c.tp, link=tp_link)
+        tp_ar += hardware.tp_collective_s if c.tp > 1 else 0.0
+        return cls(
+            ar_of, tp_ar, _cp_per_layer(c, model, hardware, tokens, e), _ep_per_layer(c, model, hardware, tokens, e)
+        )
+
+
+def _cp_per_layer(c: Candidate, model: ModelShape, hardware: HardwareSpec, tokens: float, e: int) -> float:
+    """Ulysses: each all-to-all moves one of q, k, v or the output, this rank's b·s/c tokens x h/t channels."""
     cp_link = hardware.link_for(span=c.cp, stride=c.stride("cp"))
     cp_a2a = all_to_all_s(tokens * model.q_dim / c.tp * e, n=c.cp, link=cp_link)
-    cp_per_layer = cp_all_to_alls_per_layer(recompute=c.recompute) * cp_a2a
-    # expert parallel: each all-to-all moves this rank's T·k routed rows of h channels among the ep ranks of its group
-    # (balanced routing), on the link the ep group spans; the row counts go first (E int64 values)
+    return cp_all_to_alls_per_layer(recompute=c.recompute) * cp_a2a
+
+
+def _ep_per_layer(c: Candidate, model: ModelShape, hardware: HardwareSpec, tokens: float, e: int) -> float:
+    """Expert parallel: each all-to-all moves this rank's T·k routed rows of h channels among the ep ranks of its
+    group (balanced routing), on the link the ep group spans; the row counts go first (E int64 values)."""
     ep_link = hardware.link_for(span=c.ep, stride=ep_stride(c))
     ep_rows = all_to_all_s(tokens * model.top_k * model.d_model * e, n=c.ep, link=ep_link)
     ep_counts = all_to_all_s(model.n_experts * 8, n=c.ep, link=ep_link)
     ep_per_layer = ep_all_to_alls_per_layer(recompute=c.recompute) * ep_rows
     ep_per_layer += ep_counts_exchanges_per_layer(recompute=c.recompute) * ep_counts
-    stage_compute, stage_tp, stage_tp_calls, stage_cp, stage_ep = [], [], [], [], []
-    # ranks sharing a node slow each other down (memory bandwidth, caches): measured, see calibrate.py
-    on_node = min(c.world_size, hardware.devices_per_node)
-    busy = hardware.busy_node_slowdown if on_node > 1 else 1.0
-    for r, layers in enumerate(layers_of):
-        # per token of this rank; attention spans the whole sequence (4·s·h per token, s the full length)
-        groups = model.layer_groups(layers)
-        flops = sum(n * passes * model.layer_forward_flops_per_token(i, s_full) for i, n in groups)
-        if c.recompute == "selective":
-            flops += 4 * s_full * model.d_model * len(layers)
-        if r == last:
-            flops += 3 * model.logit_forward_flops_per_token()
-        # meshtrain runs a mixture of experts whole on every tp rank: its FLOPs are not divided by t
-        whole = sum(n * passes * 2 * model.layer_moe_active_params(i) for i, n in groups) if meshtrain else 0.0
-        share = (len(layers) + (r == 0) + (r == last)) / (model.n_layers + 2)
-        rank_flops = (flops - whole) / c.tp + whole
-        stage_compute.append((rank_flops * tokens / hardware.flops + hardware.microbatch_overhead_s * share) * busy)
-        head = TP_HEAD_COLLECTIVES if meshtrain and r == last else 0
-        stage_tp_calls.append(sum(n * ar_of[model.sparse[i]] for i, n in groups) + head if c.tp > 1 else 0)
-        stage_tp.append(stage_tp_calls[-1] * tp_ar)
-        stage_cp.append(len(layers) * cp_per_layer if c.cp > 1 else 0.0)
-        stage_ep.append(sum(n for i, n in groups if model.sparse[i]) * ep_per_layer if c.ep > 1 else 0.0)
-    pp_link = hardware.link_for(span=c.pp, stride=c.stride("pp")) if c.pp > 1 else hardware.p2p
+    return ep_per_layer
+
+
+@dataclass(frozen=True)
+class _Stages:
+    """Each pipeline rank's time per micro-batch, by term, and the step's pipeline from the slowest."""
+
+    compute: list[float]
+    tp: list[float]
+    tp_calls: list[float]
+    cp: list[float]
+    ep: list[float]
+    pp_per_mb: float
+    times: tuple[float, ...]
+    bubble: float
+    pipeline_s: float
+    scale: float
+    bottleneck: int
+
+
+def _stage_compute(
+    c: Candidate, model: ModelShape, hardware: HardwareSpec, sp: _Split, r: int, layers: list[int], busy: float
+) -> float:
+    """Pipeline rank ``r``'s forward and backward of one micro-batch; attention spans the whole sequence (4·s·h per
+    token, s the full length)."""
+    passes = {"none": 3.0, "selective": 3.0, "full": 4.0}[c.recompute]
+    groups = model.layer_groups(layers)
+    flops = sum(n * passes * model.layer_forward_flops_per_token(i, sp.s_full) for i, n in groups)
+    if c.recompute == "selective":
+        flops += 4 * sp.s_full * model.d_model * len(layers)
+    if r == sp.last:
+        flops += 3 * model.logit_forward_flops_per_token()
+    # meshtrain runs a mixture of experts whole on every tp rank: its FLOPs are not divided by t
+    whole = sum(n * passes * 2 * model.layer_moe_active_params(i) for i, n in groups) if sp.meshtrain else 0.0
+    share = (len(layers) + (r == 0) + (r == sp.last)) / (model.n_layers + 2)
+    rank_flops = (flops - whole) / c.tp + whole
+    tokens = sp.b * sp.s
+    return (rank_flops * tokens / hardware.flops + hardware.microbatch_overhead_s * share) * busy
+
+
+def _pp_per_micro_batch(c: Candidate, model: ModelShape, hardware: HardwareSpec, sp: _Split) -> float:
+    """The pipeline's sends per micro-batch (each virtual stage boundary: forward, then back) and its actions."""
+    if c.pp <= 1:
+        return 0.0
+    pp_link = hardware.link_for(span=c.pp, stride=c.stride("pp"))
     if pp_link is hardware.intra:
         pp_link = hardware.p2p
-    act_msg = tokens * model.d_model * e / (c.tp if c.sequence_parallel else 1)
-    hops = schedule_spec(c.schedule).p2p_round_trips * v  # each virtual stage boundary: forward, then back
-    pp_per_mb = 2 * hops * p2p_s(act_msg, link=pp_link) if c.pp > 1 else 0.0
+    act_msg = sp.b * sp.s * model.d_model * sp.e / (c.tp if c.sequence_parallel else 1)
+    hops = schedule_spec(c.schedule).p2p_round_trips * sp.v
+    pp_per_mb = 2 * hops * p2p_s(act_msg, link=pp_link)
     # every stage of a rank runs F and B (and W where the schedule splits the backward) per micro-batch
-    pp_per_mb += actions_per_micro_batch(c.schedule, v=v) * hardware.pipeline_action_s if c.pp > 1 else 0.0
-    stage_times = tuple(
-        comp + tp_ + cp_ + ep_ + pp_per_mb
-        for comp, tp_, cp_, ep_ in zip(stage_compute, stage_tp, stage_cp, stage_ep, strict=True)
-    )
-    bubble = bubble_fraction(c.schedule, pp=c.pp, m=c.micro_batches, v=v)
-    pipeline_s = c.micro_batches * max(stage_times) / (1 - bubble)
-    scale = pipeline_s / (c.micro_batches * max(stage_times)) if max(stage_times) > 0 else 1.0
-    bottleneck = max(range(len(stage_times)), key=lambda r: stage_times[r])
-    compute_s = c.micro_batches * stage_compute[bottleneck] * scale
-    tp_comm_s = c.micro_batches * stage_tp[bottleneck] * scale
-    cp_comm_s = c.micro_batches * stage_cp[bottleneck] * scale
-    ep_comm_s = c.micro_batches * stage_ep[bottleneck] * scale
-    pp_comm_s = c.micro_batches * pp_per_mb * scale
+    return pp_per_mb + actions_per_micro_batch(c.schedule, v=sp.v) * hardware.pipeline_action_s
 
-    # ---- once per step: data-parallel gradient reduction and the optimizer
-    # under expert parallel a rank's experts (1/ep of each layer's) are gathered and reduced over their own mesh, the
-    # n·c/ep ranks holding the same experts (ep x the ep stride apart), the rest over n·c as without
+
+def _stages(c: Candidate, model: ModelShape, hardware: HardwareSpec, sp: _Split, busy: float) -> _Stages:
+    """Time of one micro-batch on each pipeline rank (forward + backward, and each dimension's communication),
+    then the step's pipeline: m micro-batches of the slowest rank, stretched by the schedule's bubble."""
+    links = _LinkCosts.of(c, model, hardware, sp)
+    compute, tp, tp_calls, cp, ep = [], [], [], [], []
+    for r, layers in enumerate(sp.layers_of):
+        groups = model.layer_groups(layers)
+        compute.append(_stage_compute(c, model, hardware, sp, r, layers, busy))
+        head = TP_HEAD_COLLECTIVES if sp.meshtrain and r == sp.last else 0
+        tp_calls.append(sum(n * links.tp_calls_per_layer[model.sparse[i]] for i, n in groups) + head if c.tp > 1 else 0)
+        tp.append(tp_calls[-1] * links.tp_collective)
+        cp.append(len(layers) * links.cp_per_layer if c.cp > 1 else 0.0)
+        ep.append(sum(n for i, n in groups if model.sparse[i]) * links.ep_per_layer if c.ep > 1 else 0.0)
+    pp_per_mb = _pp_per_micro_batch(c, model, hardware, sp)
+    times = tuple(comp + tp_ + cp_ + ep_ + pp_per_mb for comp, tp_, cp_, ep_ in zip(compute, tp, cp, ep, strict=True))
+    bubble = bubble_fraction(c.schedule, pp=c.pp, m=c.micro_batches, v=sp.v)
+    pipeline_s = c.micro_batches * max(times) / (1 - bubble)
+    scale = pipeline_s / (c.micro_batches * max(times)) if max(times) > 0 else 1.0
+    bottleneck = max(range(len(times)), key=lambda r: times[r])
+    return _Stages(compute, tp, tp_calls, cp, ep, pp_per_mb, times, bubble, pipeline_s, scale, bottleneck)
+
+
+def _dp_comm(
+    c: Candidate,
+    model: ModelShape,
+    hardware: HardwareSpec,
+    workload: Workload,
+    sp: _Split,
+    worst: Memory,
+    worst_layers: list[int],
+    compute_s: float,
+    fixed_calls: dict[str, float],
+) -> float:
+    """Once per step: the data-parallel gradient reduction (over dp x cp; a rank's experts over their own mesh),
+    its share hidden behind the backward, and DDP's or FSDP2's fixed costs per call (counted into ``fixed_calls``).
+
+    Under expert parallel a rank's experts (1/ep of each layer's) are gathered and reduced over their own mesh,
+    the n·c/ep ranks holding the same experts (ep x the ep stride apart), the rest over n·c as without."""
+    data = sp.data
     expert_local = 0.0  # this rank's whole expert gradients (its 1/ep) before they are reduce-scattered
     if c.ep > 1 and model.lora_rank <= 0:
-        experts = rank_expert_params(model, layers_of[rank_memory.index(worst)], tp=c.tp, meshtrain=meshtrain)
+        experts = rank_expert_params(model, worst_layers, tp=c.tp, meshtrain=sp.meshtrain)
         expert_local = experts / c.ep * workload.bytes_per_param[1]
     expert_held = expert_local / (data // c.ep) if c.zero_stage >= 2 else expert_local
     dense_local = (worst.grads - expert_held) * (data if c.zero_stage >= 2 else 1)
@@ -750,11 +831,6 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
     # dp_comm_overlap of itself, and never more than the step's backward compute (2/3 of the compute)
     hidden = min(hardware.dp_comm_overlap * dp_total, (2 / 3) * compute_s)
     dp_comm_s = dp_total - hidden
-    # each fixed cost's calls on a mean rank per step (the floor below counts their CPU share)
-    fixed_calls = {
-        "tp_collective_s": c.micro_batches * sum(stage_tp_calls) / len(stage_tp_calls),
-        "pipeline_action_s": c.micro_batches * actions_per_micro_batch(c.schedule, v=v) if c.pp > 1 else 0,
-    }
     if c.zero_stage == 0 and data > 1:
         # DDP's reducer, per bucket: autograd hooks, copies into and out of the bucket, and the all-reduce's
         # exposed wait while gloo's thread competes with the node's compute (measured on a whole DDP step)
@@ -764,51 +840,80 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
         # FSDP2 units (each block, and the root): all-gather for forward and again for backward on every
         # micro-batch, reduce-scatter once per step (meshtrain skips it on the others); each pays a fixed cost
         # expert parallel: each MoE block's experts are a unit of their own (on the experts' mesh)
-        units = max(len(layers) + (sum(model.sparse[i] for i in layers) if c.ep > 1 else 0) for layers in layers_of) + 1
+        units = max(len(ls) + (sum(model.sparse[i] for i in ls) if c.ep > 1 else 0) for ls in sp.layers_of) + 1
         fixed_calls["fsdp_collective_s"] = units * (2 * c.micro_batches + 1)
         dp_comm_s += fixed_calls["fsdp_collective_s"] * hardware.fsdp_collective_s
-    w, g, k = workload.bytes_per_param
-    shard_params = worst.optimizer / k  # parameters whose optimizer states this rank updates
-    optimizer_s = (
-        shard_params * (2 * w + 2 * g + 2 * k) / hardware.memory_bytes_per_s
-    )  # read w,g,K + write w,K; clip reads g
+    return dp_comm_s
 
-    muon = muon_step_cost(model, layers_of[rank_memory.index(worst)], c=c, hardware=hardware, workload=workload)
-    muon = replace(muon, gather_s=muon_gather_s(muon))
-    optimizer_s += muon.ns_s + muon.gather_s  # optim=muon: the rank's orthogonalisations and their gathers
 
-    budget = hardware.memory_bytes * workload.memory_fraction
-    step = pipeline_s + dp_comm_s + optimizer_s
-    # CPU ranks beyond the node's cores time-share them: the step takes at least the node's CPU work (each
-    # rank's micro-batches, its AdamW, and the share of its fixed costs that calibration measured as CPU time)
-    # spread over its cores. Not the step itself times ranks per core: a rank waiting in a collective or a
-    # pipeline bubble sleeps and leaves its core to the others; on the 2-core machine 4-rank hybrids measured
-    # 0.17-0.32 s, where scaling their whole step by 2 x (1 - bubble) predicted 1.5-1.6x that (docs/planner.md,
-    # "Ranks beyond the cores")
-    work = c.micro_batches * sum(stage_compute) / len(stage_compute) + optimizer_s
+def _cpu_floor(
+    c: Candidate, hardware: HardwareSpec, st: _Stages, optimizer_s: float, fixed_calls: dict, step: float, on_node: int
+) -> tuple[float, float]:
+    """(the node's CPU work per rank, the factor the step stretches by). CPU ranks beyond the node's cores
+    time-share them: the step takes at least the node's CPU work (each rank's micro-batches, its AdamW, and the
+    share of its fixed costs that calibration measured as CPU time) spread over its cores. Not the step itself times
+    ranks per core: a rank waiting in a collective or a pipeline bubble sleeps and leaves its core to the others; on
+    the 2-core machine 4-rank hybrids measured 0.17-0.32 s, where scaling their whole step by 2 x (1 - bubble)
+    predicted 1.5-1.6x that (docs/planner.md, "Ranks beyond the cores")."""
+    work = c.micro_batches * sum(st.compute) / len(st.compute) + optimizer_s
     work += sum(
         n * getattr(hardware, name) * hardware.fixed_cost_cpu_share.get(name, 0.0) for name, n in fixed_calls.items()
     )
     t = 1.0
     if hardware.cores_per_node and step > 0:
         t = max(1.0, on_node * hardware.threads_per_device * work / hardware.cores_per_node / step)
+    return work, t
+
+
+def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec, workload: Workload) -> Estimate:
+    """Memory of the fullest rank and time of one optimizer step for ``candidate``, term by term: each pipeline
+    rank's memory, each rank's micro-batch (compute and each dimension's communication) and the pipeline over them,
+    the gradient reduction, the optimizer, and the CPU floor."""
+    c = candidate
+    sp = _Split.of(c, model, workload)
+    ranks = [_rank_memory(c, model, workload, sp, r, layers) for r, layers in enumerate(sp.layers_of)]
+    rank_memory = [mem for mem, _ in ranks]
+    worst = max(rank_memory, key=lambda m: m.total)  # the first of the fullest
+    # ranks sharing a node slow each other down (memory bandwidth, caches): measured, see calibrate.py
+    on_node = min(c.world_size, hardware.devices_per_node)
+    st = _stages(c, model, hardware, sp, hardware.busy_node_slowdown if on_node > 1 else 1.0)
+    m, scale, bottleneck = c.micro_batches, st.scale, st.bottleneck
+    compute_s = m * st.compute[bottleneck] * scale
+    # each fixed cost's calls on a mean rank per step (the floor counts their CPU share)
+    fixed_calls = {
+        "tp_collective_s": m * sum(st.tp_calls) / len(st.tp_calls),
+        "pipeline_action_s": m * actions_per_micro_batch(c.schedule, v=sp.v) if c.pp > 1 else 0,
+    }
+    worst_layers = sp.layers_of[rank_memory.index(worst)]
+    dp_comm_s = _dp_comm(c, model, hardware, workload, sp, worst, worst_layers, compute_s, fixed_calls)
+    w, g, k = workload.bytes_per_param
+    shard_params = worst.optimizer / k  # parameters whose optimizer states this rank updates
+    optimizer_s = (
+        shard_params * (2 * w + 2 * g + 2 * k) / hardware.memory_bytes_per_s
+    )  # read w,g,K + write w,K; clip reads g
+    muon = muon_step_cost(model, worst_layers, c=c, hardware=hardware, workload=workload)
+    muon = replace(muon, gather_s=muon_gather_s(muon))
+    optimizer_s += muon.ns_s + muon.gather_s  # optim=muon: the rank's orthogonalisations and their gathers
+    budget = hardware.memory_bytes * workload.memory_fraction
+    step = st.pipeline_s + dp_comm_s + optimizer_s
+    work, t = _cpu_floor(c, hardware, st, optimizer_s, fixed_calls, step, on_node)
     return Estimate(
         candidate=c,
         memory=worst,
         step_time_s=step * t,
         compute_s=compute_s * t,
-        bubble_fraction=bubble,
-        tp_comm_s=tp_comm_s * t,
-        cp_comm_s=cp_comm_s * t,
-        ep_comm_s=ep_comm_s * t,
-        pp_comm_s=pp_comm_s * t,
+        bubble_fraction=st.bubble,
+        tp_comm_s=m * st.tp[bottleneck] * scale * t,
+        cp_comm_s=m * st.cp[bottleneck] * scale * t,
+        ep_comm_s=m * st.ep[bottleneck] * scale * t,
+        pp_comm_s=m * st.pp_per_mb * scale * t,
         dp_comm_s=dp_comm_s * t,
         optimizer_s=optimizer_s * t,
-        stage_times_s=tuple(x * t for x in stage_times),
+        stage_times_s=tuple(x * t for x in st.times),
         fits=worst.total <= budget,
         budget_bytes=budget,
         rank_memory=tuple(rank_memory),
-        rank_activation_per_micro_batch=tuple(rank_per_mb),
+        rank_activation_per_micro_batch=tuple(pm for _, pm in ranks),
         rank_work_s=work,
         muon=replace(muon, ns_s=muon.ns_s * t, gather_s=muon.gather_s * t),
     )

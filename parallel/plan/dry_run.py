@@ -235,13 +235,9 @@ def _measure_rank(
 ) -> dict[str, float]:
     """Build this rank's part of the layout under a fake process group of ``world`` ranks and measure it: the
     trainer's ``compose`` on the meta device (TP, FSDP2 for ZeRO-3, the pipeline stages and their schedule)."""
-    import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    from parallel.foundation.meshes import expert_meshes
-    from parallel.techniques.ep import apply_ep
 
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     phase = ["device mesh"]
@@ -251,78 +247,12 @@ def _measure_rank(
 
     try:
         mesh = init_device_mesh("cpu", c.mesh_shape, mesh_dim_names=dims.mesh_names())
-        pp_rank = c.coords(rank)["pp"]
-        dtype = torch.bfloat16 if settings.precision != "fp32" else torch.float32
-        b = workload.global_batch_size // (c.dp * c.micro_batches)
-        local = [s for s in specs if s.pp_rank == pp_rank]
-        acts = 0
-        for spec in local:
-            on_step("activations")
-            # a tensor- and context-parallel copy of the stage, run on fake tensors (FSDP2 leaves a micro-batch's
-            # activations alone); under cp each rank holds seq_len / cp tokens of every sample
-            copy = compose(
-                build_stage_module(meta_model, spec=spec, units=units),
-                composition=Composition(tp=c.tp > 1, cp=c.cp > 1),
-                settings=settings,
-                mesh=mesh,
-                sizes=c.sizes,
-                device=torch.device("cpu"),
-                parallelize=tp_plan,
-                on_step=on_step,
-            )
-            if c.ep > 1:
-                # expert parallel as compose applies it (after tp and cp), without the FSDP2 it needs for training:
-                # the experts sharded over ep, the tokens dispatched by all-to-all. Under FakeTensorMode the
-                # routing counts have no values, so the dispatch splits the rows evenly (balanced routing:
-                # ``AllToAllDispatch.dispatch``), which is what the planner assumes
-                on_step("expert parallel")
-                apply_ep(copy.module, ep_mesh=expert_meshes(mesh, c.sizes)[0])
-            on_step("activations")
-            acts += _saved_activation_bytes(
-                copy.module,
-                first=spec.first,
-                last=spec.last,
-                micro_batch=b,
-                seq_len=workload.seq_len // c.cp,
-                d_model=model.d_model,
-                vocab_size=model.vocab_size,
-                dtype=dtype,
-                loss=loss,
-            )
-        composition = Composition(
-            tp=c.tp > 1,
-            cp=c.cp > 1,
-            dp="fsdp" if c.zero_stage >= 3 and c.dp * c.cp > 1 else "none",
-            ep=c.ep > 1,
-            pipeline=c.pp > 1,
+        local = [s for s in specs if s.pp_rank == c.coords(rank)["pp"]]
+        build = dict(
+            c=c, meta_model=meta_model, mesh=mesh, settings=settings, tp_plan=tp_plan, on_step=on_step, units=units
         )
-        composed = compose(
-            # pipelined, compose cuts copies of the stages; else it wraps in place, so it gets a copy (the next
-            # sampled rank starts from the same meta model)
-            meta_model if c.pp > 1 else build_stage_module(meta_model, spec=local[0], units=units),
-            composition=composition,
-            settings=settings,
-            mesh=mesh,
-            sizes=c.sizes,
-            device=torch.device("cpu"),
-            parallelize=tp_plan,
-            pipeline=PipelinePlan(
-                stages=local,
-                num_stages=c.pp * c.stages_per_rank,
-                schedule=c.schedule,
-                micro_batches=c.micro_batches,
-                loss_fn=lambda out, tgt: out.sum(),
-                group=mesh["pp"].get_group(),
-                units=units,
-            )
-            if c.pp > 1
-            else None,
-            on_step=on_step,
-        )
-        on_step("optimizer")
-        params = [p for part in composed.parts for p in part.module.parameters()]
-        opt = _optimizer_with_state(composed.parts, workload)
-        measured: dict[str, float] = {k: float(v) for k, v in model_state_bytes(params, opt).items()}
+        acts = sum(_stage_activation_bytes(spec, model=model, workload=workload, loss=loss, **build) for spec in local)
+        measured = _state_bytes(_compose_rank(local, **build), workload=workload, on_step=on_step)
         measured["activations_per_micro_batch"] = float(acts)
         return measured
     except Exception as exc:  # noqa: BLE001 - every failure to build is reported with the rank and the fix
@@ -351,6 +281,94 @@ def _optimizer_with_state(parts, workload: Workload):
     opt = torch.optim.AdamW([p for _, p in named], lr=1e-4, foreach=False)
     opt.step()  # creates the moments, on meta tensors
     return opt
+
+
+def _stage_activation_bytes(
+    spec, *, c: Candidate, meta_model, mesh, settings: ComposeSettings, tp_plan, on_step, units, model, workload, loss
+) -> int:
+    """One stage's saved activations per micro-batch: a tensor- and context-parallel copy of the stage, run on fake
+    tensors (FSDP2 leaves a micro-batch's activations alone); under cp each rank holds seq_len / cp tokens of every
+    sample."""
+    import torch
+
+    from parallel.foundation.meshes import expert_meshes
+    from parallel.techniques.ep import apply_ep
+
+    on_step("activations")
+    copy = compose(
+        build_stage_module(meta_model, spec=spec, units=units),
+        composition=Composition(tp=c.tp > 1, cp=c.cp > 1),
+        settings=settings,
+        mesh=mesh,
+        sizes=c.sizes,
+        device=torch.device("cpu"),
+        parallelize=tp_plan,
+        on_step=on_step,
+    )
+    if c.ep > 1:
+        # expert parallel as compose applies it (after tp and cp), without the FSDP2 it needs for training: the
+        # experts sharded over ep, the tokens dispatched by all-to-all. Under FakeTensorMode the routing counts have
+        # no values, so the dispatch splits the rows evenly (balanced routing: ``AllToAllDispatch.dispatch``), which
+        # is what the planner assumes
+        on_step("expert parallel")
+        apply_ep(copy.module, ep_mesh=expert_meshes(mesh, c.sizes)[0])
+    on_step("activations")
+    return _saved_activation_bytes(
+        copy.module,
+        first=spec.first,
+        last=spec.last,
+        micro_batch=workload.global_batch_size // (c.dp * c.micro_batches),
+        seq_len=workload.seq_len // c.cp,
+        d_model=model.d_model,
+        vocab_size=model.vocab_size,
+        dtype=torch.bfloat16 if settings.precision != "fp32" else torch.float32,
+        loss=loss,
+    )
+
+
+def _compose_rank(local, *, c: Candidate, meta_model, mesh, settings: ComposeSettings, tp_plan, on_step, units):
+    """The rank's whole layout as the trainer composes it: tp, cp, FSDP2 for ZeRO-3, ep, the pipeline stages."""
+    import torch
+
+    composition = Composition(
+        tp=c.tp > 1,
+        cp=c.cp > 1,
+        dp="fsdp" if c.zero_stage >= 3 and c.dp * c.cp > 1 else "none",
+        ep=c.ep > 1,
+        pipeline=c.pp > 1,
+    )
+    return compose(
+        # pipelined, compose cuts copies of the stages; else it wraps in place, so it gets a copy (the next sampled
+        # rank starts from the same meta model)
+        meta_model if c.pp > 1 else build_stage_module(meta_model, spec=local[0], units=units),
+        composition=composition,
+        settings=settings,
+        mesh=mesh,
+        sizes=c.sizes,
+        device=torch.device("cpu"),
+        parallelize=tp_plan,
+        pipeline=PipelinePlan(
+            stages=local,
+            num_stages=c.pp * c.stages_per_rank,
+            schedule=c.schedule,
+            micro_batches=c.micro_batches,
+            loss_fn=lambda out, tgt: out.sum(),
+            group=mesh["pp"].get_group(),
+            units=units,
+        )
+        if c.pp > 1
+        else None,
+        on_step=on_step,
+    )
+
+
+def _state_bytes(composed, *, workload: Workload, on_step) -> dict[str, float]:
+    """Parameters, gradients and the run's optimizer state of the composed parts (on meta tensors), as the trainer
+    holds them (``_optimizer_with_state``)."""
+    on_step("optimizer")
+    params = [p for part in composed.parts for p in part.module.parameters()]
+    opt = _optimizer_with_state(composed.parts, workload)
+    return {k: float(v) for k, v in model_state_bytes(params, opt).items()}
 
 
 def dry_run(
