@@ -29,8 +29,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from models.registry import typed_model  # noqa: E402
 from parallel.foundation.intervals import IntervalLog  # noqa: E402
-from parallel.plan.cli import compose, specs_from_cfg, typed_model  # noqa: E402
+from parallel.plan.cli import compose, specs_from_cfg  # noqa: E402
+from parallel.plan.cli import plain as plain_values  # noqa: E402
 from parallel.plan.cost_model import Candidate, estimate  # noqa: E402
 from parallel.plan.search import describe, strategy_of  # noqa: E402
 from parallel.plan.specs import HardwareSpec  # noqa: E402
@@ -323,7 +325,7 @@ def _ddp_parts_worker(rank: int, port: int, out: str, cycles: int) -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    family, kwargs = family_kwargs(typed_model(compose([*BASE]).model), {})
+    family, kwargs = family_kwargs(typed_model(plain_values(compose([*BASE]).model)), {})
     plain = build_family(family, kwargs)
 
     def no_comm_hook(state, bucket):  # the reducer's work (hooks, bucket copies) without the all-reduce

@@ -18,7 +18,7 @@ from typing import Any
 
 from models.hf_adapter import read_keys
 from models.shape import ModelShape, PlanError
-from models.spec import ModelSpec, PipelineUnits, hydra_schema, import_object
+from models.spec import ConfigView, ModelSpec, PipelineUnits, hydra_schema, import_object
 
 REGISTRY: dict[str, ModelSpec] = {}
 
@@ -87,6 +87,17 @@ def spec_for(model: Any) -> ModelSpec:
         if spec.builder == target:
             return spec
     return generic_spec(target)
+
+
+def typed_model(values: Any) -> Any:
+    """The model's own config from its plain values (a composed ``model`` node, resolved): its family's frozen
+    dataclass (``ModelSpec.typed``); a model no spec knows, or one its schema refuses, is a read-only ``ConfigView``
+    (validation names the problem). The one place a model config is typed: the trainer's and the planner's command
+    line's plain values come here."""
+    try:
+        return spec_for(values).typed(values)
+    except (UnknownModel, TypeError):
+        return ConfigView(values)
 
 
 def model_shape(model: Any) -> ModelShape:

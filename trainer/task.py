@@ -21,7 +21,7 @@ from models.objectives import OBJECTIVES as PREFERENCE_OBJECTIVES
 from trainer.observe.durable import write_json
 from trainer.observe.startup import STARTED_KEY, StartClock
 from trainer.sweeps.jobs import sweep_name
-from trainer.typed.run_spec import run_spec
+from trainer.typed.run_spec import planner_inputs, run_spec
 from trainer.validate import ConfigError, ValidatedRun, resolved_container, validate
 
 log = logging.getLogger("meshtrain")
@@ -152,25 +152,16 @@ def check_resume(cfg: DictConfig, run_dir: Path) -> None:
 def dry_run_layout(cfg: DictConfig, layout, *, run_dir: Path) -> dict:
     """``trainer.dry_run=true``: the layout built for its ranks under a fake process group, measured beside
     the planner's estimate (``parallel/plan/dry_run.py``); written to dry_run.json, nothing trained."""
-    from parallel.plan.cli import print_dry_run, specs_from_cfg
-    from parallel.plan.dry_run import dry_run, sample_ranks
-    from parallel.plan.search import candidate_of
+    from parallel.plan.api import dry_run_for
     from parallel.plan.specs import PlanError
+    from parallel.plan.tables import print_dry_run
 
     try:
-        model, hardware, workload = specs_from_cfg(cfg, calibrate=False)
+        inputs = planner_inputs(cfg, calibrate=False)
     except PlanError as exc:
         raise ConfigError([f"trainer.dry_run=true: {exc}"]) from None
-    ranks = None if layout.world_size > 16 else list(range(layout.world_size))
-    run = run_spec(cfg, layout)
-    report = dry_run(
-        model_config=run.model,
-        candidate=candidate_of(run),
-        model=model,
-        hardware=hardware,
-        workload=workload,
-        ranks=ranks if ranks is not None else sample_ranks(**layout.sizes),
-    )
+    ranks = None if layout.world_size > 16 else list(range(layout.world_size))  # every rank, or a sample
+    report = dry_run_for(run_spec(cfg, layout), inputs, ranks=ranks)
     print_dry_run(report)
     run_dir.mkdir(parents=True, exist_ok=True)
     summary = {"status": "dry_run", "dry_run": report.to_dict()}
@@ -204,15 +195,14 @@ def checked(cfg: DictConfig) -> ValidatedRun:
 
 def planner_warnings(cfg: DictConfig, layout) -> list[str]:
     """The seed's pitfalls for the layout this run uses (none for models the planner cannot describe)."""
-    from parallel.plan.cli import specs_from_cfg
-    from parallel.plan.search import run_warnings
+    from parallel.plan.api import layout_warnings
     from parallel.plan.specs import PlanError
 
     try:
-        model, hardware, workload = specs_from_cfg(cfg, calibrate=False)
+        inputs = planner_inputs(cfg, calibrate=False)
     except PlanError:
         return []
-    return run_warnings(run_spec(cfg, layout), model=model, hardware=hardware, workload=workload)
+    return layout_warnings(run_spec(cfg, layout), inputs)
 
 
 def preflight(cfg: DictConfig, *, run_dir: Path, clock: StartClock) -> tuple[ValidatedRun, dict]:

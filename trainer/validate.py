@@ -39,7 +39,7 @@ from trainer.checks.suggest import layout_words, runnable
 from trainer.checks.topology import check_backend, check_cores, check_topology
 from trainer.hf.checks import check_init_from
 from trainer.launch.environment import ExternalLaunch, detect_external_launch
-from trainer.typed.run_spec import memory_budget_bytes, plain_values, run_spec, typed_model
+from trainer.typed.run_spec import memory_budget_bytes, model_config, plain_values, run_spec
 
 
 @dataclass(frozen=True)
@@ -280,7 +280,7 @@ def check_model(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
     """What the model's spec says its config must satisfy, and whether this layout can hold its weights."""
     from models.spec import BACKENDS, INIT_DEVICES, builder_kwargs, hydra_schema
 
-    model = typed_model(cfg.model)  # the family's typed config (trainer/typed/run_spec.py): what its rules read
+    model = model_config(cfg)  # the family's typed config (trainer/typed/run_spec.py): what its rules read
     spec = model_spec(cfg, f)
     if spec is None:
         return
@@ -334,7 +334,7 @@ def check_model_data(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> No
             f"are {given}; use {option}, or a model family that reads {given}"
         )
         return
-    for problem in spec.data_problems(typed_model(cfg.model), ConfigView(plain_values(cfg.data))):
+    for problem in spec.data_problems(model_config(cfg), ConfigView(plain_values(cfg.data))):
         f.error(problem)
 
 

@@ -6,7 +6,8 @@ topology=cluster_1024xh100 planner.recompute=any``), starts no worker, needs no 
 for sampled ranks under torch's fake process group: ``parallel/plan/dry_run.py``).
 
 The one module of ``parallel/`` and ``models/`` that reads a composed config (tests/unit/test_config_stops.py): it
-types the sections the planner reads (``specs_from_cfg``) and hands those objects on.
+parses the command line, types the sections the planner reads (``specs_from_cfg``) and hands those objects to the
+planner's door (``parallel/plan/api.py``); the tables it prints are ``parallel/plan/tables.py``'s.
 """
 
 from __future__ import annotations
@@ -21,16 +22,21 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from conf.command_line import shell_expanded
-from models.registry import UnknownModel, hf_model, model_shape, spec_for
-from models.shape import count_text
+from models.registry import UnknownModel, hf_model, typed_model
 from models.spec import hydra_schema, make_config
 from parallel.config import PlannerConfig, TopologyConfig
 from parallel.foundation import dims
-from parallel.plan.cost_model import Candidate, Estimate, estimate
-from parallel.plan.search import TRAINER_AC, Plan, describe, pitfalls, plan, strategy_of
-from parallel.plan.specs import GB, TRAINER_PRECISION, HardwareSpec, ModelShape, PlanError, Workload
-
-CONF = Path(__file__).resolve().parents[2] / "conf"
+from parallel.plan.api import CONF, Inputs, planner_inputs
+from parallel.plan.cost_model import Candidate, estimate
+from parallel.plan.search import plan
+from parallel.plan.specs import PlanError
+from parallel.plan.tables import (
+    gpu_hours_per_trillion_tokens,
+    plan_json,
+    print_cost_lines,
+    print_dry_run,
+    print_table,
+)
 
 
 def workload_overrides(overrides: list[str]) -> list[str]:
@@ -107,176 +113,33 @@ def model_from_folder(cfg: Any, overrides: list[str]) -> None:
     cfg.model = model
 
 
-# ---- the one place the planner reads a composed config: it hands typed objects on ------------------
+# ---- the one place the planner reads a composed config: it hands typed objects to parallel/plan/api.py ---------
+
+
+def plain(node: Any) -> dict[str, Any]:
+    """A composed config section's plain values, resolved."""
+    return OmegaConf.to_container(node, resolve=True, enum_to_str=True)  # type: ignore[return-value]
 
 
 def typed_section(cls: type, node: Any) -> Any:
     """A composed config section as its schema's dataclass (``TopologyConfig``, ``PlannerConfig``)."""
-    return make_config(cls, OmegaConf.to_container(node, resolve=True, enum_to_str=True))
+    return make_config(cls, plain(node))
 
 
-def typed_model(node: Any) -> Any:
-    """The model's own config, typed by its family (``ModelSpec.typed``)."""
-    values = OmegaConf.to_container(node, resolve=True, enum_to_str=True)
-    return spec_for(values).typed(values)
-
-
-def specs_from_cfg(cfg: Any, *, calibrate: bool | None = None) -> tuple[ModelShape, HardwareSpec, Workload]:
-    """Model, hardware (measured when ``topology.calibrate``) and workload of a composed config: its sections
-    typed here once (``parallel=auto``, the trainer's warnings and dry run call this too)."""
-    model_config = typed_model(cfg.model)
-    model = model_shape(model_config)
-    topology = typed_section(TopologyConfig, cfg.topology)
-    planner = typed_section(PlannerConfig, cfg.planner)
-    hardware = HardwareSpec.from_topology(topology)
+def specs_from_cfg(cfg: Any, *, calibrate: bool | None = None) -> Inputs:
+    """Model, hardware (measured when ``topology.calibrate``) and workload of a composed config."""
     data = cfg.get("data") or {}
     trainer = cfg.get("trainer")
-
-    def workload(hw: HardwareSpec, planner: PlannerConfig) -> Workload:
-        return Workload.of(
-            planner,
-            model=model_config,
-            global_batch_size=int(data.get("global_batch_size") or 0),
-            seq_len=int(data.get("seq_len") or 0),
-            trainer_precision=str(trainer.precision) if trainer is not None else None,
-            hardware=hw,
-            optim=cfg.get("optim"),
-        )
-
-    if calibrate if calibrate is not None else bool(topology.calibrate):
-        from parallel.plan.calibrate import calibrate_hardware
-
-        hardware = calibrate_hardware(
-            hardware, model_config=model_config, workload=workload(hardware, planner), threads=topology.threads_per_rank
-        )
-    return model, hardware, workload(hardware, planner)
-
-
-def plan_json(p: Plan, *, top: int) -> dict:
-    m, h, w = p.model, p.hardware, p.workload
-    return {
-        "model": {
-            "name": m.name,
-            "params": m.params,
-            "trainable_params": m.trainable_params,
-            "n_layers": m.n_layers,
-            "d_model": m.d_model,
-            "n_heads": m.n_heads,
-            "vocab_size": m.vocab_size,
-            "seq_len": w.seq_len,
-            "global_batch_size": w.global_batch_size,
-            "precision": w.precision,
-            "flops_per_token": m.training_flops_per_token(w.seq_len),
-        },
-        "topology": {
-            "name": h.name,
-            "nnodes": h.nnodes,
-            "devices_per_node": h.devices_per_node,
-            "world_size": h.world_size,
-            "device_memory_bytes": h.memory_bytes,
-            "memory_budget_bytes": h.memory_bytes * w.memory_fraction,
-            "device_flops": h.flops,
-            "intra_node_gbps": h.intra.gbps,
-            "inter_node_gbps": h.inter.gbps,
-            "intra_node_latency_s": h.intra.latency_s,
-            "inter_node_latency_s": h.inter.latency_s,
-            "microbatch_overhead_s": h.microbatch_overhead_s,
-            "measured": h.measured,
-        },
-        "reason": p.reason if p.ranked else None,
-        "pitfalls": plan_pitfalls(p),
-        "rejected_over_memory": p.rejected,
-        "candidates": [
-            {"rank": i + 1, "strategy": strategy_of(e.candidate), **e.to_dict()} for i, e in enumerate(p.ranked[:top])
-        ],
-    }
-
-
-def table_dims(model: ModelShape) -> tuple[str, ...]:
-    """The degree columns of the table: the multiplying dimensions, and ep for a mixture of experts."""
-    return (*dims.multiplying(), *(("ep",) if model.n_experts else ()))
-
-
-def _row(i: int, e: Estimate, *, columns: tuple[str, ...]) -> list[str]:
-    c, mem = e.candidate, e.memory
-    return [
-        str(i),
-        strategy_of(c),
-        *(str(c.size(n)) for n in columns),
-        str(c.micro_batches),
-        describe(c).split(f"m={c.micro_batches}", 1)[1].replace(f"recompute={c.recompute}", "").strip() or "-",
-        TRAINER_AC[c.recompute],
-        f"{mem.total / GB:.3g}",
-        f"{(mem.params + mem.grads + mem.optimizer) / GB:.3g}",
-        f"{mem.activations / GB:.3g}",
-        f"{e.step_time_s:.4g}",
-        f"{e.bubble_fraction:.1%}",
-        f"{e.comm_fraction:.1%}",
-    ]
-
-
-def print_table(p: Plan, *, top: int, elapsed_s: float, file=None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(file=file or sys.stdout, width=160)
-    m, h, w = p.model, p.hardware, p.workload
-    console.print(
-        f"[bold]{m.name}[/]: {count_text(m.params)} params"
-        f"{f' ({count_text(m.trainable_params)} trainable: LoRA)' if m.lora_rank > 0 else ''}, "
-        f"{m.training_flops_per_token(w.seq_len):.3g} FLOPs/token, "
-        f"batch {w.global_batch_size} x {w.seq_len} tokens, {w.precision} (trainer.precision="
-        f"{TRAINER_PRECISION[w.precision]}) | [bold]{h.name}[/]: {h.world_size} devices "
-        f"({h.nnodes} x {h.devices_per_node}), {h.memory_bytes / GB:g} GB, {h.flops / 1e12:.3g} TFLOP/s, "
-        f"links {h.intra.gbps:g}/{h.inter.gbps:g} Gbit/s intra/inter"
-        + (f" [measured: {', '.join(f'{k}={v:.3g}' for k, v in h.measured.items())}]" if h.measured else "")
+    return planner_inputs(
+        typed_model(plain(cfg.model)),
+        topology=typed_section(TopologyConfig, cfg.topology),
+        planner=typed_section(PlannerConfig, cfg.planner),
+        global_batch_size=int(data.get("global_batch_size") or 0),
+        seq_len=int(data.get("seq_len") or 0),
+        trainer_precision=str(trainer.precision) if trainer is not None else None,
+        optim=plain(cfg.optim) if cfg.get("optim") is not None else None,
+        calibrate=calibrate,
     )
-    table = Table(
-        title=f"top {min(top, len(p.ranked))} of {len(p.ranked)} layouts that fit ({p.rejected} over the memory budget; planned in {elapsed_s:.2f} s)"
-    )
-    for col in (
-        "#",
-        "strategy",
-        *table_dims(m),
-        "m",
-        "schedule/sharding",
-        "AC",
-        "mem GB",
-        "states GB",
-        "act GB",
-        "step s",
-        "bubble",
-        "comm",
-    ):
-        table.add_column(col, justify="right" if col not in ("strategy", "schedule/sharding") else "left")
-    for i, e in enumerate(p.ranked[:top], start=1):
-        table.add_row(*_row(i, e, columns=table_dims(m)))
-    console.print(table)
-    console.print(f"[bold]reason:[/] {p.reason}")
-    for line in plan_pitfalls(p):
-        console.print(f"[bold yellow]pitfall:[/] {line}")
-
-
-def plan_pitfalls(p: Plan) -> list[str]:
-    """The seed's traps for the first choice, with their numbers (``search.pitfalls``)."""
-    if not p.ranked:
-        return []
-    best = p.ranked[0]
-    return pitfalls(best.candidate, best, model=p.model, hardware=p.hardware, workload=p.workload)
-
-
-def _versus(r, key: str) -> str:
-    """``measured (estimated, +error)`` in GB."""
-    ratio = r.ratio(key)
-    got = f"{r.measured[key] / GB:.4g}"
-    return f"{got} ({r.estimated[key] / GB:.4g}, {ratio - 1:+.1%})" if ratio else got
-
-
-def _versus(r, key: str) -> str:
-    """``measured (estimated, +error)`` in GB."""
-    ratio = r.ratio(key)
-    got = f"{r.measured[key] / GB:.4g}"
-    return f"{got} ({r.estimated[key] / GB:.4g}, {ratio - 1:+.1%})" if ratio else got
 
 
 def layout_candidate(text: str) -> Candidate:
@@ -302,75 +165,6 @@ def layout_candidate(text: str) -> Candidate:
     if kwargs.get("schedule") is None:
         kwargs["schedule"] = "1f1b" if sizes.get("pp", 1) > 1 else "none"
     return Candidate(sizes=sizes, **kwargs)
-
-
-def gpu_hours_per_trillion_tokens(e: Estimate, *, hardware: HardwareSpec, workload: Workload) -> float:
-    """Device-hours one trillion training tokens take at the estimate's step time on every device of the topology."""
-    tokens_per_step = workload.global_batch_size * workload.seq_len
-    return e.step_time_s * hardware.world_size / 3600 * 1e12 / tokens_per_step
-
-
-def print_cost_lines(p: Plan, *, layout: Estimate | None, reference: float | None, file=None) -> None:
-    """GPU-hours per trillion tokens of the first choice and of ``layout`` (a published run's), beside ``reference``
-    (the published figure) with their ratios."""
-    rows = [("first choice", p.ranked[0])] if p.ranked else []
-    rows += [("--layout", layout)] if layout is not None else []
-    for name, e in rows:
-        hours = gpu_hours_per_trillion_tokens(e, hardware=p.hardware, workload=p.workload)
-        against = f"; published {reference:,.0f}, ratio {hours / reference:.2f}" if reference else ""
-        fits = "" if e.fits else f" (does not fit: {e.memory.total / GB:.1f} GB > {e.budget_bytes / GB:.1f} GB)"
-        print(
-            f"{name}: {describe(e.candidate)}: {e.step_time_s:.4g} s/step, {hours:,.0f} GPU-hours per trillion tokens"
-            f"{against}{fits}",
-            file=file or sys.stdout,
-        )
-
-
-def print_dry_run(report, *, file=None) -> None:
-    """Measured beside estimated bytes per sampled rank (``parallel/plan/dry_run.py``)."""
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(file=file or sys.stdout, width=160)
-    lay = report.layout
-    # dp, tp, pp always; cp and ep where used
-    shown = [n for n in dims.names() if n in ("dp", "tp", "pp") or int(lay.get(n, 1)) > 1]
-    table = Table(
-        title=f"dry run: {' '.join(f'{n}{lay[n]}' for n in shown)} m={lay['micro_batches']} {lay['schedule']} "
-        f"(v{lay['stages_per_rank']}, zero{lay['zero_stage']}, {lay['precision']}, recompute {lay['recompute']}) on "
-        f"{report.world_size} ranks, "
-        f"fake process group, {len(report.ranks)} sampled, {report.seconds:.1f} s"
-    )
-    coord_names = dims.coord_names() if int(lay.get("ep", 1)) > 1 else dims.mesh_names()
-    mesh = "/".join(coord_names)
-    for col in (
-        "rank",
-        mesh,
-        "stages",
-        "params GB",
-        "grads GB",
-        "optim GB",
-        "states GB (est)",
-        "act/mb GB (est)",
-    ):
-        table.add_column(col, justify="left" if col in (mesh, "stages") else "right")
-    for r in report.ranks:
-        coords = "/".join(str(r.coords[k]) for k in coord_names)
-        if r.error:
-            table.add_row(str(r.rank), coords, ",".join(map(str, r.stages)), f"[red]{r.error}[/]", "", "", "", "")
-            continue
-        m = r.measured
-        table.add_row(
-            str(r.rank),
-            coords,
-            ",".join(map(str, r.stages)),
-            f"{m['params'] / GB:.4g}",
-            f"{m['grads'] / GB:.4g}",
-            f"{m['optimizer'] / GB:.4g}",
-            _versus(r, "model_state"),
-            _versus(r, "activations_per_micro_batch"),
-        )
-    console.print(table)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -418,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         from parallel.plan.dry_run import dry_run
 
         report = dry_run(
-            model_config=typed_model(cfg.model),
+            model_config=typed_model(plain(cfg.model)),
             candidate=layout.candidate if layout is not None else result.best.candidate,
             model=model,
             hardware=hardware,

@@ -227,7 +227,8 @@ def test_cost_model_splits_tokens_and_counts_the_all_to_alls(compose_cfg):
 
 
 def test_the_planner_picks_cp_at_128k_and_says_why(compose_cfg):
-    from parallel.plan.cli import specs_from_cfg, typed_model, workload_overrides
+    from models.registry import typed_model
+    from parallel.plan.cli import plain, specs_from_cfg, workload_overrides
     from parallel.plan.search import plan
     from tests.helpers import assert_dry_run_matches_plan
 
@@ -242,14 +243,15 @@ def test_the_planner_picks_cp_at_128k_and_says_why(compose_cfg):
     assert "long sequence (131072 tokens): no layout without context parallel fits → cp" in result.reason
     # the first choice builds with the planned bytes (the done-when of issue 34)
     assert_dry_run_matches_plan(
-        typed_model(cfg.model), result.best.candidate, model=model, hardware=hardware, workload=workload
+        typed_model(plain(cfg.model)), result.best.candidate, model=model, hardware=hardware, workload=workload
     )
 
 
 def test_dry_run_builds_cp_and_halves_the_activations(compose_cfg):
     """The dry run composes cp (the all-to-alls under the fake process group, seq_len / cp per rank): one rank's
     saved activations at cp=2 are about half of cp=1's at the same batch (the all-to-all's own buffers on top)."""
-    from parallel.plan.cli import specs_from_cfg, typed_model
+    from models.registry import typed_model
+    from parallel.plan.cli import plain, specs_from_cfg
     from parallel.plan.cost_model import Candidate
     from parallel.plan.dry_run import dry_run
 
@@ -258,7 +260,7 @@ def test_dry_run_builds_cp_and_halves_the_activations(compose_cfg):
     acts = {}
     for cp in (1, 2):
         report = dry_run(
-            model_config=typed_model(cfg.model),
+            model_config=typed_model(plain(cfg.model)),
             candidate=Candidate(cp=cp),
             model=model,
             hardware=hardware,

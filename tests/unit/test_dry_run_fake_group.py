@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from parallel.plan.cli import compose, specs_from_cfg, typed_model
+from models.registry import typed_model
+from parallel.plan.cli import compose, plain, specs_from_cfg
 from parallel.plan.cost_model import Candidate, rank_params
 from parallel.plan.dry_run import dry_run, sample_ranks
 from parallel.plan.specs import ModelShape
@@ -29,7 +30,9 @@ def small_cluster():
         model,
         hardware,
         workload,
-        dry_run(model_config=typed_model(cfg.model), candidate=c, model=model, hardware=hardware, workload=workload),
+        dry_run(
+            model_config=typed_model(plain(cfg.model)), candidate=c, model=model, hardware=hardware, workload=workload
+        ),
     )
 
 
@@ -54,7 +57,7 @@ def test_a_layout_that_cannot_be_built_is_reported_with_rank_and_fix(small_clust
     # ZB-V places two stages per rank in a V; with one stage per rank torch refuses the schedule
     bad = Candidate(dp=1, tp=1, pp=2, micro_batches=4, schedule="zbv", stages_per_rank=1)
     report = dry_run(
-        model_config=typed_model(cfg.model), candidate=bad, model=model, hardware=hardware, workload=workload
+        model_config=typed_model(plain(cfg.model)), candidate=bad, model=model, hardware=hardware, workload=workload
     )
     errors = [r.error for r in report.ranks]
     assert all(e is not None for e in errors), errors
@@ -82,7 +85,12 @@ def test_recomputation_is_built_and_keeps_the_planned_bytes(name, recompute):
     model, hardware, workload = specs_from_cfg(cfg, calibrate=False)
     c = Candidate(cp=2, tp=2, sequence_parallel=True, micro_batches=2, recompute=recompute)
     report = dry_run(
-        model_config=typed_model(cfg.model), candidate=c, model=model, hardware=hardware, workload=workload, ranks=[0]
+        model_config=typed_model(plain(cfg.model)),
+        candidate=c,
+        model=model,
+        hardware=hardware,
+        workload=workload,
+        ranks=[0],
     )
     (r,) = report.ranks
     assert r.error is None, r.error

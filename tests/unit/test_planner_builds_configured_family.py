@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from models.registry import REGISTRY
+from models.registry import REGISTRY, typed_model
 from parallel.plan import calibrate
 from parallel.plan.calibrate import build_family, family_kwargs, measure_compute
-from parallel.plan.cli import compose, typed_model
+from parallel.plan.cli import compose, plain
 from parallel.plan.dry_run import build_meta_model
 from parallel.plan.specs import PlanError
 
@@ -18,7 +18,7 @@ CLASSES = {"gpt_small": "GPT", "llama_debug": "Llama", "qwen3_debug": "Qwen3"}
 @pytest.mark.parametrize("name", sorted(CLASSES))
 def test_resized_builds_the_family_at_the_given_sizes(name):
     cfg = compose([f"model={name}", "data.seq_len=64"])
-    family, kwargs = family_kwargs(typed_model(cfg.model), {"n_layers": 2, "vocab_size": 64})
+    family, kwargs = family_kwargs(typed_model(plain(cfg.model)), {"n_layers": 2, "vocab_size": 64})
     assert family is REGISTRY[cfg.model.family]
     model = build_family(family, kwargs)
     assert type(model).__name__ == CLASSES[name] and type(model).__module__ == family.builder.rpartition(".")[0]
@@ -28,13 +28,13 @@ def test_resized_builds_the_family_at_the_given_sizes(name):
 
 def test_per_block_widths_are_cut_to_the_blocks_kept():
     cfg = compose(["model=gpt_small", "model.layer_d_ff=[512,256,128,64]"])
-    _, kwargs = family_kwargs(typed_model(cfg.model), {"n_layers": 2})
+    _, kwargs = family_kwargs(typed_model(plain(cfg.model)), {"n_layers": 2})
     assert kwargs["layer_d_ff"] == [512, 256]
 
 
 def test_a_planner_only_description_dry_runs_as_its_family():
     cfg = compose(["model=llama3_8b"])
-    model = build_meta_model(typed_model(cfg.model))
+    model = build_meta_model(typed_model(plain(cfg.model)))
     assert type(model).__name__ == "Llama" and len(model.layers) == cfg.model.n_layers
     assert next(model.parameters()).is_meta
 
@@ -42,8 +42,10 @@ def test_a_planner_only_description_dry_runs_as_its_family():
 def test_a_family_without_resized_is_refused_by_name_when_resized():
     cfg = compose(["model=cnn_bn", "data=images"])
     with pytest.raises(PlanError, match=r"model.family=cnn: .*max_seq_len=64.*no `resized`.*topology.calibrate=true"):
-        family_kwargs(typed_model(cfg.model), {"max_seq_len": 64})
-    family, kwargs = family_kwargs(typed_model(cfg.model), {})  # at its own sizes: the config is the builder's kwargs
+        family_kwargs(typed_model(plain(cfg.model)), {"max_seq_len": 64})
+    family, kwargs = family_kwargs(
+        typed_model(plain(cfg.model)), {}
+    )  # at its own sizes: the config is the builder's kwargs
     assert type(build_family(family, kwargs)).__name__ == "ConvNet"
 
 
@@ -56,7 +58,7 @@ def test_calibrating_a_llama_config_times_a_llama(monkeypatch):
         return model
 
     monkeypatch.setattr(calibrate, "build_family", spy)
-    c = measure_compute(typed_model(cfg.model), seq_len=32, threads=1)
+    c = measure_compute(typed_model(plain(cfg.model)), seq_len=32, threads=1)
     assert [type(m).__name__ for m in built] == ["Llama"]
     assert c["shape"].gated_mlp and c["shape"].n_kv_heads == 2  # Llama's formulas, not the GPT's
     assert c["flops"] > 0 and c["memory_bytes_per_s"] > 0

@@ -8,7 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from parallel.plan.cli import compose, specs_from_cfg, typed_model
+from models.registry import typed_model
+from parallel.plan.cli import compose, plain, specs_from_cfg
 from parallel.plan.cost_model import (
     ActivationCase,
     Candidate,
@@ -130,7 +131,7 @@ def _moe_block_saved_bytes(*, ep: int, recompute: str) -> int:
     from parallel.techniques.ep import apply_ep
 
     cfg = compose(["model=qwen3_moe_debug", "data.seq_len=64"])
-    block = build_meta_model(typed_model(cfg.model)).layers["0"].feed_forward
+    block = build_meta_model(typed_model(plain(cfg.model))).layers["0"].feed_forward
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=ep)
     try:
         if ep > 1:
@@ -229,7 +230,7 @@ def test_qwen3_235b_on_1024_h100s_ranks_expert_parallel_first(compose_cfg):
     assert without.step_time_s > p.ranked[0].step_time_s
     assert f"→ ep={best.ep} (inside a node)" in p.reason and "faster than the best layout without ep" in p.reason
     # and the first choice builds with the planned bytes (the done-when of issue 35)
-    assert_dry_run_matches_plan(typed_model(cfg.model), best, model=model, hardware=hardware, workload=workload)
+    assert_dry_run_matches_plan(typed_model(plain(cfg.model)), best, model=model, hardware=hardware, workload=workload)
 
 
 @pytest.fixture(scope="module")
@@ -246,7 +247,7 @@ def moe_dry_runs():
     for ep in (1, 2):
         c = Candidate(dp=4, pp=2, ep=ep, micro_batches=4, schedule="1f1b", zero_stage=3)
         out[ep] = dry_run(
-            model_config=typed_model(cfg.model), candidate=c, model=model, hardware=hardware, workload=workload
+            model_config=typed_model(plain(cfg.model)), candidate=c, model=model, hardware=hardware, workload=workload
         )
     return model, out
 
@@ -285,7 +286,7 @@ def test_all_to_alls_per_layer_are_the_blocks(recompute):
     from parallel.techniques.ep import A2AMeter, apply_ep
 
     cfg = compose(["model=qwen3_moe_debug", "data.seq_len=64"])
-    block = build_meta_model(typed_model(cfg.model)).layers["0"].feed_forward
+    block = build_meta_model(typed_model(plain(cfg.model))).layers["0"].feed_forward
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
     try:
         meter = A2AMeter()
@@ -316,7 +317,7 @@ def test_dry_run_of_ep_with_tp_and_recomputation_matches_the_plan(recompute):
         recompute=recompute,
     )  # fmt: skip
     report = dry_run(
-        model_config=typed_model(cfg.model), candidate=c, model=model, hardware=hardware, workload=workload
+        model_config=typed_model(plain(cfg.model)), candidate=c, model=model, hardware=hardware, workload=workload
     )
     assert [r.rank for r in report.ranks] == [0, 3, 4, 7]
     for r in report.ranks:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from models.lora import LoRA, LoRALinear
-from parallel.plan.cli import specs_from_cfg, typed_model
+from models.registry import typed_model
+from parallel.plan.cli import plain, specs_from_cfg
 from parallel.plan.cost_model import Candidate, estimate
 from parallel.plan.dry_run import build_meta_model, dry_run
 
@@ -21,7 +22,7 @@ CASES = [
 def _built_trainable(cfg) -> tuple[int, int]:
     """(trainable, all) parameters of the built model with its adapters (``requires_grad``): built on the meta
     device by its family's builder, adapters added by the trainer's ``apply_lora``."""
-    typed = typed_model(cfg.model)
+    typed = typed_model(plain(cfg.model))
     model = build_meta_model(typed)
     assert (LoRA.of(typed) is not None) == any(isinstance(m, LoRALinear) for m in model.modules())
     params = list(model.parameters())
@@ -83,7 +84,7 @@ def test_lora_dry_run_measures_the_planned_bytes(compose_cfg):
     model, hardware, workload = specs_from_cfg(cfg, calibrate=False)
     c = Candidate(dp=2, tp=2, pp=2, micro_batches=4, schedule="1f1b", zero_stage=3, sequence_parallel=True)
     report = dry_run(
-        model_config=typed_model(cfg.model), candidate=c, model=model, hardware=hardware, workload=workload
+        model_config=typed_model(plain(cfg.model)), candidate=c, model=model, hardware=hardware, workload=workload
     )
     for r in report.ranks:
         assert r.error is None, r.error

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from parallel.plan.cli import compose, specs_from_cfg, typed_model
+from models.registry import typed_model
+from parallel.plan.cli import compose, plain, specs_from_cfg
 from parallel.plan.cost_model import Candidate
 from parallel.plan.dry_run import dry_run
 
@@ -22,7 +23,11 @@ def _dry_run(name: str, candidate: Candidate, *overrides: str):
     cfg = compose([f"model={name}", "data.seq_len=64", "data.global_batch_size=16", *overrides])
     model, hardware, workload = specs_from_cfg(cfg, calibrate=False)
     return dry_run(
-        model_config=typed_model(cfg.model), candidate=candidate, model=model, hardware=hardware, workload=workload
+        model_config=typed_model(plain(cfg.model)),
+        candidate=candidate,
+        model=model,
+        hardware=hardware,
+        workload=workload,
     )
 
 

@@ -61,10 +61,10 @@ def test_an_unknown_key_is_named_with_the_keys_there_are():
 
 def test_nested_values_become_nested_configs_and_hydra_composes_a_mutable_twin(compose_cfg):
     from models.llama.config import LlamaConfig, RopeScaling
-    from trainer.typed.run_spec import typed_model
+    from trainer.typed.run_spec import model_config
 
     cfg = compose_cfg("model=llama_debug", "model.rope_scaling.factor=8")
-    typed = typed_model(cfg.model)
+    typed = model_config(cfg)
     assert type(typed) is LlamaConfig and type(typed.rope_scaling) is RopeScaling
     assert typed.rope_scaling.factor == 8.0 and typed.n_layers == cfg.model.n_layers
     assert typed.get("n_kv_heads") == cfg.model.n_kv_heads and "rope_theta" in typed and typed["d_model"] > 0
@@ -76,9 +76,9 @@ def test_nested_values_become_nested_configs_and_hydra_composes_a_mutable_twin(c
 
 def test_a_description_for_the_planner_types_as_its_own_schema(compose_cfg):
     from models.gpt.config import GPTDescriptionConfig
-    from trainer.typed.run_spec import typed_model
+    from trainer.typed.run_spec import model_config
 
-    typed = typed_model(compose_cfg("model=gpt_175b").model)
+    typed = model_config(compose_cfg("model=gpt_175b"))
     assert type(typed) is GPTDescriptionConfig and typed.planner_only and typed.n_layers == 96
 
 

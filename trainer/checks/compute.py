@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 from models.registry import UnknownModel, spec_for
 from parallel.foundation.precision import FP8_MIN_CAPABILITY
 from trainer.checks.findings import Findings
-from trainer.typed.run_spec import typed_model
+from trainer.typed.run_spec import model_config
 
 
 def cuda_compute_capabilities() -> list[float] | None:
@@ -44,7 +44,7 @@ def runs_on_cuda(cfg: DictConfig) -> bool | None:
 
 def _has_blocks(cfg: DictConfig) -> bool:
     try:
-        model = typed_model(cfg.model)
+        model = model_config(cfg)
         return spec_for(model).n_blocks(model) is not None
     except UnknownModel:
         return True  # validation's model check says so

@@ -4,7 +4,8 @@ Only layouts this checkout can train are considered (a ``conf/parallel/NAME.yaml
 exists, FSDP as the only sharding). The config is rewritten in place (``apply_candidate``), so validation, the
 layout, the workers and summary.json all see the chosen layout as if the user had typed it, together with the
 precision and activation recomputation the plan assumed (``trainer.precision``, ``trainer.activation_checkpointing``).
-The planner itself reads only typed objects; ``parallel/plan/cli.py``'s ``specs_from_cfg`` makes them.
+The planner itself reads only typed objects (``parallel/plan/api.py``); ``trainer/typed/run_spec.py``'s
+``planner_inputs`` makes them.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from omegaconf import DictConfig, OmegaConf
 from parallel.assembly.registry import STRATEGIES
 from parallel.foundation import dims
 from parallel.foundation.precision import PLANNER_PRECISIONS
-from parallel.plan.cli import CONF, print_table, specs_from_cfg
+from parallel.plan.api import choose_layout
 from parallel.plan.cost_model import Candidate
-from parallel.plan.search import TRAINER_AC, available_strategies, describe, plan, strategy_of
+from parallel.plan.search import TRAINER_AC, describe, strategy_of
 from parallel.plan.specs import PlanError
+from parallel.plan.tables import print_table
+from trainer.typed.run_spec import planner_inputs
 
 log = logging.getLogger("meshtrain")
 
@@ -56,16 +59,15 @@ def apply_candidate(cfg: DictConfig, c: Candidate, *, strategies: dict[str, str]
 
 
 def resolve_auto(cfg: DictConfig) -> None:
+    """Plan (the config's planner inputs, the strategies this checkout can train), print the ranking, then rewrite
+    ``cfg`` to ask for the first choice. Raises ``PlanError`` when nothing fits."""
     t0 = time.perf_counter()
-    strategies = available_strategies(CONF)
     try:
-        model, hardware, workload = specs_from_cfg(cfg)
-        if hardware.world_size < 1:
-            raise PlanError("topology describes no device")
-        result = plan(model=model, hardware=hardware, workload=workload, allowed=strategies)
-        best = result.best
+        inputs = planner_inputs(cfg)
+        result, strategies = choose_layout(inputs)
     except PlanError as exc:
         raise PlanError(f"parallel=auto: {exc}") from None
+    best, workload = result.best, inputs[2]
     buf = io.StringIO()
     print_table(result, top=int(cfg.planner.top), elapsed_s=time.perf_counter() - t0, file=buf)
     print(buf.getvalue(), end="", file=sys.stdout, flush=True)

@@ -125,18 +125,15 @@ def planner_prediction(config: dict[str, Any]) -> float | None:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from parallel.plan.cli import specs_from_cfg
-    from parallel.plan.cost_model import estimate
-    from parallel.plan.search import candidate_of
+    from parallel.plan.api import predicted_step_time
     from parallel.plan.specs import PlanError
-    from trainer.typed.run_spec import run_spec
+    from trainer.typed.run_spec import planner_inputs, run_spec
     from trainer.validate import ConfigError, build_layout
 
     try:
         cfg = OmegaConf.create(config)
-        model, hardware, workload = specs_from_cfg(cfg, calibrate=False)
-        candidate = candidate_of(run_spec(cfg, build_layout(cfg)))
-        return estimate(candidate, model=model, hardware=hardware, workload=workload).step_time_s
+        inputs = planner_inputs(cfg, calibrate=False)
+        return predicted_step_time(run_spec(cfg, build_layout(cfg)), inputs)
     except (PlanError, ConfigError, OmegaConfBaseException, KeyError, TypeError, ValueError):
         return None
 

@@ -15,11 +15,14 @@ from omegaconf.errors import OmegaConfBaseException
 
 from models.objectives import OBJECTIVES as PREFERENCE_OBJECTIVES
 from models.objectives import PreferenceObjective
-from models.registry import UnknownModel, spec_for
-from models.spec import ConfigView
+from models.registry import spec_for, typed_model
+from models.spec import make_config
+from parallel.config import PlannerConfig, TopologyConfig
 from parallel.foundation.layout import ParallelLayout
 from parallel.foundation.memory import rank_budget_bytes
 from parallel.foundation.run import BatchSpec, ComposeSettings, DDPSettings, Float8Settings, PipelineOptions, RunSpec
+from parallel.plan import api as plan_api
+from parallel.plan.api import Inputs
 
 
 def plain_values(node: DictConfig) -> dict[str, Any]:
@@ -31,14 +34,24 @@ def plain_values(node: DictConfig) -> dict[str, Any]:
         return OmegaConf.to_container(node, resolve=False, enum_to_str=True)  # type: ignore[return-value]
 
 
-def typed_model(model: DictConfig) -> Any:
-    """The model's own config, typed (its family's frozen dataclass: ``ModelSpec.typed``); a model no spec knows,
-    or one its schema refuses, is a read-only ``ConfigView`` (validation names the problem)."""
-    values = plain_values(model)
-    try:
-        return spec_for(values).typed(values)
-    except (UnknownModel, TypeError):
-        return ConfigView(values)
+def model_config(cfg: DictConfig) -> Any:
+    """``cfg.model`` typed (``models.registry.typed_model``)."""
+    return typed_model(plain_values(cfg.model))
+
+
+def planner_inputs(cfg: DictConfig, *, calibrate: bool | None = None) -> Inputs:
+    """What the planner reads of this config (``parallel/plan/api.py``): the typed model, topology and planner
+    sections, the batch, the sequence and the precision."""
+    return plan_api.planner_inputs(
+        model_config(cfg),
+        topology=make_config(TopologyConfig, plain_values(cfg.topology)),
+        planner=make_config(PlannerConfig, plain_values(cfg.planner)),
+        global_batch_size=int(cfg.data.global_batch_size or 0),
+        seq_len=int(cfg.data.seq_len or 0),
+        trainer_precision=str(cfg.trainer.precision),
+        optim=plain_values(cfg.optim) if cfg.get("optim") is not None else None,
+        calibrate=calibrate,
+    )
 
 
 def fp8_settings(cfg: DictConfig, model: Any) -> Float8Settings:
@@ -92,7 +105,7 @@ def memory_budget_bytes(cfg: DictConfig) -> float:
 def run_spec(cfg: DictConfig, layout: ParallelLayout) -> RunSpec:
     """The typed run of a composed config and its layout."""
     mbs = cfg.data.get("micro_batch_size")
-    model = typed_model(cfg.model)
+    model = model_config(cfg)
     return RunSpec(
         layout=layout,
         model=model,
