@@ -1,4 +1,5 @@
-"""The pre-norm residual block the decoder families share: ``x + attention(norm(x)) + feed_forward(norm(x))``.
+"""What the decoder families share: the pre-norm residual block, ``x + attention(norm(x)) + feed_forward(norm(x))``,
+and the SwiGLU feed-forward (Llama's, Qwen3's, a mixture of experts' shared expert).
 
 Each family builds its own norms, attention and feed-forward (their names are the ones ``ModelSpec.tp_plan`` and
 the Hugging Face adapters use); this class holds only the residual wiring, so it is written once.
@@ -7,7 +8,21 @@ the Hugging Face adapters use); this class holds only the residual wiring, so it
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+
+class SwiGLU(nn.Module):
+    """``w2(silu(w1(x)) * w3(x))``, the names Llama's checkpoints and ``ModelSpec.tp_plan`` use."""
+
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        self.w1 = nn.Linear(d_model, d_ff, bias=False)
+        self.w2 = nn.Linear(d_ff, d_model, bias=False)
+        self.w3 = nn.Linear(d_model, d_ff, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
 class PreNormBlock(nn.Module):

@@ -54,6 +54,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from models.blocks import SwiGLU
 from models.spec import BALANCE_SCOPES
 
 #: ``expert_impl`` choices: auto (grouped_mm on CUDA, the loop elsewhere), grouped_mm, loop
@@ -220,19 +221,6 @@ class GroupedExperts(nn.Module):
         parts = rows.split(sizes)
         out = [F.linear(F.silu(F.linear(p, w1[e])) * F.linear(p, w3[e]), w2[e]) for e, p in enumerate(parts)]
         return torch.cat(out) if out else rows[:0]
-
-
-class SwiGLU(nn.Module):
-    """A shared expert (every token runs it): Llama's feed-forward names ``w1``, ``w2``, ``w3``."""
-
-    def __init__(self, d_model: int, d_ff: int):
-        super().__init__()
-        self.w1 = nn.Linear(d_model, d_ff, bias=False)
-        self.w2 = nn.Linear(d_ff, d_model, bias=False)
-        self.w3 = nn.Linear(d_model, d_ff, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
 class _AttachAuxLoss(torch.autograd.Function):

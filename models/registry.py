@@ -109,7 +109,8 @@ def model_shape(model: Any) -> ModelShape:
             "formulas (ModelSpec.shape), so the planner cannot describe it; choose model=gpt_small, "
             "model=llama_debug or another transformer, or give its ModelSpec a shape function"
         )
-    shape = replace(spec.shape(model), context_parallel=spec.context_parallel)
+    rowwise = tuple(s.rowwise for s in spec.tp_plan.sub_blocks) if spec.tp_plan is not None else ()
+    shape = replace(spec.shape(model), context_parallel=spec.context_parallel, rowwise_linears=rowwise)
     lora = model.get("lora")
     rank = int(lora.get("rank") or 0) if lora else 0
     if rank <= 0:

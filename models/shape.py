@@ -114,6 +114,9 @@ class ModelShape:
     context_parallel: bool = True
     """The family splits sequences over cp (``ModelSpec.context_parallel``, set by ``models.registry.model_shape``):
     when False the planner ranks no cp > 1, which validation would refuse."""
+    rowwise_linears: tuple[str, ...] = ()
+    """The linear layers the family's tensor-parallel plan splits by input rows (``SubBlockTP.rowwise``: ``wo``,
+    ``w2``; set by ``models.registry.model_shape`` from ``ModelSpec.tp_plan``); the others are column-wise."""
     lora_rank: int = 0
     """``model.lora.rank``: 0 trains every weight; above, only the adapters of ``lora_targets`` train (the weights
     are frozen: no gradients, no optimizer state)."""

@@ -22,11 +22,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from models.attention import causal_attention, chunk_start
-from models.blocks import PreNormBlock
+from models.blocks import PreNormBlock, SwiGLU
 from models.documents import document_mask, unpack_inputs
 from models.init import check_rule, init_llama
 from models.llama.config import LlamaConfig
@@ -119,17 +118,6 @@ class Attention(nn.Module):
         return self.wo(self.attend(q, k, v, mask=mask).reshape(b, t, -1))
 
 
-class FeedForward(nn.Module):
-    def __init__(self, d_model: int, d_ff: int):
-        super().__init__()
-        self.w1 = nn.Linear(d_model, d_ff, bias=False)
-        self.w2 = nn.Linear(d_ff, d_model, bias=False)
-        self.w3 = nn.Linear(d_model, d_ff, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
 class Block(PreNormBlock):
     def __init__(
         self, d_model: int, n_heads: int, n_kv_heads: int, d_ff: int, norm_eps: float, *, head_dim: int, qk_norm: bool
@@ -138,7 +126,7 @@ class Block(PreNormBlock):
         self.attention_norm = nn.RMSNorm(d_model, eps=norm_eps)
         self.attention = Attention(d_model, n_heads, n_kv_heads, head_dim=head_dim, qk_norm=qk_norm, eps=norm_eps)
         self.ffn_norm = nn.RMSNorm(d_model, eps=norm_eps)
-        self.feed_forward = FeedForward(d_model, d_ff)
+        self.feed_forward = SwiGLU(d_model, d_ff)
 
 
 class Llama(nn.Module):

@@ -1,6 +1,6 @@
 """Qwen3-MoE: Qwen3 (``models/qwen3/model.py``: Llama's decoder with per-head q/k norms) whose sparse layers' feed-
 forward is a mixture of experts (``models/moe.py``). The names stay Llama's: ``layers.N.feed_forward`` is a ``MoE``
-(``router.weight``, ``experts.w1`` / ``w2`` / ``w3``) in a sparse layer and Llama's ``FeedForward`` in a dense one."""
+(``router.weight``, ``experts.w1`` / ``w2`` / ``w3``) in a sparse layer and the SwiGLU feed-forward (``models/blocks.py``) in a dense one."""
 
 from __future__ import annotations
 

@@ -163,10 +163,6 @@ def last_chunk_rank(*, pp: int, schedule: str, stages_per_rank: int) -> int:
 # ---- memory terms -----------------------------------------------------------------------------
 
 
-#: meshtrain's row-wise projections (input dimension split over t); the other linear layers are column-wise
-ROWWISE_LINEARS = ("wo", "w2")
-
-
 def rank_trainable_params(model: ModelShape, layers: list[int], *, last: bool, tp: int, meshtrain: bool) -> float:
     """Parameters with gradients and optimizer state on one tensor-parallel rank of a pipeline rank: with LoRA
     (``model.lora_rank``) only the adapters of its blocks (and of the head on the last rank). meshtrain shards each
@@ -179,7 +175,7 @@ def rank_trainable_params(model: ModelShape, layers: list[int], *, last: bool, t
     linears = [x for i in layers for x in model.layer_adapted_linears(i)] + (model.head_adapted_linears if last else [])
     r = model.lora_rank
     return sum(
-        r * (n_in / tp + n_out) if fqn.rsplit(".", 1)[-1] in ROWWISE_LINEARS else r * (n_in + n_out / tp)
+        r * (n_in / tp + n_out) if fqn.rsplit(".", 1)[-1] in model.rowwise_linears else r * (n_in + n_out / tp)
         for fqn, n_in, n_out in linears
     )
 

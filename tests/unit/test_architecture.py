@@ -231,6 +231,41 @@ def test_no_folder_loops():
     )
 
 
+#: the longest a product function may be, in lines from its ``def`` to its last line (exclusive)
+MAX_FUNCTION_LINES = 80
+
+
+def long_functions(path: Path, source: str | None = None) -> list[str]:
+    """``path:line name (n lines)`` for every function (methods and nested ones included) of ``MAX_FUNCTION_LINES``
+    lines or more, counted as ``end_lineno - lineno``."""
+    tree = ast.parse(path.read_text() if source is None else source, filename=str(path))
+    return [
+        f"{path.relative_to(ROOT)}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)"
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno >= MAX_FUNCTION_LINES
+    ]
+
+
+def test_the_length_check_catches_a_planted_long_function():
+    path = ROOT / "parallel" / "probe.py"
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    assert long_functions(path, source=f"def long():\n{body}\n") == [
+        f"parallel/probe.py:1 long ({MAX_FUNCTION_LINES + 1} lines)"
+    ]
+    short = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES - 1))
+    assert (
+        long_functions(path, source=f"class A:\n    def short(self):\n    {short.replace(chr(10), chr(10) + '    ')}\n")
+        == []
+    )
+
+
+def test_no_product_function_of_80_lines_or_more():
+    """A function of 80 lines or more does several things: split it by what each part does (the cost model's
+    terms, an engine's summary parts)."""
+    long = [hit for package in PACKAGES for path in python_files(package) for hit in long_functions(path)]
+    assert not long, "functions of 80 lines or more (split them by what each part does):\n" + "\n".join(long)
+
+
 #: a string that names a module or object by import path: ``package.module``, ``package.module:attr``
 IMPORT_PATH = re.compile(r"^([A-Za-z_]\w*)(\.\w+)+(:[\w.]+)?$")
 

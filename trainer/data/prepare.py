@@ -381,18 +381,10 @@ def _tokenize_and_write(
     n_val = int(is_val.sum())
     log(f"{len(files)} files, {len(docs)} documents: {len(docs) - n_val} train, {n_val} validation")
 
-    if tok_file is not None:
-        tok = read_tokenizer(tok_file, error=PrepareError)
-        source = str(tok_file)
-    else:
-        log(f"training a byte-level BPE of {vocab_size} tokens on the train documents")
-        train_docs = (t for texts in iter_texts(docs, keep=~is_val, batch=batch_docs) for t in texts)
-        trained = time.perf_counter()
-        tok = train_bpe(
-            train_docs, vocab_size=vocab_size, count=len(docs) - n_val, eos=eos_token or DEFAULT_EOS, show_progress=show
-        )
-        source = "trained byte-level BPE"
-        log(f"BPE trained in {time.perf_counter() - trained:.1f} s")
+    tok, source = _tokenizer(
+        docs, is_val, tok_file=tok_file, vocab_size=vocab_size, eos_token=eos_token, batch_docs=batch_docs,
+        show=show, log=log,
+    )  # fmt: skip
     eos_name, eos_id = _eos_id(tok, eos_token or (None if tok_file else DEFAULT_EOS))
     tok_path = out / "tokenizer.json"
     write_bytes_atomic(tok_path, tok.to_str().encode())
@@ -401,23 +393,7 @@ def _tokenize_and_write(
     writers = {
         split: ShardWriter(out, split, dtype=dtype, shard_tokens=shard_tokens) for split in ("train", "validation")
     }
-    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
-    eos_arr = np.array([eos_id], dtype=np.int64)
-    # on a terminal rich's bar; elsewhere (a file, a pipe) a line at least every PREPARATION_EVERY_S
-    steps = None if show else Steps("tokenizing", unit="documents", total=len(docs), say=log)
-    with _progress(show) as bar:
-        task = bar.add_task("tokenizing", total=len(docs))
-        for lo, chunk in zip(range(0, len(docs), batch_docs), iter_texts(docs, batch=batch_docs)):
-            for j, enc in enumerate(encode(chunk, add_special_tokens=False)):
-                ids = np.concatenate([np.asarray(enc.ids, dtype=np.int64), eos_arr])
-                writers["validation" if is_val[lo + j] else "train"].add(ids)
-            bar.advance(task, len(chunk))
-            if steps is not None:
-                steps.advance(len(chunk), note=f"{sum(w.tokens_seen for w in writers.values()):,} tokens")
-    if steps is not None:
-        steps.end(f"{sum(w.documents for w in writers.values()):,} documents")
-    for w in writers.values():
-        w.close()
+    _write_shards(docs, is_val, tok=tok, eos_id=eos_id, writers=writers, batch_docs=batch_docs, show=show, log=log)
     meta = {
         "format": FORMAT,
         "version": VERSION,
@@ -447,6 +423,42 @@ def _tokenize_and_write(
     )
     log(f"train on it: python train.py data=tokens data.path={out} model.vocab_size={vocab}")
     return meta
+
+
+def _tokenizer(
+    docs, is_val, *, tok_file: Path | None, vocab_size: int, eos_token: str | None, batch_docs: int, show: bool, log
+) -> tuple[Any, str]:
+    """The given tokenizer file, or a byte-level BPE trained on the train documents; and where it came from."""
+    if tok_file is not None:
+        return read_tokenizer(tok_file, error=PrepareError), str(tok_file)
+    log(f"training a byte-level BPE of {vocab_size} tokens on the train documents")
+    train_docs = (t for texts in iter_texts(docs, keep=~is_val, batch=batch_docs) for t in texts)
+    n_train = len(docs) - int(is_val.sum())
+    trained = time.perf_counter()
+    tok = train_bpe(train_docs, vocab_size=vocab_size, count=n_train, eos=eos_token or DEFAULT_EOS, show_progress=show)
+    log(f"BPE trained in {time.perf_counter() - trained:.1f} s")
+    return tok, "trained byte-level BPE"
+
+
+def _write_shards(docs, is_val, *, tok, eos_id: int, writers: dict, batch_docs: int, show: bool, log) -> None:
+    """Every document tokenized, its EOS appended, into its split's shards (closed at the end); on a terminal
+    rich's bar, elsewhere (a file, a pipe) a line at least every PREPARATION_EVERY_S."""
+    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
+    eos_arr = np.array([eos_id], dtype=np.int64)
+    steps = None if show else Steps("tokenizing", unit="documents", total=len(docs), say=log)
+    with _progress(show) as bar:
+        task = bar.add_task("tokenizing", total=len(docs))
+        for lo, chunk in zip(range(0, len(docs), batch_docs), iter_texts(docs, batch=batch_docs)):
+            for j, enc in enumerate(encode(chunk, add_special_tokens=False)):
+                ids = np.concatenate([np.asarray(enc.ids, dtype=np.int64), eos_arr])
+                writers["validation" if is_val[lo + j] else "train"].add(ids)
+            bar.advance(task, len(chunk))
+            if steps is not None:
+                steps.advance(len(chunk), note=f"{sum(w.tokens_seen for w in writers.values()):,} tokens")
+    if steps is not None:
+        steps.end(f"{sum(w.documents for w in writers.values()):,} documents")
+    for w in writers.values():
+        w.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -121,33 +121,16 @@ def _elastic(cfg: DictConfig, cfg_dict: dict, *, layout: ParallelLayout, run_dir
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from trainer.launch import worker
-    from trainer.launch.start_method import import_for_workers, resolve_start_method
 
     topo = cfg.topology
     clock = StartClock.from_meta(run_meta)
-    start_method = resolve_start_method(topo)
-    if start_method == "fork":
-        clock.say("importing the rest of what the workers need (they fork from this process)")
-        import_for_workers(cfg)
-        # A failed in-process job (a multirun's parallel=single) leaves its gloo process group in a reference cycle
-        # (its traceback's frames). Collected in a forked worker, its destructor joined gloo threads that exist only
-        # here and the worker hung forever (inside its first gc pass): collect it here, where they run.
-        gc.collect()
+    start_method = _start_method(cfg, clock)
     nproc = layout.nproc_per_node
     multi_node = layout.nnodes > 1
     port = int(topo.master_port)
     wait_s = int(math.ceil(float(topo.rendezvous_timeout_s)))
     if multi_node:
-        node, others = int(topo.node_rank), [k for k in range(layout.nnodes) if k != int(topo.node_rank)]
-        role = f"serving the rendezvous on port {port}" if node == 0 else f"joining node 0 at {topo.master_addr}:{port}"
-        log.warning(
-            "node %d of %d: %s; waiting for node(s) %s (up to topology.rendezvous_timeout_s=%ss)",
-            node,
-            layout.nnodes,
-            role,
-            ", ".join(map(str, others)),
-            wait_s,
-        )
+        _announce_node(topo, nnodes=layout.nnodes, port=port, wait_s=wait_s)
     served, rdzv = _rendezvous(topo, multi_node=multi_node, port=port, wait_s=wait_s)
     # all nodes of one job must agree on the run id; a single node gets a fresh one per job
     run_id = f"meshtrain-{topo.master_addr}-{port}" if multi_node else f"meshtrain-{uuid.uuid4().hex[:8]}"
@@ -189,21 +172,54 @@ def _elastic(cfg: DictConfig, cfg_dict: dict, *, layout: ParallelLayout, run_dir
         # SIGTERM/SIGINT to this process: the agent passed it on to the workers, which checkpoint and stop
         raise Preempted(_preempted_message(run_dir) + f" (signal {signal.Signals(exc.sigval).name})") from None
     except ChildFailedError as exc:
-        rank, failure = exc.get_first_failure()
-        message = failure.message
-        if isinstance(message, dict):
-            message = message.get("message", str(message))
-        if not message or message == "<N/A>":
-            message = f"exited with code {failure.exitcode} (signal or crash); see {run_dir}/logs/rank{rank}.log"
-        raise WorkerFailure(
-            f"worker rank {rank} failed (exit code {failure.exitcode}): {message} "
-            f"(traceback in {run_dir}/logs/rank{rank}.log)",
-            rank=rank,
-            exit_code=failure.exitcode,
-        ) from None
+        raise _worker_failure(exc, run_dir) from None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         del served  # a single node's rendezvous store: it stops listening with its last reference
     # rank 0's summary: this node's only non-None result (the agent keys results by its own join order)
     return next((v for v in (results or {}).values() if v is not None), None)
+
+
+def _start_method(cfg: DictConfig, clock: StartClock) -> str:
+    """fork or spawn (``topology.start_method``); before forking, what the workers need is imported here."""
+    from trainer.launch.start_method import import_for_workers, resolve_start_method
+
+    start_method = resolve_start_method(cfg.topology)
+    if start_method == "fork":
+        clock.say("importing the rest of what the workers need (they fork from this process)")
+        import_for_workers(cfg)
+        # A failed in-process job (a multirun's parallel=single) leaves its gloo process group in a reference cycle
+        # (its traceback's frames). Collected in a forked worker, its destructor joined gloo threads that exist only
+        # here and the worker hung forever (inside its first gc pass): collect it here, where they run.
+        gc.collect()
+    return start_method
+
+
+def _announce_node(topo: DictConfig, *, nnodes: int, port: int, wait_s: int) -> None:
+    node, others = int(topo.node_rank), [k for k in range(nnodes) if k != int(topo.node_rank)]
+    role = f"serving the rendezvous on port {port}" if node == 0 else f"joining node 0 at {topo.master_addr}:{port}"
+    log.warning(
+        "node %d of %d: %s; waiting for node(s) %s (up to topology.rendezvous_timeout_s=%ss)",
+        node,
+        nnodes,
+        role,
+        ", ".join(map(str, others)),
+        wait_s,
+    )
+
+
+def _worker_failure(exc: Exception, run_dir: Path) -> WorkerFailure:
+    """The first failed worker of a ``ChildFailedError``: its rank, exit code and one-line message."""
+    rank, failure = exc.get_first_failure()
+    message = failure.message
+    if isinstance(message, dict):
+        message = message.get("message", str(message))
+    if not message or message == "<N/A>":
+        message = f"exited with code {failure.exitcode} (signal or crash); see {run_dir}/logs/rank{rank}.log"
+    return WorkerFailure(
+        f"worker rank {rank} failed (exit code {failure.exitcode}): {message} "
+        f"(traceback in {run_dir}/logs/rank{rank}.log)",
+        rank=rank,
+        exit_code=failure.exitcode,
+    )

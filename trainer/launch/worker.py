@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from parallel.assembly.context import WorkerContext
@@ -234,37 +234,11 @@ def run(
     exit_code = 1
     preemption = (preemption or PreemptionFlag(grace_s=float(cfg.trainer.stop_grace_s))).install()
     try:
-        from torch.distributed.device_mesh import init_device_mesh
-
-        device = pick_device(cfg, env.local_rank)
-        backend = pick_backend(cfg, device)
-        timeout = timedelta(seconds=float(cfg.topology.timeout_s))
-        dist.init_process_group(
-            backend,
-            store=_store(env, timeout),
-            rank=env.rank,
-            world_size=env.world_size,
-            timeout=timeout,
-            device_id=device if device.type == "cuda" else None,
-        )
-
+        device, backend = _join_group(cfg, env)
         if layout.nnodes > 1:
             check_shared_run_dir(cfg, run_dir, layout, env, log)
-        mesh = init_device_mesh(device.type, layout.mesh_shape, mesh_dim_names=layout.mesh_dim_names)
-        clock = StartClock.from_meta(run_meta)
-        ctx = TrainerContext(
-            run=run_spec(cfg, layout),
-            cfg=cfg,
-            clock=clock,
-            sample_batch=data_sampler(cfg),
-            rank=env.rank,
-            world_size=env.world_size,
-            local_rank=env.local_rank,
-            device=device,
-            mesh=mesh,
-            run_dir=run_dir,
-            log=log,
-        )
+        ctx = _context(cfg, layout, env, device=device, run_dir=run_dir, run_meta=run_meta, log=log)
+        clock = ctx.clock
         started = run_meta.get("start_method") or ("in-process" if env.in_process else "by torchrun / srun")
         log.info(
             clock.line(
@@ -322,7 +296,58 @@ def run(
         if engine is not None:
             engine.close()
         trainer = engine = None
-        gc.collect()
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        teardown_rank_logging(handlers)
+        _teardown(handlers)
+
+
+def _join_group(cfg: DictConfig, env: DistEnv) -> tuple[torch.device, str]:
+    """This rank's device and backend, and the process group joined on them."""
+    device = pick_device(cfg, env.local_rank)
+    backend = pick_backend(cfg, device)
+    timeout = timedelta(seconds=float(cfg.topology.timeout_s))
+    dist.init_process_group(
+        backend,
+        store=_store(env, timeout),
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=timeout,
+        device_id=device if device.type == "cuda" else None,
+    )
+    return device, backend
+
+
+def _context(
+    cfg: DictConfig,
+    layout: ParallelLayout,
+    env: DistEnv,
+    *,
+    device: torch.device,
+    run_dir: Path,
+    run_meta: dict[str, Any],
+    log: logging.Logger,
+) -> TrainerContext:
+    """The rank's context: the typed run, the device mesh, the data sampler, the start clock."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device.type, layout.mesh_shape, mesh_dim_names=layout.mesh_dim_names)
+    return TrainerContext(
+        run=run_spec(cfg, layout),
+        cfg=cfg,
+        clock=StartClock.from_meta(run_meta),
+        sample_batch=data_sampler(cfg),
+        rank=env.rank,
+        world_size=env.world_size,
+        local_rank=env.local_rank,
+        device=device,
+        mesh=mesh,
+        run_dir=run_dir,
+        log=log,
+    )
+
+
+def _teardown(handlers: Any) -> None:
+    """Model references are gone (the caller dropped them): collect them before the process group goes, then
+    the group, then the rank's log handlers (freeing DDP after its group is gone can hang)."""
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    teardown_rank_logging(handlers)
