@@ -89,7 +89,7 @@ class Composition:
         """What the layout's data dimensions (dp x cp: the ranks that see different tokens) ask for: nothing when
         both are 1, FSDP2 where the layout shards dp (``dp.shard``, or forced by tp/pp > 1:
         ``parallel/foundation/layout.py``), DDP otherwise; either over ``meshes.fsdp_mesh`` / ``loss_mesh``."""
-        if layout.dp * layout.cp == 1:
+        if layout.data_size == 1:
             return "none"
         return "fsdp" if layout.dp_shard else "ddp"
 

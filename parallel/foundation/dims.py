@@ -261,6 +261,11 @@ class Sized:
         return world_size(self.sizes)
 
     @property
+    def data_size(self) -> int:
+        """The ranks that see different tokens of a step: the product of the data dimensions' degrees (``data_names``)."""
+        return math.prod(self.size(n) for n in data_names())
+
+    @property
     def mesh_shape(self) -> tuple[int, ...]:
         return in_mesh_order(self.sizes)
 

@@ -19,12 +19,13 @@ from parallel.assembly.compose import Composition
 from parallel.assembly.context import WorkerContext
 from parallel.assembly.engine import Engine
 from parallel.assembly.strategy import Strategy
+from parallel.foundation.dims import mesh_names
 from parallel.foundation.layout import why_dp_needs_fsdp
 
 
 def describe_dp(ctx: WorkerContext) -> str:
     layout = ctx.layout
-    if layout.dp * layout.cp == 1:
+    if layout.data_size == 1:
         return "none"
     if not layout.dp_shard:
         return "DDP"
@@ -38,12 +39,6 @@ class HybridStrategy(Strategy):
 
     def build(self, *, ctx: WorkerContext) -> Engine:
         layout = ctx.layout
-        ctx.log.info(
-            "parallel=hybrid: pp=%d x dp=%d x cp=%d x tp=%d; dp dimension: %s",
-            layout.pp,
-            layout.dp,
-            layout.cp,
-            layout.tp,
-            describe_dp(ctx),
-        )
+        degrees = " x ".join(f"{name}={layout.size(name)}" for name in mesh_names())
+        ctx.log.info("parallel=hybrid: %s; dp dimension: %s", degrees, describe_dp(ctx))
         return build_engine(ctx=ctx, composition=Composition.from_degrees(layout))

@@ -266,6 +266,53 @@ def test_no_product_function_of_80_lines_or_more():
     assert not long, "functions of 80 lines or more (split them by what each part does):\n" + "\n".join(long)
 
 
+#: docs/architecture.md: the folders lowest first, and the glossary of the words in class names
+ARCHITECTURE_DOC = ROOT / "docs" / "architecture.md"
+#: the words of the glossary: a product class whose name ends in one must be in its row
+GLOSSARY_WORDS = ("Spec", "Settings", "Engine", "Meter", "Shape")
+
+
+def test_the_architecture_doc_lists_folders_lowest_first():
+    """Every folder of the product is in docs/architecture.md's list, and imports only folders listed before it
+    (the families' row may import itself: one family builds on another's)."""
+    import fnmatch
+
+    block = ARCHITECTURE_DOC.read_text().split("```")[1]
+    order = [line.split()[0].rstrip("/").replace("<family>", "*") for line in block.splitlines() if line.strip()]
+
+    def place(folder: str) -> int | None:
+        return next((i for i, pattern in enumerate(order) if fnmatch.fnmatch(folder, pattern)), None)
+
+    sources = project_sources()
+    bad = []
+    for folder, targets in sorted(folder_graph(module_graph(sources), sources).items()):
+        i = place(folder)
+        if i is None:
+            bad.append(f"{folder}/ is not listed")
+            continue
+        for target in sorted(targets):
+            j = place(target)
+            if j is None or j > i or (j == i and "*" not in order[i]):
+                bad.append(f"{folder}/ imports {target}/, listed after it")
+    assert not bad, "docs/architecture.md's folder list (lowest first) does not match the imports:\n" + "\n".join(bad)
+
+
+def test_the_glossary_names_every_class_of_its_words():
+    """A class named ``...Spec``, ``...Settings``, ``...Engine``, ``...Meter`` or ``...Shape`` is in the glossary of
+    docs/architecture.md, so the words keep the meaning it gives them."""
+    glossary = ARCHITECTURE_DOC.read_text().split("## Glossary", 1)[1].split("\n## ", 1)[0]
+    missing = []
+    for package in PACKAGES:
+        for path in python_files(package):
+            for node in ast.parse(path.read_text()).body:
+                if isinstance(node, ast.ClassDef) and node.name.endswith(GLOSSARY_WORDS):
+                    if f"`{node.name}`" not in glossary:
+                        missing.append(f"{path.relative_to(ROOT)}: {node.name}")
+    assert not missing, (
+        "classes whose names use a glossary word but are not in it (docs/architecture.md):\n" + "\n".join(missing)
+    )
+
+
 #: a string that names a module or object by import path: ``package.module``, ``package.module:attr``
 IMPORT_PATH = re.compile(r"^([A-Za-z_]\w*)(\.\w+)+(:[\w.]+)?$")
 

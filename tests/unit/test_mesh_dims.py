@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import pickle
 from dataclasses import dataclass, fields, make_dataclass, replace
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -17,6 +18,7 @@ from parallel.foundation import dims
 from parallel.foundation.dims import MeshDim
 from parallel.foundation.layout import ParallelLayout, factorizations
 from parallel.plan.cost_model import Candidate
+from tests.helpers import ROOT
 
 
 def test_todays_dimensions_and_rank_order():
@@ -160,3 +162,60 @@ def test_cp_reaches_the_device_mesh():
         assert {n: mesh.get_local_rank(n) for n in layout.mesh_dim_names} == {n: coords[n] for n in mesh.mesh_dim_names}
     finally:
         dist.destroy_process_group()
+
+
+#: docs/adding-a-mesh-dimension.md's section listing, per dimension, the files that name it
+DIMENSION_DOC = ROOT / "docs" / "adding-a-mesh-dimension.md"
+DIMENSION_SECTION = "## Where each dimension is named today, file by file"
+
+
+def files_naming(dim: str, root: Path = ROOT) -> set[str]:
+    """Product files whose code names ``dim``: a name ``dim``, ``dim_...``, ``..._dim`` or ``..._dim_...``, or a
+    string constant ``dim``, ``dim.size``, ``dim_...`` (comments and docstrings are not code)."""
+    import ast
+    import io
+    import re
+    import tokenize
+
+    name = re.compile(rf"(\w+_)?{dim}(_\w+)?")
+    string = re.compile(rf"{dim}([._]\w+)?")
+    found = set()
+    for package in ("conf", "models", "parallel", "trainer"):
+        for path in sorted((root / package).rglob("*.py")):
+            source = path.read_text()
+            tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+            names = any(t.type == tokenize.NAME and name.fullmatch(t.string) for t in tokens)
+            strings = any(
+                isinstance(n, ast.Constant) and isinstance(n.value, str) and string.fullmatch(n.value)
+                for n in ast.walk(ast.parse(source))
+            )
+            if names or strings:
+                found.add(path.relative_to(root).as_posix())
+    return found
+
+
+def documented_files(dim: str) -> set[str]:
+    import re
+
+    section = DIMENSION_DOC.read_text().split(DIMENSION_SECTION, 1)[1]
+    part = section.split(f"### {dim}\n", 1)[1].split("\n### ", 1)[0].split("\n## ", 1)[0]
+    return set(re.findall(r"`((?:conf|models|parallel|trainer)/[\w/]+\.py)`", part))
+
+
+def test_the_dimension_grep_sees_names_and_strings_not_prose(tmp_path):
+    (tmp_path / "parallel").mkdir()
+    (tmp_path / "parallel" / "prose.py").write_text('"""dp x cp in a docstring."""\n# cp in a comment\nx = 1\n')
+    (tmp_path / "parallel" / "name.py").write_text("def f(layout):\n    return layout.cp\n")
+    (tmp_path / "parallel" / "key.py").write_text('KEY = "cp.size"\n')
+    (tmp_path / "parallel" / "metric.py").write_text('x = {"cp_comm_fraction": 1}\n')
+    assert files_naming("cp", tmp_path) == {"parallel/name.py", "parallel/key.py", "parallel/metric.py"}
+
+
+@pytest.mark.parametrize("dim", ["cp", "ep"])
+def test_the_dimension_lists_match_the_code(dim):
+    """docs/adding-a-mesh-dimension.md lists every product file that names the dimension, and no other."""
+    code, doc = files_naming(dim), documented_files(dim)
+    assert code == doc, (
+        f"{dim}: named in the code but not in {DIMENSION_DOC.name}: {sorted(code - doc)}; "
+        f"listed but no longer named: {sorted(doc - code)}"
+    )

@@ -1,0 +1,51 @@
+"""benchmarks/config_walk.py, the walk of the composed config from ``run_task`` (docs/architecture.md): on a planted
+tree it follows only calls that carry the config, counts a call into a room entered before as a return, and on
+this checkout it runs to a count."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+from tests.helpers import ROOT
+
+
+def walker():
+    spec = importlib.util.spec_from_file_location("config_walk", ROOT / "benchmarks" / "config_walk.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["config_walk"] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+PLANTED = {
+    "trainer/task.py": (
+        "from trainer.checks import check\n"
+        "from parallel.api import plan, unrelated\n\n"
+        "def run_task(cfg):\n"
+        "    run = check(cfg)\n"
+        "    unrelated(3)\n"
+        "    return plan(run)\n"
+    ),
+    "trainer/checks.py": "from parallel.api import typed\n\ndef check(cfg):\n    return typed(cfg.model)\n",
+    "parallel/api.py": "def typed(node):\n    return node\n\ndef plan(run):\n    return run\n\ndef unrelated(n):\n    return n\n",
+}
+
+
+def test_the_walk_follows_the_config_and_counts_returns(tmp_path):
+    cw = walker()
+    for rel, source in PLANTED.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(source)
+    for package in ("conf", "models"):
+        (tmp_path / package).mkdir()
+    path = cw.walk(tmp_path)
+    # task -> checks -> api (typed), back in task -> api (plan): api entered again; unrelated(3) carries no config
+    assert path == ["trainer.task", "trainer.checks", "parallel.api", "parallel.api"]
+    assert cw.returns(path) == 1
+
+
+def test_the_walk_runs_on_this_checkout():
+    cw = walker()
+    path = cw.walk(ROOT)
+    assert path[0] == "trainer.task" and len(set(path)) > 10 and cw.returns(path) >= 0
