@@ -32,11 +32,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.attention import causal_attention, chunk_start
-from models.blocks import PreNormBlock
+from models.blocks import PreNormBlock, SwiGLU
 from models.deepseek_v3.config import DeepseekV3Config
 from models.documents import document_mask, unpack_inputs
 from models.init import check_rule, init_deepseek
-from models.llama.model import FeedForward, apply_rotary
+from models.llama.model import apply_rotary
 from models.moe import MoE, Routing
 from models.spec import config_or_fields
 
@@ -144,7 +144,7 @@ class Block(PreNormBlock):
         self.attention_norm = nn.RMSNorm(c.d_model, eps=c.norm_eps)
         self.attention = MLA(c)
         self.ffn_norm = nn.RMSNorm(c.d_model, eps=c.norm_eps)
-        self.feed_forward = moe_block(c) if sparse_layer(c, layer) else FeedForward(c.d_model, c.d_ff)
+        self.feed_forward = moe_block(c) if sparse_layer(c, layer) else SwiGLU(c.d_model, c.d_ff)
 
 
 def moe_block(c: DeepseekV3Config) -> MoE:
