@@ -175,7 +175,7 @@ def test_the_planner_plans_the_folders_model_as_training_builds_it(compose_cfg, 
     from models.registry import model_shape
     from parallel.plan.cli import main
     from trainer.hf.start import adopt
-    from trainer.typed.run_spec import typed_model
+    from trainer.typed.run_spec import model_config
 
     folder = tmp_path / "models" / "Qwen3-0.6B"
     folder.mkdir(parents=True)
@@ -186,7 +186,7 @@ def test_the_planner_plans_the_folders_model_as_training_builds_it(compose_cfg, 
     planned = json.loads(capsys.readouterr().out)["model"]
     cfg = compose_cfg(f"model.init_from={folder}")
     adopt(cfg, overrides=[f"model.init_from={folder}"])  # what train.py model.init_from=DIR trains
-    trained = model_shape(typed_model(cfg.model))
+    trained = model_shape(model_config(cfg))
     assert planned["name"] == "Qwen3-0.6B" and planned["params"] == trained.params
     assert (planned["n_layers"], planned["d_model"], planned["vocab_size"]) == (28, 1024, 151936)
 
