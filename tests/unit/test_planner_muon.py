@@ -9,7 +9,8 @@ import dataclasses
 import pytest
 import torch
 
-from parallel.plan.cli import compose, specs_from_cfg, typed_model
+from models.registry import typed_model
+from parallel.plan.cli import compose, plain, specs_from_cfg
 from parallel.plan.cost_model import Candidate, estimate
 from parallel.plan.dry_run import dry_run
 from parallel.plan.muon_cost import ns_flops
@@ -42,7 +43,11 @@ def test_the_workload_reads_optim_muon():
 def test_dry_run_optimizer_bytes_equal_the_plan(model_name, candidate):
     cfg, model, hardware, workload = _specs(f"model={model_name}")
     report = dry_run(
-        model_config=typed_model(cfg.model), candidate=candidate, model=model, hardware=hardware, workload=workload
+        model_config=typed_model(plain(cfg.model)),
+        candidate=candidate,
+        model=model,
+        hardware=hardware,
+        workload=workload,
     )
     adamw = estimate(
         candidate, model=model, hardware=hardware, workload=dataclasses.replace(workload, optimizer="adamw")

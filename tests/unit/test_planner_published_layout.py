@@ -8,8 +8,9 @@ import json
 
 import pytest
 
-from parallel.plan.cli import gpu_hours_per_trillion_tokens, layout_candidate, main
+from parallel.plan.cli import layout_candidate, main
 from parallel.plan.specs import PlanError
+from parallel.plan.tables import gpu_hours_per_trillion_tokens
 
 
 def test_the_layout_string_names_degrees_and_options():
@@ -58,7 +59,8 @@ def test_dry_run_of_deepseek_v3_matches_the_plan():
     rank's model state is the plan's (MLA's projections and latent norms, the routed and shared experts) and its
     saved activations within 10% (MLA's latent norms and padded values, the sigmoid router's fp32 copies, the
     groups' picks, the sequence-wise loss)."""
-    from parallel.plan.cli import compose, specs_from_cfg, typed_model
+    from models.registry import typed_model
+    from parallel.plan.cli import compose, plain, specs_from_cfg
     from parallel.plan.cost_model import Candidate
     from parallel.plan.dry_run import dry_run
 
@@ -69,7 +71,7 @@ def test_dry_run_of_deepseek_v3_matches_the_plan():
     model, hardware, workload = specs_from_cfg(cfg, calibrate=False)
     c = Candidate(dp=4, pp=2, ep=2, micro_batches=4, schedule="1f1b", zero_stage=3)
     report = dry_run(
-        model_config=typed_model(cfg.model), candidate=c, model=model, hardware=hardware, workload=workload
+        model_config=typed_model(plain(cfg.model)), candidate=c, model=model, hardware=hardware, workload=workload
     )
     assert len(report.ranks) >= 4
     for r in report.ranks:
