@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from tests.helpers import CONF
@@ -86,8 +85,6 @@ def test_model_option_instantiates(compose_cfg, name, tmp_path):
         with pytest.raises(Exception, match="is a description for the planner"):
             instantiate(builder_kwargs(m))
         return
-    if "config_dir" in m.keys() and OmegaConf.is_missing(m, "config_dir"):  # model=hf: the architecture is a folder's
-        return  # config.json, given by model.config_dir (tests/unit/test_hf_backend.py builds such models)
     if "d_model" in m and 12 * m.n_layers * m.d_model**2 > 50e6:
         pytest.skip(
             f"{name}: a full-size model ({m.n_layers} layers x {m.d_model}), trained from its Hugging Face folder "
