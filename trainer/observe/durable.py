@@ -22,7 +22,7 @@ from typing import Any
 log = logging.getLogger("meshtrain.files")
 
 #: (file, line) already warned about (line 0: the whole file): one warning per torn file and process
-_warned: set[tuple[str, int]] = set()
+_warned: set[tuple[int, str, int]] = set()
 
 
 def _clean(obj: Any) -> Any:
@@ -91,7 +91,7 @@ def write_text(path: Path, text: str) -> None:
 
 def warn_torn(path: Path, line: int | None, what: str) -> None:
     """One warning per file and line (or file, without a line) and process, however often it is read."""
-    key = (str(Path(path).resolve()), line or 0)
+    key = (os.getpid(), str(Path(path).resolve()), line or 0)  # a forked worker warns in its own log too
     if key in _warned:
         return
     _warned.add(key)

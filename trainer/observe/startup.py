@@ -30,7 +30,16 @@ def console(line: str) -> None:
 
 
 def process_started_unix() -> float:
-    """When this process started (psutil), or now where the system does not say."""
+    """When this process started, to about 10 ms: now less the process's age (Linux: /proc/uptime less its start tick
+    in /proc/self/stat). psutil's create_time adds the boot time, which Linux gives in whole seconds, so it can be up
+    to 1 s early; it serves only where /proc does not answer, and now where nothing does."""
+    try:
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, in clock ticks
+            age = float(uptime.read().split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK")
+        return time.time() - max(age, 0.0)
+    except (OSError, ValueError, IndexError):  # not Linux
+        pass
     import psutil
 
     try:
