@@ -198,23 +198,59 @@ def prepare_chat(
     refuse_problems(problems, source="data=chat", things="conversation(s)")
     if not docs:
         raise DataError(f"data.path: no conversation in {', '.join(map(str, files))}")
-    n_val = int(round(len(docs) * val_fraction)) if len(docs) > 1 else 0
-    val = set(np.random.default_rng(seed).permutation(len(docs))[:n_val].tolist())
+    meta = write_prepared(
+        output,
+        [[doc] for doc in docs],
+        unit="conversations",
+        kind="chat folder",
+        header={"format": FORMAT, "version": VERSION, "fingerprint": stamp},
+        tok=tok,
+        tokenizer=tokenizer,
+        files=files,
+        seq_len=seq_len,
+        seed=seed,
+        val_fraction=val_fraction,
+    )
+    splits = meta["splits"]
+    tokens = sum(split["tokens"] for split in splits.values())
+    targets = sum(split["targets"] for split in splits.values())
+    steps.end(f"{len(docs):,} conversations, {tokens:,} tokens ({targets:,} targets) in {output}")
+    return meta
+
+
+def write_prepared(
+    output: Path,
+    items: list[list[tuple[list[int], list[bool]]]],
+    *,
+    unit: str,
+    kind: str,
+    header: dict[str, Any],
+    tok,
+    tokenizer: Path,
+    files: list[Path],
+    seq_len: int,
+    seed: int,
+    val_fraction: float,
+) -> dict[str, Any]:
+    """Hold out ``val_fraction`` of ``items`` (a conversation, or a pair's two sequences, each: documents that stay in
+    one split) by ``seed``, write each split's documents and ``metadata.json`` last, into a temporary folder renamed
+    to ``output`` (a crash leaves no half-written prepared folder); returns the metadata."""
+    n_val = int(round(len(items) * val_fraction)) if len(items) > 1 else 0
+    val = set(np.random.default_rng(seed).permutation(len(items))[:n_val].tolist())
     if output.is_dir() and any(output.iterdir()) and not (output / METADATA).is_file():
-        raise DataError(f"data.prepared={output} exists and is not a prepared chat folder; name a new or empty one")
+        raise DataError(f"data.prepared={output} exists and is not a prepared {kind}; name a new or empty one")
     tmp = output.with_name(f"{output.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     dtype = "uint16" if len(tok) <= 2**16 else "uint32"
     splits = {}
     for split in SPLITS:
-        chosen = [d for i, d in enumerate(docs) if (i in val) == (split == "validation")]
-        splits[split] = {"conversations": len(chosen), **write_documents(tmp, split, chosen, dtype=dtype)}
+        held = [i for i in range(len(items)) if (i in val) == (split == "validation")]
+        documents = [doc for i in held for doc in items[i]]
+        splits[split] = {unit: len(held), **write_documents(tmp, split, documents, dtype=dtype)}
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     meta = {
-        "format": FORMAT,
-        "version": VERSION,
-        "fingerprint": stamp,
+        **header,
         "dtype": dtype,
         "tokenizer": {"source": str(tokenizer), "vocab_size": len(tok), "pad_id": int(pad or 0)},
         "inputs": [str(p) for p in files],
@@ -224,9 +260,6 @@ def prepare_chat(
     (tmp / METADATA).write_text(json.dumps(meta, indent=2))
     shutil.rmtree(output, ignore_errors=True)
     tmp.rename(output)
-    tokens = sum(split["tokens"] for split in splits.values())
-    targets = sum(split["targets"] for split in splits.values())
-    steps.end(f"{len(docs):,} conversations, {tokens:,} tokens ({targets:,} targets) in {output}")
     return meta
 
 

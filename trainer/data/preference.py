@@ -27,8 +27,6 @@ reference log-probability (``models/preference.py``). Any even split of the rows
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -43,7 +41,7 @@ from trainer.data.chat import (
     load_tokenizer,
     read_documents,
     refuse_problems,
-    write_documents,
+    write_prepared,
 )
 from trainer.data.packing import assemble, fill_rows
 from trainer.data.shards import DataError
@@ -193,33 +191,19 @@ def prepare_pairs(
     refuse_problems(problems, source="data=preference", things="pair(s)")
     if not encoded:
         raise DataError(f"data.path: no preference pair in {', '.join(map(str, files))}")
-    n_val = int(round(len(encoded) * val_fraction)) if len(encoded) > 1 else 0
-    val = set(np.random.default_rng(seed).permutation(len(encoded))[:n_val].tolist())
-    if output.is_dir() and any(output.iterdir()) and not (output / METADATA).is_file():
-        raise DataError(f"data.prepared={output} exists and is not a prepared folder; name a new or empty one")
-    tmp = output.with_name(f"{output.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    dtype = "uint16" if len(tok) <= 2**16 else "uint32"
-    splits = {}
-    for split in SPLITS:
-        held = [seq for i, p in enumerate(encoded) if (i in val) == (split == "validation") for seq in p]
-        splits[split] = {"pairs": len(held) // 2, **write_documents(tmp, split, held, dtype=dtype)}
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    meta = {
-        "format": FORMAT,
-        "version": VERSION,
-        "fingerprint": stamp,
-        "dtype": dtype,
-        "tokenizer": {"source": str(tokenizer), "vocab_size": len(tok), "pad_id": int(pad or 0)},
-        "inputs": [str(p) for p in files],
-        "seq_len": seq_len,
-        "splits": splits,
-    }
-    (tmp / METADATA).write_text(json.dumps(meta, indent=2))
-    shutil.rmtree(output, ignore_errors=True)
-    tmp.rename(output)
-    return meta
+    return write_prepared(
+        output,
+        [list(pair) for pair in encoded],
+        unit="pairs",
+        kind="folder",
+        header={"format": FORMAT, "version": VERSION, "fingerprint": stamp},
+        tok=tok,
+        tokenizer=tokenizer,
+        files=files,
+        seq_len=seq_len,
+        seed=seed,
+        val_fraction=val_fraction,
+    )
 
 
 class PreferenceData:
