@@ -70,7 +70,6 @@ def dim_sizes(cfg: DictConfig) -> dict[str, int]:
 
 def build_layout(cfg: DictConfig, external: ExternalLaunch | None = None) -> ParallelLayout:
     sizes = dim_sizes(cfg)
-    dp, tp, pp, ep, cp = sizes["dp"], sizes["tp"], sizes["pp"], sizes.get("ep", 1), sizes.get("cp", 1)
     product = dims.world_size(sizes)
     if external is not None:
         nnodes, nproc = external.nnodes, external.local_world_size
@@ -80,6 +79,7 @@ def build_layout(cfg: DictConfig, external: ExternalLaunch | None = None) -> Par
         nproc = int(nproc) if nproc is not None else max(1, math.ceil(product / max(1, nnodes)))
     # hybrid with pp.size=1 has no pipeline: it accumulates data.micro_batch_size chunks instead
     spec = strategy_spec(cfg.parallel.name)
+    pp = sizes["pp"]
     pipelined = spec.pipelined(pp) if spec is not None else pp > 1
     return ParallelLayout(
         strategy=str(cfg.parallel.name),
@@ -90,9 +90,7 @@ def build_layout(cfg: DictConfig, external: ExternalLaunch | None = None) -> Par
         schedule=str(cfg.pp.schedule) if pipelined else None,
         stages_per_rank=int(cfg.pp.stages_per_rank) if pipelined else 1,
         split_points=split_points_of(cfg) if pipelined else None,
-        dp_shard=bool(cfg.dp.shard)
-        or (spec is not None and spec.shards_dp)
-        or dp_needs_fsdp(dp=dp, tp=tp, pp=pp, ep=ep, cp=cp),
+        dp_shard=bool(cfg.dp.shard) or (spec is not None and spec.shards_dp) or dp_needs_fsdp(sizes),
     )
 
 
@@ -168,16 +166,10 @@ def check_borrowing(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> Non
         f.error(problem)
 
 
-#: the dimensions every layout message names, even at size 1 (``dp.size=4 x tp.size=1 x pp.size=1``); the others
-#: (cp) are named when used
-ALWAYS_NAMED = ("dp", "tp", "pp")
-
-
 def sizes_product(layout: ParallelLayout) -> str:
     """``dp.size=2 x tp.size=1 x pp.size=2``: the key and degree of each dimension that multiplies the world size
-    (``ALWAYS_NAMED``, and any other of size > 1), for messages (a borrowing one, ep, adds no rank)."""
-    named = [n for n in dims.multiplying() if n in ALWAYS_NAMED or layout.size(n) > 1]
-    return " x ".join(f"{dims.dim(n).key}={layout.size(n)}" for n in named)
+    (``dims.named``), for messages."""
+    return " x ".join(f"{dims.dim(n).key}={layout.size(n)}" for n in dims.named(layout.sizes))
 
 
 def check_world(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
@@ -302,12 +294,12 @@ def check_model(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
         return
     shape = spec.shape(model)
     full = 4.0 * shape.params
-    share = full / (layout.tp * layout.pp * (layout.dp * layout.cp if layout.dp_shard else 1))
+    share = full / (layout.tp * layout.pp * (layout.data_size if layout.dp_shard else 1))
     budget = memory_budget_bytes(cfg)
     if share > budget and not cfg.trainer.get("dry_run", False):
         f.error(
-            f"model={model.name}: {shape.params / 1e9:.3g}B parameters; with dp.size={layout.dp} x "
-            f"cp.size={layout.cp} (sharded: {layout.dp_shard}) x tp.size={layout.tp} x pp.size={layout.pp} each rank would hold "
+            f"model={model.name}: {shape.params / 1e9:.3g}B parameters; with "
+            f"{data_sizes(layout, ' x ')} (sharded: {layout.dp_shard}) x tp.size={layout.tp} x pp.size={layout.pp} each rank would hold "
             f"{share / 1e9:.3g} GB of fp32 weights alone (gradients and optimizer state come on top), over its "
             f"{budget / 1e9:.3g} GB budget (topology.device_memory_gb={cfg.topology.device_memory_gb} x "
             f"planner.memory_fraction={cfg.planner.memory_fraction}). Plan a layout that fits: python -m "
@@ -338,13 +330,16 @@ def check_model_data(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> No
         f.error(problem)
 
 
+def data_sizes(layout: ParallelLayout, sep: str) -> str:
+    """The data dimensions' degrees as their keys say them (``dp.size=2 x cp.size=1``), mesh order."""
+    return sep.join(f"{dims.dim(n).key}={layout.size(n)}" for n in dims.data_names())
+
+
 def check_dp_composition(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
     """With tp, pp or ep > 1 the data dimensions (dp x cp) are FSDP2 (build_layout sets dp_shard): say so and why."""
-    if dp_needs_fsdp(dp=layout.dp, tp=layout.tp, pp=layout.pp, ep=layout.sizes.get("ep", 1), cp=layout.cp) and (
-        not cfg.dp.shard
-    ):
+    if dp_needs_fsdp(layout.sizes) and not cfg.dp.shard:
         f.warn(
-            f"dp.shard=false with dp.size={layout.dp} cp.size={layout.cp}: the data dimensions use FSDP2 fully_shard instead of DDP "
+            f"dp.shard=false with {data_sizes(layout, ' ')}: the data dimensions use FSDP2 fully_shard instead of DDP "
             f"(same numerics) because {why_dp_needs_fsdp(layout)}. Set dp.shard=true to silence this."
         )
     if layout.tp == 1 and (cfg.tp.sequence_parallel or cfg.tp.loss_parallel):

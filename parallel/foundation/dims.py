@@ -42,6 +42,22 @@ class MeshDim:
     splits_data: bool = False
     """Its ranks see different tokens (dp: samples, cp: sequence chunks): the loss is averaged, the dense
     gradients reduced and FSDP shards over the product of these dimensions."""
+    splits_sequence: bool = False
+    """Its ranks hold different chunks of each sample's sequence (cp): what needs a sample's whole sequence on
+    one rank (packed documents' attention mask, a preference pair's log-probability) refuses a size > 1."""
+    needs_fsdp: str = ""
+    """Why the data dimensions beside it (its size > 1) are FSDP2 ``fully_shard``, never DDP; "" when DDP
+    works beside it (``layout.dp_needs_fsdp``)."""
+    metrics: tuple[str, ...] = ()
+    """The prefixes of the step metrics its meter logs (W&B's ``comm`` group); ``<first>_fraction`` is its share
+    of a step."""
+    label: str = ""
+    """How the console names that share (``tp comm 12%``); "" for none."""
+
+    @property
+    def title(self) -> str:
+        """Its name in words, from the summary ("context parallel")."""
+        return self.summary.split(":", 1)[0]
 
 
 #: one row per mesh dimension, in the order the degrees are written (``dp.size=2 tp.size=2 pp.size=2``,
@@ -56,9 +72,33 @@ DIMENSIONS: tuple[MeshDim, ...] = (
         "parallel.config.DPConfig",
         "data parallel: replicas (or FSDP shards) of the model",
         splits_data=True,
+        metrics=("dp_comm",),
     ),
-    MeshDim("tp", 3, "tp.size", "parallel.config.TPConfig", "tensor parallel: each layer's matrices split"),
-    MeshDim("pp", 0, "pp.size", "parallel.config.PPConfig", "pipeline parallel: consecutive blocks per stage"),
+    MeshDim(
+        "tp",
+        3,
+        "tp.size",
+        "parallel.config.TPConfig",
+        "tensor parallel: each layer's matrices split",
+        needs_fsdp=(  # seen with torch 2.13 on gloo
+            "DDP over tensor-parallel (DTensor) modules fails on torch 2.13 "
+            "(aten.cat.default got mixed torch.Tensor and DTensor)"
+        ),
+        metrics=("tp_comm",),
+        label="tp comm",
+    ),
+    MeshDim(
+        "pp",
+        0,
+        "pp.size",
+        "parallel.config.PPConfig",
+        "pipeline parallel: consecutive blocks per stage",
+        needs_fsdp=(
+            "DDP inside a PipelineStage with several micro-batches fails on torch 2.13 (reducer.cpp: rebuilt "
+            "parameter indices size is not same as original model parameters size; with static_graph it runs "
+            "but the gradients are 2% off)"
+        ),
+    ),
     MeshDim(
         "cp",
         2,
@@ -66,6 +106,9 @@ DIMENSIONS: tuple[MeshDim, ...] = (
         "parallel.config.CPConfig",
         "context parallel: each sample's sequence split into contiguous chunks",
         splits_data=True,
+        splits_sequence=True,
+        metrics=("cp_comm", "cp_collectives"),
+        label="cp all-to-all",
     ),
     MeshDim(
         "ep",
@@ -75,6 +118,12 @@ DIMENSIONS: tuple[MeshDim, ...] = (
         "expert parallel: each MoE layer's experts split, tokens sent to them by all-to-all",
         borrows=("dp", "cp"),
         may_borrow=("tp",),
+        needs_fsdp=(
+            "the experts are sharded over ep and reduced over their own FSDP2 mesh; DDP would all-reduce every "
+            "rank's different experts over dp"
+        ),
+        metrics=("ep_a2a",),
+        label="ep a2a",
     ),
 )
 
@@ -87,6 +136,17 @@ def names() -> tuple[str, ...]:
 def multiplying() -> tuple[str, ...]:
     """The dimensions whose degrees multiply the world size, in written order (every row without ``borrows``)."""
     return tuple(d.name for d in DIMENSIONS if not d.borrows)
+
+
+#: the dimensions every layout message and run tag names, even at size 1 (``dp.size=4 x tp.size=1 x pp.size=1``,
+#: ``dp4 tp1 pp1``); the other multiplying ones (cp) are named when used
+ALWAYS_NAMED = ("dp", "tp", "pp")
+
+
+def named(sizes: Mapping[str, int]) -> tuple[str, ...]:
+    """The multiplying dimensions a layout's message or tag names: ``ALWAYS_NAMED``, and any other of size > 1
+    (a borrowing one, ep, adds no rank), in written order."""
+    return tuple(n for n in multiplying() if n in ALWAYS_NAMED or int(sizes.get(n, 1)) > 1)
 
 
 def borrowing() -> tuple[str, ...]:

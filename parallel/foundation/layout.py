@@ -11,6 +11,8 @@ them.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,40 +69,16 @@ def factorizations(world_size: int) -> list[tuple[int, ...]]:
     return dims.factorizations(world_size)
 
 
-#: why the dp dimension cannot be DDP when tp > 1 or pp > 1 (seen with torch 2.13 on gloo)
-DDP_OVER_DTENSOR = (
-    "DDP over tensor-parallel (DTensor) modules fails on torch 2.13 "
-    "(aten.cat.default got mixed torch.Tensor and DTensor)"
-)
-DDP_IN_PIPELINE = (
-    "DDP inside a PipelineStage with several micro-batches fails on torch 2.13 (reducer.cpp: rebuilt "
-    "parameter indices size is not same as original model parameters size; with static_graph it runs "
-    "but the gradients are 2% off)"
-)
-
-
-#: why expert parallel needs FSDP2 on the dp dimension
-EP_NEEDS_FSDP = (
-    "the experts are sharded over ep and reduced over their own FSDP2 mesh; DDP would all-reduce every rank's "
-    "different experts over dp"
-)
-
-
-def dp_needs_fsdp(*, dp: int, tp: int, pp: int, ep: int = 1, cp: int = 1) -> bool:
-    """The one rule: data dimensions (dp x cp) beside tp, pp or ep are FSDP2 (``fully_shard``), never DDP
-    (``why_dp_needs_fsdp``)."""
-    return dp * cp > 1 and (tp > 1 or pp > 1 or ep > 1)
+def dp_needs_fsdp(sizes: Mapping[str, int]) -> bool:
+    """The one rule: data dimensions (``dims.data_names``: dp x cp) of more than one rank beside a dimension that
+    ``needs_fsdp`` (tp, pp, ep) of size > 1 are FSDP2 (``fully_shard``), never DDP (``why_dp_needs_fsdp``)."""
+    data = math.prod(int(sizes.get(n, 1)) for n in dims.data_names())
+    return data > 1 and any(d.needs_fsdp and int(sizes.get(d.name, 1)) > 1 for d in dims.DIMENSIONS)
 
 
 def why_dp_needs_fsdp(layout: ParallelLayout) -> str:
     """Why ``dp_needs_fsdp`` holds for this layout, one reason per dimension ("" when it does not)."""
-    if not dp_needs_fsdp(dp=layout.dp, tp=layout.tp, pp=layout.pp, ep=layout.sizes.get("ep", 1), cp=layout.cp):
+    if not dp_needs_fsdp(layout.sizes):
         return ""
-    reasons = []
-    if layout.tp > 1:
-        reasons.append(f"tp.size={layout.tp}: {DDP_OVER_DTENSOR}")
-    if layout.pp > 1:
-        reasons.append(f"pp.size={layout.pp}: {DDP_IN_PIPELINE}")
-    if layout.sizes.get("ep", 1) > 1:
-        reasons.append(f"ep.size={layout.sizes['ep']}: {EP_NEEDS_FSDP}")
-    return "; ".join(reasons)
+    used = [d for d in dims.DIMENSIONS if d.needs_fsdp and layout.size(d.name) > 1]
+    return "; ".join(f"{d.key}={layout.size(d.name)}: {d.needs_fsdp}" for d in used)

@@ -9,6 +9,7 @@ from omegaconf import DictConfig
 
 from models.objectives import OBJECTIVES as PREFERENCE_OBJECTIVES
 from models.registry import UnknownModel, spec_for
+from parallel.foundation import dims
 from trainer.checks.findings import Findings, number
 from trainer.checks.run import VAL_OBJECTIVES
 from trainer.data.packing import PACKINGS
@@ -83,11 +84,18 @@ def check_chat_and_packing(cfg: DictConfig, layout: object, f: Findings) -> None
             "without the documents' positions, so it cannot keep them apart; train packed documents under "
             "single, ddp, fsdp, tp or hybrid with pp.size=1, or set data.packing=none"
         )
-    elif packing == "documents" and int(getattr(layout, "cp", 1)) > 1:
-        f.error(
-            f"data.packing=documents with cp.size={layout.cp}: the documents' attention mask spans the whole "
-            "sequence and context parallel does not split it yet; set data.packing=none, or cp.size=1"
-        )
+    elif packing == "documents":
+        for d, size in sequence_splits(layout):
+            f.error(
+                f"data.packing=documents with {d.key}={size}: the documents' attention mask spans the whole "
+                f"sequence and {d.title} does not split it yet; set data.packing=none, or {d.key}=1"
+            )
+
+
+def sequence_splits(layout: object) -> list[tuple[dims.MeshDim, int]]:
+    """The dimensions in use that split each sample's sequence over ranks (``MeshDim.splits_sequence``: cp)."""
+    sizes = getattr(layout, "sizes", {})
+    return [(d, int(sizes.get(d.name, 1))) for d in dims.DIMENSIONS if d.splits_sequence and sizes.get(d.name, 1) > 1]
 
 
 def check_preference(cfg: DictConfig, layout: object, f: Findings) -> None:
@@ -118,10 +126,10 @@ def check_preference(cfg: DictConfig, layout: object, f: Findings) -> None:
             f"and a pair stays in one micro-batch, but a micro-batch here holds {rows} rows; use a multiple of "
             "2 x dp.size x (pp.micro_batches, or the accumulation chunks)"
         )
-    if int(getattr(layout, "cp", 1)) > 1:
+    for d, size in sequence_splits(layout):
         f.error(
-            f"data=preference with cp.size={layout.cp}: a completion's log-probability is one sum over its tokens "
-            "and context parallel splits them over ranks; set cp.size=1"
+            f"data=preference with {d.key}={size}: a completion's log-probability is one sum over its tokens "
+            f"and {d.title} splits them over ranks; set {d.key}=1"
         )
     limit = cfg.data.get("max_prompt_len")
     if limit is not None and int(limit) < 0:

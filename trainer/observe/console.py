@@ -12,6 +12,7 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from parallel.foundation import dims
 from trainer.observe.sink import Sink
 
 HEARTBEAT_S = 30.0
@@ -69,12 +70,10 @@ class ConsoleSink(Sink):
         extras = ""
         if "comm_fraction" in record:
             extras += f" comm {record['comm_fraction']:.0%}"
-        if "tp_comm_fraction" in record:
-            extras += f" tp comm {record['tp_comm_fraction']:.0%}"
-        if "ep_a2a_fraction" in record:
-            extras += f" ep a2a {record['ep_a2a_fraction']:.0%}"
-        if "cp_comm_fraction" in record:
-            extras += f" cp all-to-all {record['cp_comm_fraction']:.0%}"
+        for d in dims.DIMENSIONS:  # each dimension's share of the step, as its row names it (tp comm, ep a2a ...)
+            share = f"{d.metrics[0]}_fraction" if d.label else ""
+            if share in record:
+                extras += f" {d.label} {record[share]:.0%}"
         if "bubble_fraction" in record:
             extras += f" bubble {record['bubble_fraction']:.0%}"
         if "rewards_accuracy" in record:

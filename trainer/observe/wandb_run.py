@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from parallel.foundation import dims
 from trainer.observe.durable import read_json, write_json
 
 ID_FILE = "wandb_run.json"
@@ -42,7 +43,7 @@ _SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rank",
         ),
     ),
-    ("comm", ("comm_", "dp_comm", "tp_comm", "ep_a2a", "cp_comm", "cp_collectives")),
+    ("comm", ("comm_", *(m for d in dims.DIMENSIONS for m in d.metrics))),  # each dimension's meter (dims.py)
     ("moe", ("moe_",)),
     ("memory", ("memory", "mem_", "peak_memory")),
     ("eval", ("eval_", "val_")),

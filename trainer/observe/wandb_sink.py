@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from parallel.foundation import dims
 from parallel.foundation.layout import ParallelLayout
 from trainer.observe.files_sink import config_files
 from trainer.observe.sink import Sink
@@ -30,9 +31,9 @@ class WandbSink(Sink):
         """``settings``: the ``logger.wandb`` node; ``run_meta``: the task's (run name, sweep, provenance)."""
         w = settings
         self.layout, self.run_dir = layout, run_dir
-        tags = [layout.strategy, f"dp{layout.dp}", f"tp{layout.tp}", f"pp{layout.pp}", *list(w.tags)]
-        if layout.cp > 1:
-            tags.append(f"cp{layout.cp}")
+        degrees = {n: f"{n}{layout.size(n)}" for n in dims.named(layout.sizes)}  # dp2 tp1 pp1, a further one in use
+        always = [t for n, t in degrees.items() if n in dims.ALWAYS_NAMED]
+        tags = [layout.strategy, *always, *list(w.tags), *(t for t in degrees.values() if t not in always)]
         if layout.schedule:
             tags += [layout.schedule, f"m{layout.micro_batches}"]
         # one W&B run per run folder: resume, elastic restart and preemption continue it
