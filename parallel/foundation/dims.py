@@ -138,8 +138,8 @@ def multiplying() -> tuple[str, ...]:
     return tuple(d.name for d in DIMENSIONS if not d.borrows)
 
 
-#: the dimensions every layout message and run tag names, even at size 1 (``dp.size=4 x tp.size=1 x pp.size=1``,
-#: ``dp4 tp1 pp1``); the other multiplying ones (cp) are named when used
+#: the dimensions every layout message, run tag and suggested layout names, even at size 1 (``dp.size=4 x tp.size=1
+#: x pp.size=1``, ``dp4 tp1 pp1``; a ``parallel=`` option sets its own degrees for them); the others when used
 ALWAYS_NAMED = ("dp", "tp", "pp")
 
 

@@ -11,10 +11,11 @@ cluster on a laptop.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
-from models.shape import kv_repeats
-from parallel.foundation.dims import Sized, lenders, with_dim_kwargs
+from models.shape import count_text, kv_repeats
+from parallel.foundation.dims import Sized, lenders, multiplying, with_dim_kwargs
 from parallel.pipeline.schedules import SCHEDULES, schedule_spec, stage_to_rank
 from parallel.plan.muon_cost import MuonCost, muon_step_cost, rank_muon_params
 from parallel.plan.specs import HardwareSpec, Link, ModelShape, Workload
@@ -913,3 +914,117 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
         rank_work_s=work,
         muon=replace(muon, ns_s=muon.ns_s * t, gather_s=muon.gather_s * t),
     )
+
+
+# ---- what the further dimensions ask of the planner: where they split a model, why they were chosen --------------
+
+
+def crosses_nodes(*, span: int, stride: int, hardware: HardwareSpec) -> bool:
+    """Whether a group of ``span`` ranks ``stride`` apart reaches beyond one node."""
+    return hardware.nnodes > 1 and span > 1 and span * stride > hardware.devices_per_node
+
+
+def splits_model(sizes: dict[str, int], *, model: ModelShape, workload: Workload) -> bool:
+    """Whether the layout's context- and expert-parallel degrees split this model: ep whole experts per rank (a
+    mixture of experts only); cp a family with context-parallel attention, whole heads of each tp rank and equal
+    chunks of the sequence (Ulysses)."""
+    tp, cp, ep = sizes["tp"], sizes.get("cp", 1), sizes.get("ep", 1)
+    if ep > 1 and (not model.n_experts or model.n_experts % ep):
+        return False
+    return cp == 1 or bool(model.context_parallel and not (model.n_heads // tp) % cp and not workload.seq_len % cp)
+
+
+def planned_dims(model: ModelShape) -> tuple[str, ...]:
+    """The degrees the planner varies for this model (its table's columns): the multiplying dimensions, and ep
+    for a mixture of experts."""
+    return (*multiplying(), *(("ep",) if model.n_experts else ()))
+
+
+def dimension_reasons(
+    best: Estimate,
+    ranked: tuple[Estimate, ...],
+    *,
+    model: ModelShape,
+    hardware: HardwareSpec,
+    workload: Workload,
+    describe: Callable[[Candidate], str],
+) -> list[str]:
+    """The plan's reason for its further dimensions, in this model's numbers (ep's for a mixture of experts)."""
+    if not model.n_experts:
+        return []
+    return [expert_reason(best, ranked, model=model, hardware=hardware, workload=workload, describe=describe)]
+
+
+def dimension_pitfalls(
+    c: Candidate, est: Estimate, *, model: ModelShape, hardware: HardwareSpec, workload: Workload
+) -> list[str]:
+    """The further dimensions' traps for one layout: expert parallel's classic rule, keep ep inside a node (its
+    all-to-alls over the inter-node links)."""
+    out: list[str] = []
+    if c.ep > 1 and crosses_nodes(span=c.ep, stride=ep_stride(c), hardware=hardware):
+        inside = [
+            d
+            for d in range(c.ep - 1, 0, -1)
+            if model.n_experts % d == 0 and c.data_size % d == 0 and d * ep_stride(c) <= hardware.devices_per_node
+        ]
+        spanned = min(hardware.nnodes, -(-c.ep * ep_stride(c) // hardware.devices_per_node))
+        line = (
+            f"ep.size={c.ep} spans {spanned} nodes over {hardware.inter.gbps:g} Gbit/s links per device "
+            f"(topology.inter_node_gbps): the routed tokens' all-to-alls take {est.ep_comm_s:.3g} s of a predicted "
+            f"{est.step_time_s:.3g} s step"
+        )
+        if inside:
+            alt = estimate(with_ep(c, inside[0]), model=model, hardware=hardware, workload=workload)
+            line += f" ({alt.ep_comm_s:.3g} s of {alt.step_time_s:.3g} s at ep.size={inside[0]} inside a node)"
+        out.append(
+            line + f"; keep ep inside a node (ep.size x tp.size <= {hardware.devices_per_node}: its group is ep "
+            "neighbouring ranks of dp x cp, tp apart)"
+        )
+    return out
+
+
+def with_ep(c: Candidate, ep: int) -> Candidate:
+    """``c`` with expert-parallel degree ``ep`` (everything else kept)."""
+    return replace(c, sizes={**c.sizes, "ep": ep})
+
+
+def expert_reason(
+    best: Estimate,
+    ranked: tuple[Estimate, ...],
+    *,
+    model: ModelShape,
+    hardware: HardwareSpec,
+    workload: Workload,
+    describe: Callable[[Candidate], str],
+) -> str:
+    """Why the first choice of a mixture of experts has its ep degree, in the cost model's numbers: under ZeRO-3 an
+    expert costs the same memory at any ep (its states are sharded over every data-parallel rank either way), but
+    with ep each rank all-gathers and reduce-scatters only its n_experts / ep experts per layer, over the ep-fewer
+    ranks that hold them, for the all-to-alls of the routed tokens."""
+    c = best.candidate
+    experts = sum(model.layer_expert_params(i) for i in range(model.n_layers))
+    what = (
+        f"mixture of experts ({experts / model.params:.0%} of the {count_text(model.params)} parameters in "
+        f"{model.n_experts} routed experts per sparse layer, {model.top_k} per token)"
+    )
+    if c.ep == 1:
+        alt = next((e for e in ranked if e.candidate.ep > 1), None)
+        return f"{what}: ep=1" + (
+            f" (the best layout with ep, {describe(alt.candidate)}, is {alt.step_time_s / best.step_time_s:.2f}x slower)"
+            if alt is not None
+            else ""
+        )
+    inside = "inside a node" if not crosses_nodes(span=c.ep, stride=ep_stride(c), hardware=hardware) else "across nodes"
+    flat = estimate(with_ep(c, 1), model=model, hardware=hardware, workload=workload)
+    out = (
+        f"{what} → ep={c.ep} ({inside}): each rank gathers and reduces {model.n_experts // c.ep} of each layer's "
+        f"{model.n_experts} experts, data-parallel time {best.dp_comm_s:.3g} s against {flat.dp_comm_s:.3g} s at ep=1 in "
+        f"the same layout ({flat.step_time_s:.3g} s/step), for {best.ep_comm_s:.3g} s of all-to-alls"
+    )
+    without = next((e for e in ranked if e.candidate.ep == 1), None)
+    if without is not None:
+        out += (
+            f"; {without.step_time_s / best.step_time_s:.2f}x faster than the best layout without ep "
+            f"({describe(without.candidate)})"
+        )
+    return out

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from parallel.foundation.dims import data_names, mesh_names
 from parallel.plan.specs import Link
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ def muon_step_cost(
     AdamW); ``gather_s`` is left to the cost model's collective formulas."""
     if workload.optimizer != "muon":
         return MuonCost()
-    data = c.dp * c.cp
+    data = c.data_size
     fsdp = c.zero_stage >= 3
     mesh = (data if fsdp else 1) * c.tp  # the ranks a dense matrix is sharded over
     groups = model.layer_groups(layers)
@@ -96,7 +97,8 @@ def muon_step_cost(
     if fsdp:
         sharded += sum(n * layer_shared_params(model, i) for i, n in groups)
     w, g, k = workload.muon_bytes_per_param
-    link = hardware.link_for(span=mesh, stride=c.stride("tp" if c.tp > 1 else ("cp" if c.cp > 1 else "dp")))
+    inner = [n for n in reversed(mesh_names()) if (n == "tp" or n in data_names()) and c.size(n) > 1]
+    link = hardware.link_for(span=mesh, stride=c.stride(inner[0] if inner else "dp"))  # its innermost dimension
     if spread:
         out, back = sharded / mesh * (w + g + k), sharded / mesh * (w + k)
     else:

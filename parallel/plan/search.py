@@ -9,19 +9,27 @@ valid (dp, tp, pp, micro-batches, schedule, virtual stages, sharding, recomputat
 from __future__ import annotations
 
 import importlib.util
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from models.shape import count_text
 from parallel.assembly.registry import TRAINABLE_RECOMPUTE, TRAINABLE_ZERO_STAGES, plannable, strategy_for
 from parallel.foundation import dims
 from parallel.foundation.checkpointing_modes import AC_MODES
 from parallel.foundation.layout import factorizations
 from parallel.foundation.precision import planner_precision
 from parallel.pipeline.schedules import SCHEDULES, schedule_spec
-from parallel.plan.cost_model import Candidate, Estimate, ep_stride, estimate
+from parallel.plan.cost_model import (
+    Candidate,
+    Estimate,
+    crosses_nodes,
+    dimension_pitfalls,
+    dimension_reasons,
+    estimate,
+    splits_model,
+)
 from parallel.plan.specs import GB, HardwareSpec, ModelShape, PlanError, Workload
 
 if TYPE_CHECKING:
@@ -77,7 +85,7 @@ def describe(c: Candidate) -> str:
     parts.append(f"m={c.micro_batches}")
     if c.pp > 1:
         parts.append(c.schedule + (f"/v{c.stages_per_rank}" if c.stages_per_rank > 1 else ""))
-    if c.zero_stage and c.dp * c.cp > 1:
+    if c.zero_stage and c.data_size > 1:
         parts.append(f"zero{c.zero_stage}")
     if c.sequence_parallel:
         parts.append("sp")
@@ -148,18 +156,21 @@ def enumerate_candidates(*, model: ModelShape, hardware: HardwareSpec, workload:
     B = workload.global_batch_size
     for degrees in factorizations(hardware.world_size):
         sizes = dict(zip(dims.names(), degrees, strict=True))
-        dp, tp, pp, cp, ep = sizes["dp"], sizes["tp"], sizes["pp"], sizes.get("cp", 1), sizes.get("ep", 1)
-        if ep > 1 and (not model.n_experts or model.n_experts % ep):  # whole experts per rank, MoE models only
-            continue
+        dp, tp, pp = sizes["dp"], sizes["tp"], sizes["pp"]
         if B % dp or not model.tp_divides(tp) or tp > hardware.devices_per_node or pp > model.n_layers:
             continue
-        if cp > 1 and (not model.context_parallel or (model.n_heads // tp) % cp or workload.seq_len % cp):
-            continue  # a family with context-parallel attention; ulysses: whole heads, equal chunks
+        if not splits_model(sizes, model=model, workload=workload):  # the further dimensions' rules (cost model)
+            continue
+        data = math.prod(sizes[n] for n in dims.data_names())
+        seq = math.prod(sizes[d.name] for d in dims.DIMENSIONS if d.splits_sequence)  # each sample's chunks
+        # a dimension borrowing its ranks shards with FSDP2 (over its own mesh and the lenders' rest): ZeRO-3 only
+        borrowed = any(sizes[n] > 1 for n in dims.borrowing())
         for m in micro_batch_counts(B // dp):
             for schedule, v in schedules_for(pp=pp, m=m, n_layers=model.n_layers):
-                # expert parallel shards with FSDP2 (the experts on their own mesh): ZeRO-3 only
-                for zero in (3,) if ep > 1 else (0, 3) if dp * cp > 1 else (0,):
-                    for sp in (False, True) if tp > 1 and (cp == 1 or workload.seq_len % (cp * tp) == 0) else (False,):
+                for zero in (3,) if borrowed else (0, 3) if data > 1 else (0,):
+                    for sp in (
+                        (False, True) if tp > 1 and (seq == 1 or workload.seq_len % (seq * tp) == 0) else (False,)
+                    ):
                         for recompute in workload.recompute:
                             yield Candidate(
                                 sizes=sizes,
@@ -210,10 +221,11 @@ def rank(
             continue
         est = estimate(cand, model=model, hardware=hardware, workload=workload)
         (fits if est.fits else misses).append(est)
-    if any(e.candidate.cp == 1 for e in fits):
-        # context parallel only where nothing without it fits (long sequences): the cost model has no term for the
-        # kernel efficiency short per-rank chunks lose, so at ordinary lengths its all-to-alls would look free
-        fits = [e for e in fits if e.candidate.cp == 1]
+    for d in dims.DIMENSIONS:
+        if d.splits_sequence and any(e.candidate.size(d.name) == 1 for e in fits):
+            # a sequence split only where nothing without it fits (long sequences): the cost model has no term for
+            # the kernel efficiency short per-rank chunks lose, so at ordinary lengths its all-to-alls look free
+            fits = [e for e in fits if e.candidate.size(d.name) == 1]
     fits.sort(key=lambda e: (round(e.step_time_s, 12), e.candidate.micro_batches, e.memory.total))
     misses.sort(key=lambda e: e.memory.total)
     return tuple(fits), misses
@@ -226,10 +238,6 @@ def one_device_need(*, model: ModelShape, hardware: HardwareSpec, workload: Work
     """The whole model on one device, micro-batch of one sample: the seed's "fits one device" test."""
     c = Candidate(micro_batches=workload.global_batch_size)
     return estimate(c, model=model, hardware=hardware, workload=workload)
-
-
-def crosses_nodes(*, span: int, stride: int, hardware: HardwareSpec) -> bool:
-    return hardware.nnodes > 1 and span > 1 and span * stride > hardware.devices_per_node
 
 
 def seed_reason(
@@ -274,65 +282,25 @@ def seed_reason(
         parts.append(
             f"{nic_gbps:g} Gbit/s inter-node{shared}: data parallel limited, prefer pp across nodes (chosen: {where})"
         )
-    if c.cp > 1:  # ranked only when nothing without it fits (``plan``)
-        parts.append(
-            f"long sequence ({workload.seq_len} tokens): no layout without context parallel fits → cp "
-            f"(each rank holds {workload.seq_len // c.cp} tokens of every sample, its activations / {c.cp})"
-        )
+    for d in dims.DIMENSIONS:  # a sequence split is ranked only when nothing without it fits (``rank``)
+        if d.splits_sequence and c.size(d.name) > 1:
+            n = c.size(d.name)
+            parts.append(
+                f"long sequence ({workload.seq_len} tokens): no layout without {d.title} fits → {d.name} "
+                f"(each rank holds {workload.seq_len // n} tokens of every sample, its activations / {n})"
+            )
     if without_recompute is not None:
         parts.append(
             f"nothing fits without recomputation (the smallest, {describe(without_recompute.candidate)}, needs "
             f"{without_recompute.memory.total / GB:.3g} of {budget:.3g} GB) → recomputation (planner.recompute=auto: "
             f"{', '.join(workload.recompute)} planned)"
         )
-    if model.n_experts:
-        parts.append(expert_reason(best, ranked, model=model, hardware=hardware, workload=workload))
+    parts += dimension_reasons(best, ranked, model=model, hardware=hardware, workload=workload, describe=describe)
     others = [e for e in ranked[1:] if strategy_of(e.candidate) != strategy_of(c)]
     tail = f"chosen {describe(c)}: {best.memory.total / GB:.3g} GB per rank, {best.step_time_s:.3g} s/step"
     if others:
         tail += f", {others[0].step_time_s / best.step_time_s:.2f}x faster than the best {strategy_of(others[0].candidate)} ({describe(others[0].candidate)})"
     return "; ".join(parts) + "; " + tail
-
-
-def with_ep(c: Candidate, ep: int) -> Candidate:
-    """``c`` with expert-parallel degree ``ep`` (everything else kept)."""
-    return replace(c, sizes={**c.sizes, "ep": ep})
-
-
-def expert_reason(
-    best: Estimate, ranked: tuple[Estimate, ...], *, model: ModelShape, hardware: HardwareSpec, workload: Workload
-) -> str:
-    """Why the first choice of a mixture of experts has its ep degree, in the cost model's numbers: under ZeRO-3 an
-    expert costs the same memory at any ep (its states are sharded over every data-parallel rank either way), but
-    with ep each rank all-gathers and reduce-scatters only its n_experts / ep experts per layer, over the ep-fewer
-    ranks that hold them, for the all-to-alls of the routed tokens."""
-    c = best.candidate
-    experts = sum(model.layer_expert_params(i) for i in range(model.n_layers))
-    what = (
-        f"mixture of experts ({experts / model.params:.0%} of the {count_text(model.params)} parameters in "
-        f"{model.n_experts} routed experts per sparse layer, {model.top_k} per token)"
-    )
-    if c.ep == 1:
-        alt = next((e for e in ranked if e.candidate.ep > 1), None)
-        return f"{what}: ep=1" + (
-            f" (the best layout with ep, {describe(alt.candidate)}, is {alt.step_time_s / best.step_time_s:.2f}x slower)"
-            if alt is not None
-            else ""
-        )
-    inside = "inside a node" if not crosses_nodes(span=c.ep, stride=ep_stride(c), hardware=hardware) else "across nodes"
-    flat = estimate(with_ep(c, 1), model=model, hardware=hardware, workload=workload)
-    out = (
-        f"{what} → ep={c.ep} ({inside}): each rank gathers and reduces {model.n_experts // c.ep} of each layer's "
-        f"{model.n_experts} experts, data-parallel time {best.dp_comm_s:.3g} s against {flat.dp_comm_s:.3g} s at ep=1 in "
-        f"the same layout ({flat.step_time_s:.3g} s/step), for {best.ep_comm_s:.3g} s of all-to-alls"
-    )
-    without = next((e for e in ranked if e.candidate.ep == 1), None)
-    if without is not None:
-        out += (
-            f"; {without.step_time_s / best.step_time_s:.2f}x faster than the best layout without ep "
-            f"({describe(without.candidate)})"
-        )
-    return out
 
 
 # ---- from the typed run ----------------------------------------------------------------------
@@ -404,25 +372,7 @@ def pitfalls(
                 f"stage: {est.memory.activations / GB:.3g} GB of a {est.budget_bytes / GB:.3g} GB budget, growing "
                 f"with pp.micro_batches; 1f1b holds at most {c.pp}: {ofob.memory.activations / GB:.3g} GB"
             )
-    if c.ep > 1 and crosses_nodes(span=c.ep, stride=ep_stride(c), hardware=hardware):
-        inside = [
-            d
-            for d in range(c.ep - 1, 0, -1)
-            if model.n_experts % d == 0 and (c.dp * c.cp) % d == 0 and d * ep_stride(c) <= hardware.devices_per_node
-        ]
-        spanned = min(hardware.nnodes, -(-c.ep * ep_stride(c) // hardware.devices_per_node))
-        line = (
-            f"ep.size={c.ep} spans {spanned} nodes over {hardware.inter.gbps:g} Gbit/s links per device "
-            f"(topology.inter_node_gbps): the routed tokens' all-to-alls take {est.ep_comm_s:.3g} s of a predicted "
-            f"{est.step_time_s:.3g} s step"
-        )
-        if inside:
-            alt = estimate(with_ep(c, inside[0]), model=model, hardware=hardware, workload=workload)
-            line += f" ({alt.ep_comm_s:.3g} s of {alt.step_time_s:.3g} s at ep.size={inside[0]} inside a node)"
-        out.append(
-            line + f"; keep ep inside a node (ep.size x tp.size <= {hardware.devices_per_node}: its group is ep "
-            "neighbouring ranks of dp x cp, tp apart)"
-        )
+    out += dimension_pitfalls(c, est, model=model, hardware=hardware, workload=workload)
     if est.memory.activations > est.budget_bytes or not est.fits:
         key = "pp.micro_batches" if c.pp > 1 else "data.micro_batch_size"
         out.append(

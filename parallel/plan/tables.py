@@ -8,7 +8,7 @@ import sys
 
 from models.shape import count_text
 from parallel.foundation import dims
-from parallel.plan.cost_model import Estimate
+from parallel.plan.cost_model import Estimate, planned_dims
 from parallel.plan.search import TRAINER_AC, Plan, describe, pitfalls, strategy_of
 from parallel.plan.specs import GB, TRAINER_PRECISION, HardwareSpec, ModelShape, Workload
 
@@ -54,8 +54,8 @@ def plan_json(p: Plan, *, top: int) -> dict:
 
 
 def table_dims(model: ModelShape) -> tuple[str, ...]:
-    """The degree columns of the table: the multiplying dimensions, and ep for a mixture of experts."""
-    return (*dims.multiplying(), *(("ep",) if model.n_experts else ()))
+    """The degree columns of the table: those the planner varies for the model (``cost_model.planned_dims``)."""
+    return planned_dims(model)
 
 
 def _row(i: int, e: Estimate, *, columns: tuple[str, ...]) -> list[str]:
@@ -162,15 +162,15 @@ def print_dry_run(report, *, file=None) -> None:
 
     console = Console(file=file or sys.stdout, width=160)
     lay = report.layout
-    # dp, tp, pp always; cp and ep where used
-    shown = [n for n in dims.names() if n in ("dp", "tp", "pp") or int(lay.get(n, 1)) > 1]
+    shown = [n for n in dims.names() if n in dims.ALWAYS_NAMED or int(lay.get(n, 1)) > 1]  # the others where used
     table = Table(
         title=f"dry run: {' '.join(f'{n}{lay[n]}' for n in shown)} m={lay['micro_batches']} {lay['schedule']} "
         f"(v{lay['stages_per_rank']}, zero{lay['zero_stage']}, {lay['precision']}, recompute {lay['recompute']}) on "
         f"{report.world_size} ranks, "
         f"fake process group, {len(report.ranks)} sampled, {report.seconds:.1f} s"
     )
-    coord_names = dims.coord_names() if int(lay.get("ep", 1)) > 1 else dims.mesh_names()
+    borrowed = any(int(lay.get(n, 1)) > 1 for n in dims.borrowing())
+    coord_names = dims.coord_names() if borrowed else dims.mesh_names()
     mesh = "/".join(coord_names)
     for col in (
         "rank",

@@ -21,9 +21,6 @@ from parallel.assembly.registry import strategy_for
 from parallel.foundation import dims
 from trainer.checks.findings import Findings
 
-#: the dimensions every suggested layout names, even at size 1 (a ``parallel=`` option sets its own degrees for them)
-NAMED = ("dp", "tp", "pp")
-
 
 def layout_words(sizes: Mapping[str, int], *, current: Mapping[str, int], strategy: str | None = None) -> list[str]:
     """``parallel=NAME dp.size=D tp.size=T pp.size=P [cp.size=C ...]``: a layout as command-line words, every degree
@@ -31,7 +28,7 @@ def layout_words(sizes: Mapping[str, int], *, current: Mapping[str, int], strate
     out)."""
     full = dims.full_sizes(dict(sizes))
     name = strategy or strategy_for(**full)
-    named = [n for n in dims.names() if n in NAMED or full[n] > 1 or int(current.get(n, 1)) > 1]
+    named = [n for n in dims.names() if n in dims.ALWAYS_NAMED or full[n] > 1 or int(current.get(n, 1)) > 1]
     return [f"parallel={name}", *(f"{dims.dim(n).key}={full[n]}" for n in named)]
 
 
