@@ -2,8 +2,9 @@
 gradient by the same values under every layout (a function of the parameter's name and the step), each rank writing
 the part its shard holds. Layouts then differ only in how the optimizer handles the shards, which is what the test is
 about: torch's Muon orthogonalises in bf16, where a gradient one float32 rounding apart (a layout's other summation
-order) changes a matrix's update by about 1% (parallel/optim/muon_shards.py), so real gradients cannot test the
-optimizer's distribution to 1e-6. Use with ``trainer.grad_clip=0`` (the clip coefficient is a norm, summed per layout)."""
+order, as tensor parallel's) changes a matrix's update by about 1% (parallel/optim/muon_shards.py), so there real
+gradients cannot test the optimizer's distribution to 1e-6. Use with ``trainer.grad_clip=0`` (a norm of these
+gradients would clip them by a coefficient no real run has)."""
 
 from __future__ import annotations
 

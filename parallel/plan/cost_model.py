@@ -256,6 +256,22 @@ def rank_state_bytes(
     return sum(p[0] for p in parts), sum(p[1] for p in parts), sum(p[2] for p in parts)
 
 
+def rank_muon_state_params(
+    model: ModelShape, layers: list[int], *, c: Candidate, workload: Workload, meshtrain: bool
+) -> float:
+    """Parameters whose Muon momentum a rank holding ``layers`` keeps, sharded as ``rank_state_bytes`` shards them
+    (the blocks' matrices over n·c, the routed experts over ep and their own n·c/ep); 0 under AdamW or LoRA."""
+    if workload.optimizer != "muon" or model.lora_rank > 0:
+        return 0.0
+    data, count = c.dp * c.cp, (0, 0, 1)  # one state per parameter: model_state_bytes's sharding as a count
+    matrices = rank_muon_params(model, layers, tp=c.tp, meshtrain=meshtrain)
+    experts = rank_expert_params(model, layers, tp=c.tp, meshtrain=meshtrain) / c.ep
+    return (
+        model_state_bytes(matrices, bytes_per_param=count, zero_stage=c.zero_stage, dp=data)[2]
+        + model_state_bytes(experts, bytes_per_param=count, zero_stage=c.zero_stage, dp=data // c.ep)[2]
+    )
+
+
 @dataclass(frozen=True)
 class ActivationCase:
     """What a block's saved activations depend on besides the model: one micro-batch's shape, the tp degree,
@@ -862,6 +878,28 @@ def _cpu_floor(
     return work, t
 
 
+def elementwise_optimizer_s(
+    c: Candidate,
+    model: ModelShape,
+    hardware: HardwareSpec,
+    workload: Workload,
+    worst: Memory,
+    layers: list[int],
+    *,
+    meshtrain: bool,
+) -> float:
+    """The optimizer's elementwise pass over the parameters whose states the fullest rank updates, at memory
+    bandwidth: read w, g, K and write w, K (K: its states' bytes); clipping reads g. AdamW's K for every parameter,
+    except under ``optim=muon`` the blocks' matrices, which move one momentum buffer (``muon_bytes_per_param``);
+    their Newton-Schulz matmuls are timed apart, as FLOPs (``muon_step_cost``)."""
+    w, g, k = workload.bytes_per_param
+    k_muon = workload.muon_bytes_per_param[2]
+    muon = rank_muon_state_params(model, layers, c=c, workload=workload, meshtrain=meshtrain)
+    adamw = (worst.optimizer - muon * k_muon) / k
+    moved = adamw * (2 * w + 2 * g + 2 * k) + muon * (2 * w + 2 * g + 2 * k_muon)
+    return moved / hardware.memory_bytes_per_s
+
+
 def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec, workload: Workload) -> Estimate:
     """Memory of the fullest rank and time of one optimizer step for ``candidate``, term by term: each pipeline
     rank's memory, each rank's micro-batch (compute and each dimension's communication) and the pipeline over them,
@@ -883,11 +921,7 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
     }
     worst_layers = sp.layers_of[rank_memory.index(worst)]
     dp_comm_s = _dp_comm(c, model, hardware, workload, sp, worst, worst_layers, compute_s, fixed_calls)
-    w, g, k = workload.bytes_per_param
-    shard_params = worst.optimizer / k  # parameters whose optimizer states this rank updates
-    optimizer_s = (
-        shard_params * (2 * w + 2 * g + 2 * k) / hardware.memory_bytes_per_s
-    )  # read w,g,K + write w,K; clip reads g
+    optimizer_s = elementwise_optimizer_s(c, model, hardware, workload, worst, worst_layers, meshtrain=sp.meshtrain)
     muon = muon_step_cost(model, worst_layers, c=c, hardware=hardware, workload=workload)
     muon = replace(muon, gather_s=muon_gather_s(muon))
     optimizer_s += muon.ns_s + muon.gather_s  # optim=muon: the rank's orthogonalisations and their gathers

@@ -5,17 +5,19 @@ the plan's; the Newton-Schulz FLOPs are torch's own count; the gathers are the s
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 import torch
 
 from models.registry import typed_model
 from parallel.plan.cli import compose, plain, specs_from_cfg
-from parallel.plan.cost_model import Candidate, estimate
+from parallel.plan.cost_model import Candidate, elementwise_optimizer_s, estimate, rank_muon_state_params
 from parallel.plan.dry_run import dry_run
 from parallel.plan.muon_cost import ns_flops
 
 
+@functools.cache  # composing takes about a second: once per model
 def _specs(*overrides: str):
     cfg = compose(
         ["optim=muon", "data.seq_len=64", "data.global_batch_size=16", "topology.nproc_per_node=8", *overrides]
@@ -87,3 +89,22 @@ def test_spread_gathers_a_share_and_everywhere_gathers_all():
     assert spread.gather_s > 0 and spread.ns_s > 0
     ddp = estimate(Candidate(dp=2), model=model, hardware=hardware, workload=workload).muon
     assert ddp.gather_bytes == 0 and ddp.ns_flops == everywhere.ns_flops  # replicated: every rank all, no gather
+
+
+def test_the_elementwise_pass_moves_one_momentum_buffer_for_the_matrices():
+    _, model, hardware, workload = _specs("model=llama_debug")
+    c, layers = Candidate(dp=2, zero_stage=3), list(range(model.n_layers))
+    matrices = sum(model.layer_matmul_params(i) for i in layers)
+    assert rank_muon_state_params(model, layers, c=c, workload=workload, meshtrain=True) == matrices / 2
+    memory = estimate(c, model=model, hardware=hardware, workload=workload).memory
+    rest = (model.params - matrices) / 2  # embeddings, head, norms: AdamW's, sharded over dp2
+    assert memory.optimizer == pytest.approx(rest * 8 + matrices / 2 * 4)
+    # read w, g, K and write w, K (clipping reads g): K = 8 bytes of moments for AdamW's, 4 of momentum for Muon's
+    want = (rest * (8 + 8 + 16) + matrices / 2 * (8 + 8 + 8)) / hardware.memory_bytes_per_s
+    got = elementwise_optimizer_s(c, model, hardware, workload, memory, layers, meshtrain=True)
+    assert got == pytest.approx(want, rel=1e-12)
+    adamw = dataclasses.replace(workload, optimizer="adamw")
+    memory = estimate(c, model=model, hardware=hardware, workload=adamw).memory
+    assert rank_muon_state_params(model, layers, c=c, workload=adamw, meshtrain=True) == 0
+    got = elementwise_optimizer_s(c, model, hardware, adamw, memory, layers, meshtrain=True)
+    assert got == pytest.approx(model.params / 2 * 32 / hardware.memory_bytes_per_s, rel=1e-12)
