@@ -3,9 +3,9 @@ ChatML template, 40 conversational pairs, 3 steps. Each case prepares its own ca
 log-probabilities through its own engine before its first step. Full weights: ddp (2 accumulated chunks per
 replica), fsdp, tp (loss parallel) and dp 2 x pp 2 (1F1B, the chosen and rejected of a pair in one micro-batch)
 reproduce single's losses, reward margins, log-probabilities and gradient norms to 1e-6 relative (the rewards to
-1e-6 of the log-probabilities they are differences of), its accuracies and held-out loss;
-with LoRA (the reference: the base with the adapters off), fsdp reproduces lora single's and step 1 is ln 2; a
-Qwen3-MoE under dp 2 x ep 2 reproduces its single's."""
+1e-6 of the log-probabilities they are differences of), its accuracies and held-out loss; with LoRA (the reference:
+the base with the adapters off), fsdp and plain pp 2 reproduce lora single's and step 1 is ln 2; a Qwen3-MoE under
+dp 2 x ep 2 reproduces its single's."""
 
 from __future__ import annotations
 
@@ -36,6 +36,12 @@ LAYOUTS = {
     },
     "lora_single": {"defaults": [{"override /parallel": "single"}], "model": LORA},
     "lora_fsdp": {"defaults": [{"override /parallel": "fsdp"}], "model": LORA},
+    # plain pp 2 with LoRA: the reference pass runs the base (adapters off) through the stages
+    "lora_pp2": {
+        "defaults": [{"override /parallel": "pp"}],
+        "pp": {"size": 2, "micro_batches": 2, "schedule": "1f1b"},
+        "model": LORA,
+    },
     # a Qwen3-MoE folder (8 experts, 2 a token): expert parallel over 2 ranks borrowed from dp 2
     "moe_single": {"defaults": [{"override /parallel": "single"}], "moe": True},
     "moe_dp2_ep2": {
@@ -108,7 +114,7 @@ def metrics(job) -> list[dict]:
 
 
 def test_step_one_is_ln2_and_the_held_out_pairs_are_scored(runs):
-    for name in ("single", "lora_single", "lora_fsdp"):
+    for name in ("single", "lora_single", "lora_fsdp", "lora_pp2"):
         first = metrics(runs[name])[0]
         assert first["loss"] == pytest.approx(math.log(2), rel=1e-6)  # the policy is its reference
         assert first["rewards_margin"] == 0.0 and first["rewards_accuracy"] == 0.0
@@ -124,7 +130,7 @@ def test_step_one_is_ln2_and_the_held_out_pairs_are_scored(runs):
 
 @pytest.mark.parametrize("case, ref", [("ddp", "single"), ("fsdp", "single"), ("tp", "single"),
                                        ("dp2_pp2", "single"), ("lora_fsdp", "lora_single"),
-                                       ("moe_dp2_ep2", "moe_single")])  # fmt: skip
+                                       ("lora_pp2", "lora_single"), ("moe_dp2_ep2", "moe_single")])  # fmt: skip
 def test_layouts_reproduce_single(runs, case, ref):
     got, want = metrics(runs[case]), metrics(runs[ref])
     assert len(got) == len(want) == 3
