@@ -68,6 +68,10 @@ class PreferenceConfig:
     """The share of pairs taken as mislabelled (conservative DPO): the loss mixes in logsigmoid(-beta delta)."""
     gamma: float = 0.5
     """SimPO's target reward margin."""
+    reference: str = "pass"
+    """DPO's reference: ``pass`` (its log-probabilities computed in one forward pass before step 1, stored beside the
+    shards) or ``copy`` (held on the ranks, run on every batch: without LoRA a frozen copy of the initial weights,
+    sharded like the policy; with LoRA the base with the adapters off)."""
 
 
 @dataclass

@@ -9,6 +9,15 @@ from dataclasses import dataclass
 OBJECTIVES = ("dpo", "simpo")
 #: objectives that compare the policy with a reference model
 WITH_REFERENCE = ("dpo",)
+#: where that reference comes from (``trainer.preference.reference``): its log-probabilities computed in one pass
+#: before step 1, or held on the ranks and run on every batch (``trainer/loop/reference.py``)
+REFERENCES = ("pass", "copy")
+
+
+def holds_reference(objective: str, reference: str) -> bool:
+    """Whether a run keeps its reference on the ranks and runs it on every batch (``trainer.objective=dpo`` with
+    ``trainer.preference.reference=copy``): what the planner counts (its weights without LoRA, a forward a batch)."""
+    return objective in WITH_REFERENCE and reference == "copy"
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,15 @@ def local_bytes(tensors: Iterable[Any]) -> int:
     return total
 
 
+def frozen_copy(params: Iterable[Any]) -> list[Any]:
+    """A detached clone of each of ``params`` as this rank holds it (a DTensor keeps its placement): a frozen
+    reference model sharded like the policy (``trainer/loop/reference.py``), measured by the dry run as built."""
+    import torch
+
+    with torch.no_grad():
+        return [p.detach().clone() for p in params]
+
+
 def model_state_bytes(params: list[Any], optimizer: Any) -> dict[str, int]:
     """{params, grads, optimizer, model_state} on this rank; optimizer state counts tensors with a shape
     (Adam's moments), not its step counters."""

@@ -33,6 +33,7 @@ def planner_inputs(
     trainer_precision: str | None,
     optim: Mapping[str, Any] | None = None,
     calibrate: bool | None = None,
+    reference_copy: bool = False,
 ) -> Inputs:
     """Model, hardware (measured when ``calibrate``, by default ``topology.calibrate``) and workload of a run;
     ``optim``: the run's optim section's values (``optim=muon``'s keys; None: AdamW)."""
@@ -48,6 +49,7 @@ def planner_inputs(
             trainer_precision=trainer_precision,
             hardware=hw,
             optim=optim,
+            reference_copy=reference_copy,
         )
 
     if calibrate if calibrate is not None else bool(topology.calibrate):

@@ -22,6 +22,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from conf.command_line import shell_expanded
+from models.objectives import holds_reference
 from models.registry import UnknownModel, hf_model, typed_model
 from models.spec import hydra_schema, make_config
 from parallel.config import PlannerConfig, TopologyConfig
@@ -139,6 +140,8 @@ def specs_from_cfg(cfg: Any, *, calibrate: bool | None = None) -> Inputs:
         trainer_precision=str(trainer.precision) if trainer is not None else None,
         optim=plain(cfg.optim) if cfg.get("optim") is not None else None,
         calibrate=calibrate,
+        reference_copy=trainer is not None
+        and holds_reference(str(trainer.objective), str(trainer.preference.reference)),
     )
 
 

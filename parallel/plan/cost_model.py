@@ -51,10 +51,13 @@ class Memory:
     grads: float
     optimizer: float
     activations: float
+    reference: float = 0.0
+    """A frozen reference model's weights (``Workload.reference_copy`` without LoRA): sharded as ``params``, no
+    gradients or optimizer state."""
 
     @property
     def total(self) -> float:
-        return self.params + self.grads + self.optimizer + self.activations
+        return self.params + self.grads + self.optimizer + self.activations + self.reference
 
 
 @dataclass(frozen=True)
@@ -631,6 +634,8 @@ class _Split:
     layers_of: list[list[int]]
     last: int
     meshtrain: bool
+    reference: int = 0
+    """Forwards of a reference held on the ranks per micro-batch (``Workload.reference_copy``): 0 or 1."""
 
     @classmethod
     def of(cls, c: Candidate, model: ModelShape, workload: Workload) -> _Split:
@@ -647,6 +652,7 @@ class _Split:
             ),
             last=last_chunk_rank(pp=c.pp, schedule=c.schedule, stages_per_rank=v),
             meshtrain=workload.implementation == "meshtrain",
+            reference=int(workload.reference_copy),
         )
 
 
@@ -665,6 +671,7 @@ def _rank_memory(
             trainable, bytes_per_param=workload.bytes_per_param, zero_stage=c.zero_stage, dp=sp.data
         )
         w += adapters
+    reference = w if workload.reference_copy and model.lora_rank == 0 else 0.0  # LoRA: the base, adapters off
     case = ActivationCase(
         seq_len=sp.s,
         micro_batch=sp.b,
@@ -685,7 +692,7 @@ def _rank_memory(
             if meshtrain
             else logits_bytes(model, seq_len=sp.s, micro_batch=sp.b, tp=c.tp, element_bytes=sp.e)
         )
-    return Memory(params=w, grads=g, optimizer=o, activations=per_mb * held), per_mb
+    return Memory(params=w, grads=g, optimizer=o, activations=per_mb * held, reference=reference), per_mb
 
 
 @dataclass(frozen=True)
@@ -751,15 +758,15 @@ class _Stages:
 def _stage_compute(
     c: Candidate, model: ModelShape, hardware: HardwareSpec, sp: _Split, r: int, layers: list[int], busy: float
 ) -> float:
-    """Pipeline rank ``r``'s forward and backward of one micro-batch; attention spans the whole sequence (4·s·h per
-    token, s the full length)."""
-    passes = {"none": 3.0, "selective": 3.0, "full": 4.0}[c.recompute]
+    """Pipeline rank ``r``'s forward and backward of one micro-batch (and a held reference's forward); attention spans
+    the whole sequence (4·s·h per token, s the full length)."""
+    passes = {"none": 3.0, "selective": 3.0, "full": 4.0}[c.recompute] + sp.reference  # a held reference's forward
     groups = model.layer_groups(layers)
     flops = sum(n * passes * model.layer_forward_flops_per_token(i, sp.s_full) for i, n in groups)
     if c.recompute == "selective":
         flops += 4 * sp.s_full * model.d_model * len(layers)
     if r == sp.last:
-        flops += 3 * model.logit_forward_flops_per_token()
+        flops += (3 + sp.reference) * model.logit_forward_flops_per_token()
     # meshtrain runs a mixture of experts whole on every tp rank: its FLOPs are not divided by t
     whole = sum(n * passes * 2 * model.layer_moe_active_params(i) for i, n in groups) if sp.meshtrain else 0.0
     share = (len(layers) + (r == 0) + (r == sp.last)) / (model.n_layers + 2)

@@ -28,7 +28,7 @@ from parallel.assembly.compose import Composition, PipelinePlan, compose
 from parallel.foundation import dims
 from parallel.foundation.precision import PLANNER_PRECISIONS
 from parallel.foundation.run import ComposeSettings
-from parallel.foundation.state_bytes import model_state_bytes
+from parallel.foundation.state_bytes import frozen_copy, local_bytes, model_state_bytes
 from parallel.pipeline.stages import build_stage_module
 from parallel.plan.cost_model import Candidate, estimate
 from parallel.plan.specs import HardwareSpec, ModelShape, Workload
@@ -40,7 +40,8 @@ class RankReport:
     coords: dict[str, int]
     stages: list[int]
     measured: dict[str, float] = field(default_factory=dict)
-    """params, grads, optimizer, model_state (their sum), activations_per_micro_batch: bytes on this rank."""
+    """params, grads, optimizer, model_state (their sum), activations_per_micro_batch, reference (a frozen reference
+    model's weights, ``Workload.reference_copy``): bytes on this rank."""
     estimated: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     seconds: float = 0.0
@@ -252,7 +253,7 @@ def _measure_rank(
             c=c, meta_model=meta_model, mesh=mesh, settings=settings, tp_plan=tp_plan, on_step=on_step, units=units
         )
         acts = sum(_stage_activation_bytes(spec, model=model, workload=workload, loss=loss, **build) for spec in local)
-        measured = _state_bytes(_compose_rank(local, **build), workload=workload, on_step=on_step)
+        measured = _state_bytes(_compose_rank(local, **build), workload=workload, model=model, on_step=on_step)
         measured["activations_per_micro_batch"] = float(acts)
         return measured
     except Exception as exc:  # noqa: BLE001 - every failure to build is reported with the rank and the fix
@@ -362,13 +363,16 @@ def _compose_rank(local, *, c: Candidate, meta_model, mesh, settings: ComposeSet
     )
 
 
-def _state_bytes(composed, *, workload: Workload, on_step) -> dict[str, float]:
+def _state_bytes(composed, *, workload: Workload, model: ModelShape, on_step) -> dict[str, float]:
     """Parameters, gradients and the run's optimizer state of the composed parts (on meta tensors), as the trainer
-    holds them (``_optimizer_with_state``)."""
+    holds them (``_optimizer_with_state``), and a frozen reference's copy of the weights as the trainer takes it
+    (``frozen_copy``; none with LoRA: the base with the adapters off)."""
     on_step("optimizer")
     params = [p for part in composed.parts for p in part.module.parameters()]
     opt = _optimizer_with_state(composed.parts, workload)
-    return {k: float(v) for k, v in model_state_bytes(params, opt).items()}
+    held = workload.reference_copy and model.lora_rank == 0
+    reference = local_bytes(frozen_copy(params)) if held else 0
+    return {**{k: float(v) for k, v in model_state_bytes(params, opt).items()}, "reference": float(reference)}
 
 
 def dry_run(
@@ -410,6 +414,7 @@ def dry_run(
             "grads": mem.grads,
             "optimizer": mem.optimizer,
             "model_state": mem.params + mem.grads + mem.optimizer,
+            "reference": mem.reference,
             "activations_per_micro_batch": est.rank_activation_per_micro_batch[pp_i],
         }
         t1 = time.perf_counter()

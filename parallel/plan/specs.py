@@ -177,6 +177,11 @@ class Workload:
     """``optim.muon_gather``: spread (each matrix orthogonalised by one owner rank) or everywhere."""
     ns_steps: int = 5
     """``optim.ns_steps``: Newton-Schulz iterations per matrix and step."""
+    reference_copy: bool = False
+    """The run keeps a frozen reference model on the ranks (DPO with ``trainer.preference.reference=copy``): one more
+    copy of the weights, sharded like them, with no gradients or optimizer state (none with LoRA: the base with the
+    adapters off is the reference), and one more forward per micro-batch. The one-off pass of ``reference=pass``
+    costs nothing per step and is not counted."""
 
     @property
     def muon_bytes_per_param(self) -> tuple[int, int, int]:
@@ -209,6 +214,7 @@ class Workload:
         trainer_precision: str | None,
         hardware: HardwareSpec,
         optim: Any = None,
+        reference_copy: bool = False,
     ) -> Workload:
         """The job a typed ``planner`` section plans for: ``model`` (its typed config), the data's batch and
         sequence, and the run's ``trainer.precision`` (None: a config without a trainer, the planner's own); ``optim``:
@@ -239,4 +245,5 @@ class Workload:
             recompute=options[recompute],
             recompute_fallback=AC_MODES if recompute == "auto" else (),
             **muon_workload(optim),
+            reference_copy=reference_copy,
         )

@@ -172,6 +172,7 @@ def print_dry_run(report, *, file=None) -> None:
     borrowed = any(int(lay.get(n, 1)) > 1 for n in dims.borrowing())
     coord_names = dims.coord_names() if borrowed else dims.mesh_names()
     mesh = "/".join(coord_names)
+    held = any(r.estimated.get("reference") for r in report.ranks)  # a frozen reference model (DPO, copy)
     for col in (
         "rank",
         mesh,
@@ -181,12 +182,13 @@ def print_dry_run(report, *, file=None) -> None:
         "optim GB",
         "states GB (est)",
         "act/mb GB (est)",
+        *(["reference GB (est)"] if held else []),
     ):
         table.add_column(col, justify="left" if col in (mesh, "stages") else "right")
     for r in report.ranks:
         coords = "/".join(str(r.coords[k]) for k in coord_names)
         if r.error:
-            table.add_row(str(r.rank), coords, ",".join(map(str, r.stages)), f"[red]{r.error}[/]", "", "", "", "")
+            table.add_row(str(r.rank), coords, ",".join(map(str, r.stages)), f"[red]{r.error}[/]", *[""] * (4 + held))
             continue
         m = r.measured
         table.add_row(
@@ -198,5 +200,6 @@ def print_dry_run(report, *, file=None) -> None:
             f"{m['optimizer'] / GB:.4g}",
             _versus(r, "model_state"),
             _versus(r, "activations_per_micro_batch"),
+            *([_versus(r, "reference")] if held else []),
         )
     console.print(table)

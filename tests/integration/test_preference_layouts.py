@@ -3,9 +3,10 @@ ChatML template, 40 conversational pairs, 3 steps. Each case prepares its own ca
 log-probabilities through its own engine before its first step. Full weights: ddp (2 accumulated chunks per
 replica), fsdp, tp (loss parallel) and dp 2 x pp 2 (1F1B, the chosen and rejected of a pair in one micro-batch)
 reproduce single's losses, reward margins, log-probabilities and gradient norms to 1e-6 relative (the rewards to
-1e-6 of the log-probabilities they are differences of), its accuracies and held-out loss; with LoRA (the reference:
-the base with the adapters off), fsdp and plain pp 2 reproduce lora single's and step 1 is ln 2; a Qwen3-MoE under
-dp 2 x ep 2 reproduces its single's."""
+1e-6 of the log-probabilities they are differences of), its accuracies and held-out loss, and so does dp 2 x pp 2
+with the reference held on the ranks (``trainer.preference.reference=copy``: a frozen copy of the initial weights run
+on every batch); with LoRA (the reference: the base with the adapters off), fsdp and plain pp 2 reproduce lora
+single's and step 1 is ln 2; a Qwen3-MoE under dp 2 x ep 2 reproduces its single's."""
 
 from __future__ import annotations
 
@@ -33,6 +34,15 @@ LAYOUTS = {
         "dp": {"size": 2},
         "tp": {"size": 1},
         "pp": {"size": 2, "micro_batches": 2, "schedule": "1f1b"},
+    },
+    # the reference held on the ranks (trainer.preference.reference=copy): the initial weights' frozen shards
+    # swapped in for a forward on every batch, through FSDP2 over dp 2 and the pipeline's stages
+    "copy_dp2_pp2": {
+        "defaults": [{"override /parallel": "hybrid"}],
+        "dp": {"size": 2},
+        "tp": {"size": 1},
+        "pp": {"size": 2, "micro_batches": 2, "schedule": "1f1b"},
+        "trainer": {"preference": {"reference": "copy"}},
     },
     "lora_single": {"defaults": [{"override /parallel": "single"}], "model": LORA},
     "lora_fsdp": {"defaults": [{"override /parallel": "fsdp"}], "model": LORA},
@@ -114,7 +124,7 @@ def metrics(job) -> list[dict]:
 
 
 def test_step_one_is_ln2_and_the_held_out_pairs_are_scored(runs):
-    for name in ("single", "lora_single", "lora_fsdp", "lora_pp2"):
+    for name in ("single", "copy_dp2_pp2", "lora_single", "lora_fsdp", "lora_pp2"):
         first = metrics(runs[name])[0]
         assert first["loss"] == pytest.approx(math.log(2), rel=1e-6)  # the policy is its reference
         assert first["rewards_margin"] == 0.0 and first["rewards_accuracy"] == 0.0
@@ -126,11 +136,14 @@ def test_step_one_is_ln2_and_the_held_out_pairs_are_scored(runs):
     summary = json.loads((runs["single"] / "summary.json").read_text())
     assert summary["reference"]["reference"] == "initial weights"
     assert json.loads((runs["lora_fsdp"] / "summary.json").read_text())["reference"]["reference"] == "adapters off"
+    copy = json.loads((runs["copy_dp2_pp2"] / "summary.json").read_text())["reference"]
+    assert copy["reference"] == "frozen copy of the initial weights" and copy["reference_bytes_per_rank"] > 0
 
 
 @pytest.mark.parametrize("case, ref", [("ddp", "single"), ("fsdp", "single"), ("tp", "single"),
-                                       ("dp2_pp2", "single"), ("lora_fsdp", "lora_single"),
-                                       ("lora_pp2", "lora_single"), ("moe_dp2_ep2", "moe_single")])  # fmt: skip
+                                       ("dp2_pp2", "single"), ("copy_dp2_pp2", "single"),
+                                       ("lora_fsdp", "lora_single"), ("lora_pp2", "lora_single"),
+                                       ("moe_dp2_ep2", "moe_single")])  # fmt: skip
 def test_layouts_reproduce_single(runs, case, ref):
     got, want = metrics(runs[case]), metrics(runs[ref])
     assert len(got) == len(want) == 3

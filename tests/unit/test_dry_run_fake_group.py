@@ -3,6 +3,8 @@ fake process group in this process, its measured memory beside the planner's est
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from models.registry import typed_model
@@ -21,9 +23,11 @@ def test_sampled_ranks_are_each_stages_first_and_last_and_one_in_the_middle():
 
 @pytest.fixture(scope="module")
 def small_cluster():
-    """dp2 x tp2 x pp2 (8 ranks) of gpt_small with sequence parallel, FSDP2 and 1F1B: every piece at once."""
+    """dp2 x tp2 x pp2 (8 ranks) of gpt_small with sequence parallel, FSDP2 and 1F1B: every piece at once, and a
+    frozen reference model on every rank (DPO's ``trainer.preference.reference=copy``)."""
     cfg = compose(["model=gpt_small", "data.seq_len=64", "data.global_batch_size=16", "topology.nproc_per_node=8"])
     model, hardware, workload = specs_from_cfg(cfg, calibrate=False)
+    workload = replace(workload, reference_copy=True)
     c = Candidate(dp=2, tp=2, pp=2, micro_batches=4, schedule="1f1b", zero_stage=3, sequence_parallel=True)
     return (
         cfg,
@@ -48,6 +52,9 @@ def test_small_cluster_measured_bytes_match_the_estimate(small_cluster):
         assert r.ratio("activations_per_micro_batch") == pytest.approx(1.0, abs=0.01), r
         # fp32 AdamW: moments are twice the (sharded) parameters, gradients as large as the parameters
         assert r.measured["optimizer"] == 2 * r.measured["params"] == 2 * r.measured["grads"]
+        # the frozen reference: the trainer's clone of this rank's (tp-, pp- and FSDP2-sharded) weights, as planned
+        assert r.measured["reference"] == r.measured["params"] and r.estimated["reference"] == r.estimated["params"]
+        assert r.ratio("reference") == pytest.approx(1.0, abs=0.05), r
     first, last = report.ranks[0], report.ranks[-1]
     assert first.measured["params"] != last.measured["params"]  # embeddings on stage 0, head on stage 1
 

@@ -161,3 +161,40 @@ def test_dpo_loss_and_rewards_equal_trls_dpo_trainer(tokenizer, tmp_path):
     assert means["rewards_rejected"] == pytest.approx(metrics["rewards/rejected"], rel=1e-5)
     assert means["rewards_accuracy"] == pytest.approx(metrics["rewards/accuracies"])
     assert means["logps_chosen"] == pytest.approx(metrics["logps/chosen"], rel=1e-6)
+
+
+def test_a_frozen_copy_swaps_the_initial_weights_in_and_back_out():
+    from torch import nn
+
+    from trainer.loop.reference import FrozenReference
+
+    class Engine:  # what FrozenReference reads of an engine: its modules and their parameters
+        def __init__(self, module: nn.Module):
+            self.model_parts = [module]
+
+        def parameters(self):
+            return self.model_parts[0].parameters()
+
+    torch.manual_seed(0)
+    module = nn.Linear(4, 3)
+    initial = [p.detach().clone() for p in module.parameters()]
+    held = FrozenReference(engine=Engine(module), lora=False)
+    held.take()
+    assert held.nbytes == sum(p.numel() * p.element_size() for p in module.parameters())
+    with torch.no_grad():  # training moves the policy
+        for p in module.parameters():
+            p.add_(1.0)
+    trained = [p.detach().clone() for p in module.parameters()]
+    with held.active():
+        assert all(torch.equal(p, w) for p, w in zip(module.parameters(), initial))
+    assert all(torch.equal(p, w) for p, w in zip(module.parameters(), trained))  # back, bit for bit
+    assert all(torch.equal(w, i) for w, i in zip(held.weights, initial))
+
+
+def test_the_reference_key_is_checked_before_spawn(compose_cfg):
+    from trainer.validate import ConfigError, validate
+
+    cfg = compose_cfg("trainer.preference.reference=frozen")
+    with pytest.raises(ConfigError) as err:
+        validate(cfg, environ={})
+    assert "trainer.preference.reference" in str(err.value) and "pass, copy" in str(err.value)

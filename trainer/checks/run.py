@@ -9,6 +9,7 @@ import math
 from omegaconf import DictConfig
 
 from models.objectives import OBJECTIVES as PREFERENCE_OBJECTIVES
+from models.objectives import REFERENCES
 from trainer.checks.findings import Findings, finite, number
 from trainer.loop.callbacks import callback_problems
 
@@ -50,6 +51,8 @@ def check_trainer(cfg: DictConfig, layout: object, f: Findings) -> None:
     f.require("trainer.preference.beta", p.beta, finite(p.beta) and number(p.beta) > 0, "must be a number > 0")
     ok = finite(p.label_smoothing) and 0 <= number(p.label_smoothing) < 0.5
     f.require("trainer.preference.label_smoothing", p.label_smoothing, ok, "must be in [0, 0.5)")
+    ok = str(p.reference) in REFERENCES
+    f.require("trainer.preference.reference", p.reference, ok, f"use one of {', '.join(REFERENCES)}")
     f.require("trainer.keep_checkpoints", t.keep_checkpoints, int(t.keep_checkpoints) >= 1, "must be >= 1")
     f.require("trainer.stop_grace_s", t.stop_grace_s, float(t.stop_grace_s) >= 0, "must be >= 0 seconds")
     resume = str(t.resume)

@@ -32,7 +32,7 @@ from parallel.foundation.state_bytes import model_state_bytes
 from trainer.data.prefetch import Prefetcher
 from trainer.loop.callbacks import build_callbacks, call
 from trainer.loop.optim import build_optimizer, build_scheduler
-from trainer.loop.reference import attach_reference
+from trainer.loop.reference import FrozenReference, attach_reference, wants_copy
 from trainer.observe.expert_load_figure import announce_expert_load
 from trainer.observe.memory import peak_memory_bytes
 from trainer.observe.metrics import StepStats, read_metrics
@@ -188,6 +188,10 @@ class Trainer:
         """The preference loss (``models/preference.py``) whose pair statistics the log reads; None otherwise."""
         self.last_pairs: dict[str, float] = {}
         self.reference: dict[str, Any] | None = None
+        lora = int(self.cfg.model.get("lora", {}).get("rank", 0) or 0) > 0
+        self.frozen_reference = FrozenReference(engine=engine, lora=lora) if wants_copy(self.cfg) else None
+        """``trainer.preference.reference=copy``: the reference run on every batch (``resume`` copies the initial
+        weights)."""
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -296,6 +300,8 @@ class Trainer:
             self._prefetch = Prefetcher(self.data.global_batch, first_step=step, last_step=self.max_steps, depth=0)
         (inputs, targets), data_s = self._prefetch.get(step)
         x, y = self.engine.local_batch(self.ctx, inputs, targets)
+        if self.frozen_reference is not None:
+            y = self.frozen_reference.fill(self, x, y)
         self.optimizer.zero_grad(set_to_none=True)
         # saved activations and the engine's sampled comm meters on logged steps; profiler at trainer.profile_steps
         measure = self.engine.measure_step = self._should_log(step)
@@ -405,6 +411,8 @@ class Trainer:
         try:
             for inputs, targets in self._val_batches:
                 x, y = engine.local_batch(ctx, inputs, targets)
+                if self.frozen_reference is not None:
+                    y = self.frozen_reference.fill(self, x, y)
                 loss = engine.eval_step(x, y)
                 if loss is not None:
                     weight = float(self._count(targets))
@@ -518,7 +526,14 @@ class Trainer:
         # a restarted or re-launched run continues from its own newest checkpoint, whatever it started from
         path = own[-1][1] if own and resume != "never" else resolve_resume(resume, self.ctx.run_dir)
         if path is None:
-            return self._init_from() if self.ctx.weights_from_checkpoint else 0
+            start = self._init_from() if self.ctx.weights_from_checkpoint else 0
+            if self.frozen_reference is not None:
+                self.frozen_reference.take()
+            return start
+        if self.frozen_reference is not None:  # the reference is the weights the run started from, not the checkpoint's
+            if self.ctx.weights_from_checkpoint:
+                self._init_from()
+            self.frozen_reference.take()
         self.resumed_from = str(path)
         self.ctx.log.info(self.ctx.clock.line(f"reading checkpoint {path}"))
         return self.checkpointer.load(path)

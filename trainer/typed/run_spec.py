@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from models.objectives import OBJECTIVES as PREFERENCE_OBJECTIVES
-from models.objectives import PreferenceObjective
+from models.objectives import PreferenceObjective, holds_reference
 from models.registry import spec_for, typed_model
 from models.spec import make_config
 from parallel.config import PlannerConfig, TopologyConfig
@@ -51,6 +51,7 @@ def planner_inputs(cfg: DictConfig, *, calibrate: bool | None = None) -> Inputs:
         trainer_precision=str(cfg.trainer.precision),
         optim=plain_values(cfg.optim) if cfg.get("optim") is not None else None,
         calibrate=calibrate,
+        reference_copy=holds_reference(str(cfg.trainer.objective), str(cfg.trainer.preference.reference)),
     )
 
 
