@@ -301,6 +301,7 @@ PLANS: dict[str, Run | Compose | Covered | Skip] = {
     "python benchmarks/muon_step.py": BENCHMARK,
     "python benchmarks/muon_vs_adamw.py": BENCHMARK,
     "python benchmarks/hf_backend.py": BENCHMARK,
+    "python benchmarks/vs_torchtitan.py": BENCHMARK,
     "python train.py model=llama_debug optim=muon parallel=fsdp": Covered(
         INTEGRATION + "test_muon_layouts.py::test_real_gradients_match_single_within_the_parity_tolerance"
     ),
