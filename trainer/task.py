@@ -131,19 +131,16 @@ def _fail(run_dir: Path, meta: dict, status: str, reason: str, code: int) -> flo
     raise SystemExit(code)
 
 
-def check_resume(cfg: DictConfig, run_dir: Path) -> None:
-    """A checkpoint named by trainer.resume must be complete, whole and for this model: checked here,
-    before any worker starts (auto only considers complete checkpoints, so it cannot fail)."""
-    from trainer.checkpoint.files import check_model_matches, read_marker, resolve_resume
+def check_resume(cfg: DictConfig, run_dir: Path, *, model_cfg: dict | None = None) -> None:
+    """A checkpoint named by trainer.resume must be complete, whole and for this model (``model_cfg``: the resolved
+    ``model`` section, resolved here when not given): checked here, before any worker starts (auto only considers
+    complete checkpoints, so it cannot fail)."""
+    from trainer.checkpoint.files import resumable
 
-    resume = str(cfg.trainer.resume)
-    if resume == "never":
+    model = model_cfg if model_cfg is not None else resolved_container(cfg.model)
+    path = resumable(str(cfg.trainer.resume), run_dir, model)
+    if path is None:  # never, or auto with nothing saved yet
         return
-    path = resolve_resume(resume, run_dir)
-    if path is None:  # auto, nothing saved yet
-        return
-    meta = read_marker(path)
-    check_model_matches(meta, resolved_container(cfg.model), path)
     from trainer.checkpoint.checkpointer import read_dcp_metadata
 
     read_dcp_metadata(path)
@@ -214,7 +211,7 @@ def preflight(cfg: DictConfig, *, run_dir: Path, clock: StartClock) -> tuple[Val
 
     from hydra.utils import instantiate
 
-    check_resume(cfg, run_dir)
+    check_resume(cfg, run_dir, model_cfg=cfg_dict["model"])
     data = instantiate(cfg.data, seed=int(cfg.trainer.seed))
     clock.say(f"preparing the data ({describe_data(cfg)})")
     data.prepare()

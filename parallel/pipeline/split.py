@@ -99,6 +99,13 @@ def uniform_costs(n_blocks: int, *, input_weight: float = 1.0, output_weight: fl
     return BlockCosts(blocks=(1.0,) * n_blocks, pre=input_weight, post=output_weight)
 
 
+def uniform_split(n_blocks: int, num_stages: int, *, pre: bool, post: bool) -> tuple[int, ...]:
+    """The trainer's uniform policy (``pp.split=uniform``): blocks of equal cost, the embeddings and the head (where
+    the model has them) weighing one block each (torchtitan's weights), split by ``min_max_partition``."""
+    costs = uniform_costs(n_blocks, input_weight=1.0 if pre else 0.0, output_weight=1.0 if post else 0.0)
+    return min_max_partition(costs, num_stages)
+
+
 def even_split(n_blocks: int, num_stages: int) -> tuple[int, ...]:
     """Blocks shared as evenly as possible, earlier stages taking the extra (mp's default)."""
     base, extra = divmod(n_blocks, num_stages)

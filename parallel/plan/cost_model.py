@@ -960,11 +960,6 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
 # ---- what the further dimensions ask of the planner: where they split a model, why they were chosen --------------
 
 
-def crosses_nodes(*, span: int, stride: int, hardware: HardwareSpec) -> bool:
-    """Whether a group of ``span`` ranks ``stride`` apart reaches beyond one node."""
-    return hardware.nnodes > 1 and span > 1 and span * stride > hardware.devices_per_node
-
-
 def splits_model(sizes: dict[str, int], *, model: ModelShape, workload: Workload) -> bool:
     """Whether the layout's context- and expert-parallel degrees split this model: ep whole experts per rank (a
     mixture of experts only); cp a family with context-parallel attention, whole heads of each tp rank and equal
@@ -1002,7 +997,7 @@ def dimension_pitfalls(
     """The further dimensions' traps for one layout: expert parallel's classic rule, keep ep inside a node (its
     all-to-alls over the inter-node links)."""
     out: list[str] = []
-    if c.ep > 1 and crosses_nodes(span=c.ep, stride=ep_stride(c), hardware=hardware):
+    if c.ep > 1 and hardware.crosses_nodes(span=c.ep, stride=ep_stride(c)):
         inside = [
             d
             for d in range(c.ep - 1, 0, -1)
@@ -1055,7 +1050,7 @@ def expert_reason(
             if alt is not None
             else ""
         )
-    inside = "inside a node" if not crosses_nodes(span=c.ep, stride=ep_stride(c), hardware=hardware) else "across nodes"
+    inside = "inside a node" if not hardware.crosses_nodes(span=c.ep, stride=ep_stride(c)) else "across nodes"
     flat = estimate(with_ep(c, 1), model=model, hardware=hardware, workload=workload)
     out = (
         f"{what} → ep={c.ep} ({inside}): each rank gathers and reduces {model.n_experts // c.ep} of each layer's "

@@ -20,11 +20,11 @@ from parallel.foundation import dims
 from parallel.foundation.checkpointing_modes import AC_MODES
 from parallel.foundation.layout import factorizations
 from parallel.foundation.precision import planner_precision
-from parallel.pipeline.schedules import SCHEDULES, schedule_spec
+from parallel.pipeline.schedules import SCHEDULES
 from parallel.plan.cost_model import (
+    MODELED_SCHEDULES,
     Candidate,
     Estimate,
-    crosses_nodes,
     dimension_pitfalls,
     dimension_reasons,
     estimate,
@@ -57,6 +57,8 @@ class Plan:
     closest_misses: tuple[Estimate, ...]
     """When nothing fits: the candidates needing the least memory."""
     reason: str
+    pitfalls: tuple[str, ...] = ()
+    """The seed's traps for the first choice, with their numbers (``pitfalls``)."""
 
     @property
     def best(self) -> Estimate:
@@ -208,6 +210,9 @@ def plan(
         rejected=len(misses),
         closest_misses=tuple(misses[:5]),
         reason=reason,
+        pitfalls=tuple(pitfalls(ranked[0].candidate, ranked[0], model=model, hardware=hardware, workload=workload))
+        if ranked
+        else (),
     )
 
 
@@ -268,16 +273,14 @@ def seed_reason(
     nic_gbps = hardware.inter.gbps * hardware.devices_per_nic
     if hardware.nnodes > 1 and nic_gbps <= SLOW_LINK_GBPS:
         shared = f" shared by {hardware.devices_per_nic} devices" if hardware.devices_per_nic > 1 else ""
-        if crosses_nodes(span=c.dp, stride=c.stride("dp"), hardware=hardware):
+        if hardware.crosses_nodes(span=c.dp, stride=c.stride("dp")):
             where = (
                 f"dp still crosses nodes: at batch {workload.global_batch_size} x {workload.seq_len} the "
                 "activations pp would send exceed the gradients dp sends"
             )
         else:
             where = (
-                "pp across nodes"
-                if crosses_nodes(span=c.pp, stride=c.stride("pp"), hardware=hardware)
-                else "all inside one node"
+                "pp across nodes" if hardware.crosses_nodes(span=c.pp, stride=c.stride("pp")) else "all inside one node"
             )
         parts.append(
             f"{nic_gbps:g} Gbit/s inter-node{shared}: data parallel limited, prefer pp across nodes (chosen: {where})"
@@ -346,7 +349,7 @@ def pitfalls(
     with the micro-batches a schedule keeps in flight; and expert parallel's classic rule, keep ep inside a node
     (its all-to-alls over the inter-node links)."""
     out = []
-    if crosses_nodes(span=c.dp, stride=c.stride("dp"), hardware=hardware) and est.dp_comm_s > 0.25 * est.step_time_s:
+    if hardware.crosses_nodes(span=c.dp, stride=c.stride("dp")) and est.dp_comm_s > 0.25 * est.step_time_s:
         spanned = min(hardware.nnodes, -(-c.dp * c.stride("dp") // hardware.devices_per_node))
         out.append(
             f"dp.size={c.dp} spans {spanned} nodes over {hardware.inter.gbps:g} Gbit/s links per device "
@@ -389,7 +392,7 @@ def run_warnings(run: RunSpec, *, model: ModelShape, hardware: HardwareSpec, wor
     view of the same config, from ``parallel/plan/cli.py``'s ``specs_from_cfg``)."""
     workload = replace(workload, precision=planner_precision(run.precision))  # what this run trains in
     c = candidate_of(run)
-    if c.pp > 1 and not schedule_spec(c.schedule).modeled:  # e.g. dualpipev: estimate it as 1F1B
+    if c.pp > 1 and c.schedule not in MODELED_SCHEDULES:  # e.g. dualpipev: estimate it as 1F1B
         c = replace(c, schedule="1f1b")
     hardware = replace(hardware, nnodes=run.layout.nnodes)
     est = estimate(c, model=model, hardware=hardware, workload=workload)

@@ -100,6 +100,10 @@ class HardwareSpec:
     def world_size(self) -> int:
         return self.nnodes * self.devices_per_node
 
+    def crosses_nodes(self, *, span: int, stride: int) -> bool:
+        """Whether a group of ``span`` ranks ``stride`` apart reaches beyond one node."""
+        return self.nnodes > 1 and span > 1 and span * stride > self.devices_per_node
+
     def link_for(self, *, span: int, stride: int) -> Link:
         """The slowest link a group of ``span`` ranks ``stride`` apart crosses (ranks fill nodes in order)."""
         return self.inter if span * stride > self.devices_per_node else self.intra

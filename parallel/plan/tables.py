@@ -9,7 +9,7 @@ import sys
 from models.shape import count_text
 from parallel.foundation import dims
 from parallel.plan.cost_model import Estimate, planned_dims
-from parallel.plan.search import TRAINER_AC, Plan, describe, pitfalls, strategy_of
+from parallel.plan.search import TRAINER_AC, Plan, describe, strategy_of
 from parallel.plan.specs import GB, TRAINER_PRECISION, HardwareSpec, ModelShape, Workload
 
 
@@ -119,11 +119,8 @@ def print_table(p: Plan, *, top: int, elapsed_s: float, file=None) -> None:
 
 
 def plan_pitfalls(p: Plan) -> list[str]:
-    """The seed's traps for the first choice, with their numbers (``search.pitfalls``)."""
-    if not p.ranked:
-        return []
-    best = p.ranked[0]
-    return pitfalls(best.candidate, best, model=p.model, hardware=p.hardware, workload=p.workload)
+    """The seed's traps for the first choice, with their numbers (``Plan.pitfalls``)."""
+    return list(p.pitfalls)
 
 
 def _versus(r, key: str) -> str:

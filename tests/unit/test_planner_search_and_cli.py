@@ -13,7 +13,6 @@ from parallel.plan.cli import CONF, main, specs_from_cfg
 from parallel.plan.cost_model import Candidate
 from parallel.plan.search import (
     available_strategies,
-    crosses_nodes,
     plan,
     strategy_of,
 )
@@ -45,8 +44,8 @@ def test_one_gbe_keeps_dp_off_the_inter_node_link(compose_cfg):
     cfg = compose_cfg("model=gpt_7b", "topology=cluster_1gbe", "planner.global_batch_size=128")
     m, hw, w = specs_from_cfg(cfg)
     best = plan(model=m, hardware=hw, workload=w).best.candidate
-    assert not crosses_nodes(span=best.dp, stride=best.stride("dp"), hardware=hw)
-    assert crosses_nodes(span=best.pp, stride=best.stride("pp"), hardware=hw)
+    assert not hw.crosses_nodes(span=best.dp, stride=best.stride("dp"))
+    assert hw.crosses_nodes(span=best.pp, stride=best.stride("pp"))
     # the same model and batch on InfiniBand-class links may run dp across nodes
     fast = compose_cfg(
         "model=gpt_7b",
@@ -217,9 +216,16 @@ def test_plan_output_names_the_three_traps_with_their_numbers(compose_cfg):
     grows, (model, hardware, workload, est) = traps(compose_cfg("model=gpt_7b", "topology=gpu_node"), gpipe)
     line = next(w for w in grows if "keeps all 64 micro-batches' activations" in w)
     assert f"{est.memory.activations / 1e9:.3g} GB" in line and "1f1b holds at most 4" in line
-    # and the plan prints them under its table
+    # and the plan prints them under its table (``plan`` fills ``Plan.pitfalls`` for its first choice)
     fake = Plan(
-        model=model, hardware=hardware, workload=workload, ranked=(est,), rejected=0, closest_misses=(), reason="test"
+        model=model,
+        hardware=hardware,
+        workload=workload,
+        ranked=(est,),
+        rejected=0,
+        closest_misses=(),
+        reason="test",
+        pitfalls=tuple(grows),
     )
     buf = io.StringIO()
     print_table(fake, top=1, elapsed_s=0.0, file=buf)

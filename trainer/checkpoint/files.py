@@ -152,6 +152,15 @@ def check_model_matches(meta: dict[str, Any], model_cfg: dict[str, Any], path: P
         )
 
 
+def resumable(resume: str, run_dir: Path, model_cfg: dict[str, Any]) -> Path | None:
+    """The checkpoint ``trainer.resume`` names, checked before any worker starts: complete and whole (its marker)
+    and written for this model (``model_cfg``, resolved); None for never, or auto with nothing saved yet."""
+    path = resolve_resume(resume, run_dir)
+    if path is not None:
+        check_model_matches(read_marker(path), model_cfg, path)
+    return path
+
+
 def resolve_resume(resume: str, run_dir: Path) -> Path | None:
     """The checkpoint to start from: ``auto`` = newest complete one in this run, ``never``, or a path."""
     if resume == "never":

@@ -9,7 +9,6 @@ job of a multirun gets its own worker group, port and store. Worker failures com
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import math
 import signal
@@ -183,17 +182,9 @@ def _elastic(cfg: DictConfig, cfg_dict: dict, *, layout: ParallelLayout, run_dir
 
 def _start_method(cfg: DictConfig, clock: StartClock) -> str:
     """fork or spawn (``topology.start_method``); before forking, what the workers need is imported here."""
-    from trainer.launch.start_method import import_for_workers, resolve_start_method
+    from trainer.launch.start_method import prepare_start
 
-    start_method = resolve_start_method(cfg.topology)
-    if start_method == "fork":
-        clock.say("importing the rest of what the workers need (they fork from this process)")
-        import_for_workers(cfg)
-        # A failed in-process job (a multirun's parallel=single) leaves its gloo process group in a reference cycle
-        # (its traceback's frames). Collected in a forked worker, its destructor joined gloo threads that exist only
-        # here and the worker hung forever (inside its first gc pass): collect it here, where they run.
-        gc.collect()
-    return start_method
+    return prepare_start(cfg, say=clock.say)
 
 
 def _announce_node(topo: DictConfig, *, nnodes: int, port: int, wait_s: int) -> None:

@@ -8,8 +8,10 @@ launcher has run no torch kernel (no OpenMP pool to inherit) and created no CUDA
 
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
+from collections.abc import Callable
 from typing import Any
 
 #: what every worker imports before its first step; importing them in the launcher makes a forked worker's free
@@ -54,3 +56,17 @@ def import_for_workers(cfg: Any) -> None:
                 importlib.import_module(module)
             except ImportError:  # the worker reports it with its own message
                 pass
+
+
+def prepare_start(cfg: Any, *, say: Callable[[str], None]) -> str:
+    """The start method (``resolve_start_method``); before forking, what the workers need imported in this process
+    (``import_for_workers``, announced through ``say``) and its garbage collected."""
+    start_method = resolve_start_method(cfg.topology)
+    if start_method == "fork":
+        say("importing the rest of what the workers need (they fork from this process)")
+        import_for_workers(cfg)
+        # A failed in-process job (a multirun's parallel=single) leaves its gloo process group in a reference cycle
+        # (its traceback's frames). Collected in a forked worker, its destructor joined gloo threads that exist only
+        # here and the worker hung forever (inside its first gc pass): collect it here, where they run.
+        gc.collect()
+    return start_method

@@ -31,7 +31,7 @@ from parallel.assembly.engine import Engine
 from parallel.foundation.state_bytes import model_state_bytes
 from trainer.data.prefetch import Prefetcher
 from trainer.loop.callbacks import build_callbacks, call
-from trainer.loop.optim import build_optimizer, build_scheduler
+from trainer.loop.optim import build_optimization
 from trainer.loop.reference import FrozenReference, attach_reference, wants_copy
 from trainer.observe.expert_load_figure import announce_expert_load
 from trainer.observe.memory import peak_memory_bytes
@@ -144,8 +144,9 @@ class Trainer:
         # frozen weights (LoRA's base, models/lora.py) get no optimizer state; names as checkpoints key them
         names = parameter_names(engine)
         trainable = [(names.get(id(p), ""), p) for p in engine.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(trainable, self.cfg.optim)
-        self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, max_steps=int(self.cfg.trainer.max_steps))
+        self.optimizer, self.scheduler = build_optimization(
+            trainable, self.cfg.optim, max_steps=int(self.cfg.trainer.max_steps)
+        )
         self.max_steps = int(self.cfg.trainer.max_steps)
         clip = float(self.cfg.trainer.grad_clip)
         self.max_grad_norm = clip if clip > 0 else float("inf")

@@ -48,6 +48,14 @@ def build_optimizer(params: Iterable, cfg: DictConfig) -> torch.optim.Optimizer:
     return build_optimizer_over(factory, [p for _, p in params] if named else params, implementation=implementation)
 
 
+def build_optimization(
+    params: Iterable, cfg: DictConfig, *, max_steps: int
+) -> tuple[torch.optim.Optimizer, lr_scheduler.LRScheduler]:
+    """``optim``'s optimizer over ``params`` and its learning-rate schedule over ``max_steps``."""
+    optimizer = build_optimizer(params, cfg)
+    return optimizer, build_scheduler(optimizer, cfg, max_steps=max_steps)
+
+
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: DictConfig, *, max_steps: int) -> lr_scheduler.LRScheduler:
     """Warm-up then decay with torch's schedulers (or ``optim.scheduler``, a partial), stepped once per step."""
     custom = cfg.get("scheduler")
