@@ -26,7 +26,7 @@ without error and produces garbage, the failure converted checkpoints are most o
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -250,6 +250,11 @@ class HFAdapter:
             f"config.json {k}={hf[k]}: meshtrain's {self.model_type} has no dropout; it trains without" for k in dropout
         ]
         return {}, notes
+
+    def stored_fields(self, hf: Mapping[str, Any], stored: Collection[str]) -> dict[str, Any]:
+        """Model keys the folder's tensors decide (``stored``: their names), not config.json alone: DeepSeek-V3's
+        MTP modules, which config.json names but transformers does not save. None here."""
+        return {}
 
     def model_config(self, hf: Mapping[str, Any]) -> dict[str, Any]:
         """The meshtrain model keys ``config.json`` fixes (explicit values, no 0-means-default); raises

@@ -12,6 +12,7 @@ Validation, the strategies and the planner find a model config's spec with ``spe
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -130,14 +131,17 @@ def spec_for_model_type(model_type: Any) -> ModelSpec | None:
 TRANSFORMERS = "hf"
 
 
-def hf_model(hf: dict[str, Any], *, start: str, backend: str = "auto") -> tuple[ModelSpec, dict[str, Any], list[str]]:
+def hf_model(
+    hf: dict[str, Any], *, start: str, backend: str = "auto", stored: Collection[str] | None = None
+) -> tuple[ModelSpec, dict[str, Any], list[str]]:
     """The model a Hugging Face ``config.json`` (``hf``, read from folder ``start``) describes: its family's spec, the
     model keys it fixes (every size from the adapter's ``model_config``, the training keys from ``training_fields``,
     ``name`` and ``init_from``) and notes on what could not be carried. Training (trainer/hf/start.py) and the
     planner (parallel/plan/cli.py) build the same model from it. ``backend`` (``model.backend``): auto takes the
     native family that reads ``model_type`` where one exists, else transformers' own modules (family ``hf``, whose
-    architecture is config.json itself); native / transformers force one. Raises UnknownModel naming the families
-    that exist and the fix, or the adapter's HFConfigError."""
+    architecture is config.json itself); native / transformers force one. ``stored``: the names of the folder's
+    tensors, for the keys they decide (the adapter's ``stored_fields``; None: those keys keep their defaults). Raises
+    UnknownModel naming the families that exist and the fix, or the adapter's HFConfigError."""
     kind = hf.get("model_type")
     spec = spec_for_model_type(kind) if backend != "transformers" else None
     name = Path(start).expanduser().name
@@ -157,5 +161,7 @@ def hf_model(hf: dict[str, Any], *, start: str, backend: str = "auto") -> tuple[
     adapter = spec.hf_adapter_obj()
     sizes = read_keys(adapter.model_config, hf)  # a damaged config.json refused as HFConfigError naming the key
     carried, notes = read_keys(adapter.training_fields, hf)
+    if stored is not None:
+        sizes.update(read_keys(lambda h: adapter.stored_fields(h, stored), hf))
     values = {"name": name or spec.family, "init_from": start, **sizes, **carried}
     return spec, values, notes

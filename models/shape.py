@@ -107,6 +107,11 @@ class ModelShape:
     """Expert groups a router picks its experts within (DeepSeek-V3's node-limited routing; 1: none)."""
     sequence_aux_loss: bool = False
     """The balance loss is DeepSeek-V3's sequence-wise one (per sequence) instead of Switch's."""
+    mtp_depth: int = 0
+    """Multi-token prediction modules after the last block (``models/mtp.py``; DeepSeek-V3: 1), as layers
+    ``n_layers`` ... ``n_layers + mtp_depth - 1`` of the last layer's kind (``sparse`` and ``layer_d_ff`` get their
+    entries) plus each module's input projection (2h·h), its three norms and one more pass through the output head;
+    the pipeline's last stage holds them, with a copy of the token embedding."""
     layer_extra_params: tuple[int, ...] = ()
     """Per block, parameters the formulas here do not see (an architecture's extra norms, biases, attention sinks),
     counted on the built module (the Hugging Face backend's shapes, ``models/hf_transformers/shape.py``); empty:
@@ -126,16 +131,18 @@ class ModelShape:
     def __post_init__(self) -> None:
         if not self.layer_d_ff:
             object.__setattr__(self, "layer_d_ff", (4 * self.d_model,) * self.n_layers)
-        if len(self.layer_d_ff) != self.n_layers:
-            raise PlanError(f"model.layer_d_ff has {len(self.layer_d_ff)} entries for model.n_layers={self.n_layers}")
         if not self.n_kv_heads:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if not self.head_dim:
             object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
         if not self.sparse:
             object.__setattr__(self, "sparse", (False,) * self.n_layers)
-        if len(self.sparse) != self.n_layers:
-            raise PlanError(f"{len(self.sparse)} sparse-layer flags for model.n_layers={self.n_layers}")
+        for name, what in (("layer_d_ff", "model.layer_d_ff entries"), ("sparse", "sparse-layer flags")):
+            value = getattr(self, name)
+            if self.mtp_depth and len(value) == self.n_layers:  # the MTP modules: the last layer's kind
+                object.__setattr__(self, name, value + value[-1:] * self.mtp_depth)
+            elif len(value) != self.n_layers + self.mtp_depth:
+                raise PlanError(f"{len(value)} {what} for model.n_layers={self.n_layers}")
         object.__setattr__(self, "_groups", {})  # layer_groups' answers, per tuple of layers (not a field)
 
     def layer_groups(self, layers: Iterable[int]) -> tuple[tuple[int, int], ...]:
@@ -147,7 +154,8 @@ class ModelShape:
         if found is None:
             counts: dict[tuple[int, bool, int], list[int]] = {}
             for i in key:
-                counts.setdefault((self.layer_d_ff[i], self.sparse[i], self.layer_extra(i)), []).append(i)
+                kind = (self.layer_d_ff[i], self.sparse[i], self.layer_extra(i), self.is_mtp(i))
+                counts.setdefault(kind, []).append(i)
             found = self._groups[key] = tuple((same[0], len(same)) for same in counts.values())
         return found
 
@@ -162,6 +170,14 @@ class ModelShape:
         unless the head width is set on its own)."""
         return self.n_heads * self.head_dim
 
+    def is_mtp(self, i: int) -> bool:
+        """Whether layer ``i`` is an MTP module (past the main model's blocks)."""
+        return i >= self.n_layers
+
+    @property
+    def mtp_layers(self) -> range:
+        return range(self.n_layers, self.n_layers + self.mtp_depth)
+
     def tp_divides(self, tp: int) -> bool:
         """Whether a tensor-parallel degree gives every rank whole query and key/value heads (a mixture of experts'
         sparse layers are not split by tp: each tp rank runs them whole, ``models/tensor_parallel.py``)."""
@@ -171,10 +187,12 @@ class ModelShape:
 
     def layer_matmul_params(self, i: int) -> int:
         """Weights of the block's matrices: wq, wo (h·q_dim, h² by default) + wk, wv (h·kv_dim) + the MLP (2 or 3
-        of h·d_ff); a sparse layer: its mixture of experts (``layer_moe_params``)."""
+        of h·d_ff); a sparse layer: its mixture of experts (``layer_moe_params``); an MTP module: + its input
+        projection, 2h·h."""
+        mtp = 2 * self.d_model * self.d_model if self.is_mtp(i) else 0
         if self.sparse[i]:
-            return self.attention_matmul_params + self.layer_moe_params(i)
-        return self.attention_matmul_params + (3 if self.gated_mlp else 2) * self.d_model * self.layer_d_ff[i]
+            return self.attention_matmul_params + self.layer_moe_params(i) + mtp
+        return self.attention_matmul_params + (3 if self.gated_mlp else 2) * self.d_model * self.layer_d_ff[i] + mtp
 
     def layer_expert_params(self, i: int) -> int:
         """A sparse layer's routed experts, E x 3·h·moe_d_ff: what expert parallel splits over ep (0 when dense)."""
@@ -226,7 +244,8 @@ class ModelShape:
         """The matrices one token runs through: a sparse layer's top-k and shared experts and the router only."""
         if not self.sparse[i]:
             return self.layer_matmul_params(i)
-        return self.attention_matmul_params + self.layer_moe_active_params(i)
+        mtp = 2 * self.d_model * self.d_model if self.is_mtp(i) else 0
+        return self.attention_matmul_params + self.layer_moe_active_params(i) + mtp
 
     def layer_params(self, i: int) -> int:
         """Matrices + two norms (+ biases): for the GPT Megatron's 12h² + 13h."""
@@ -234,11 +253,12 @@ class ModelShape:
         biases = (self.q_dim + h + 2 * self.kv_dim) + (2 if self.gated_mlp else 1) * f + h if self.bias else 0
         if self.sparse[i]:
             biases = 0  # the experts and the router have none (Qwen3-MoE, DeepSeek-V3)
-        return self.layer_matmul_params(i) + self.layer_norm_params(i) + biases + self.layer_extra(i)
+        mtp_norms = 3 * self.norm_params * h if self.is_mtp(i) else 0  # enorm, hnorm, the head's norm
+        return self.layer_matmul_params(i) + self.layer_norm_params(i) + biases + self.layer_extra(i) + mtp_norms
 
     def layer_extra(self, i: int) -> int:
         """Block ``i``'s ``layer_extra_params`` (0 when none are given)."""
-        return self.layer_extra_params[i] if self.layer_extra_params else 0
+        return self.layer_extra_params[i] if i < len(self.layer_extra_params) else 0
 
     def layer_norm_params(self, i: int) -> int:
         """The block's two norms (and its query/key head norms): the part tensor parallel does not shard."""
@@ -258,13 +278,16 @@ class ModelShape:
 
     @property
     def params(self) -> int:
-        """Every parameter, each expert included: what memory holds."""
-        return self.embedding_params + sum(self.layer_params(i) for i in range(self.n_layers)) + self.head_params
+        """Every parameter, each expert included: what memory holds (the MTP modules' too; their embedding and head
+        are the main model's)."""
+        blocks = sum(self.layer_params(i) for i in range(self.n_layers + self.mtp_depth))
+        return self.embedding_params + blocks + self.head_params
 
     @property
     def active_params(self) -> int:
         """The parameters one token runs through (a dense model: ``params``), the "A3B" of Qwen3-30B-A3B."""
-        idle = sum(self.layer_matmul_params(i) - self.layer_active_matmul_params(i) for i in range(self.n_layers))
+        layers = range(self.n_layers + self.mtp_depth)
+        idle = sum(self.layer_matmul_params(i) - self.layer_active_matmul_params(i) for i in layers)
         return self.params - idle
 
     # ---- what trains (LoRA: only the adapters) -------------------------------------------------------
@@ -325,7 +348,8 @@ class ModelShape:
         products are counted in full (no causal halving), as there: 2·s·(query width + value width) (MLA's
         query/key heads, rotary channels included, and its value heads each at their own width).
         """
-        return 2 * self.layer_active_matmul_params(i) + 2 * seq_len * (self.q_dim + self.value_dim)
+        logits = self.logit_forward_flops_per_token() if self.is_mtp(i) else 0  # an MTP module's pass through the head
+        return 2 * self.layer_active_matmul_params(i) + 2 * seq_len * (self.q_dim + self.value_dim) + logits
 
     def logit_forward_flops_per_token(self) -> float:
         """The output projection: 2·V·h per token (Megatron: the V/(16lh) term of the FLOPs formula)."""
@@ -336,9 +360,10 @@ class ModelShape:
 
         With ``recompute="full"`` this is Megatron-LM 2021's 96·B·s·l·h²(1 + s/6h + V/16lh) per iteration
         divided by B·s tokens (arXiv 2104.04473, eq. 3). Selective recomputation (arXiv 2205.05198) re-runs
-        only the attention score/softmax/value part: + 4sh per layer and token.
+        only the attention score/softmax/value part: + 4sh per layer and token. The MTP modules count as blocks
+        (each with its pass through the head).
         """
-        layers = sum(self.layer_forward_flops_per_token(i, seq_len) for i in range(self.n_layers))
+        layers = sum(self.layer_forward_flops_per_token(i, seq_len) for i in range(self.n_layers + self.mtp_depth))
         extra = {"none": 0.0, "selective": 4.0 * seq_len * self.d_model * self.n_layers, "full": layers}[recompute]
         return 3 * layers + extra + 3 * self.logit_forward_flops_per_token()
 

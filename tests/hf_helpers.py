@@ -255,3 +255,35 @@ def save_architecture(model_type: str, folder: Path, *, seed: int = 0) -> Path:
                 p.normal_(0.0, 0.1)
     model.save_pretrained(folder)
     return folder
+
+
+def add_mtp_layers(folder: Path, out: Path, *, depth: int = 1, seed: int = 0) -> Path:
+    """A copy of a transformers-saved DeepseekV3 ``folder`` at ``out`` with ``depth`` MTP layers (meshtrain's
+    initialisation from ``seed``) in the published layout vLLM reads (``model.layers.{num_hidden_layers + k - 1}``,
+    ``num_nextn_predict_layers``): transformers saves none."""
+    import json
+    import shutil
+
+    import torch
+    from hydra.utils import instantiate
+    from safetensors.torch import load_file, save_file
+
+    from models.deepseek_v3.hf_adapter import ADAPTER
+    from models.spec import builder_kwargs
+
+    shutil.copytree(folder, out)
+    hf = json.loads((out / "config.json").read_text())
+    hf["num_nextn_predict_layers"] = depth
+    (out / "config.json").write_text(json.dumps(hf, indent=2))
+    model_cfg = {"_target_": "models.deepseek_v3.model.DeepseekV3", **ADAPTER.model_config(hf), "mtp_depth": depth}
+    torch.manual_seed(seed)
+    module = instantiate(builder_kwargs({**model_cfg, "max_seq_len": 32}))
+    tensors = load_file(out / "model.safetensors")
+    main = int(hf["num_hidden_layers"])
+    for key, value in ADAPTER.to_hf(module.state_dict(), model_cfg).items():
+        if key.startswith("model.layers.") and int(key.split(".")[2]) >= main:
+            copy = {"embed_tokens.weight": "model.embed_tokens.weight", "shared_head.head.weight": "lm_head.weight"}
+            tail = key.split(".", 3)[3]
+            tensors[key] = tensors[copy[tail]].clone() if tail in copy else value.contiguous()
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    return out

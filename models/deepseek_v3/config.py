@@ -77,6 +77,14 @@ class DeepseekV3Config(ModelArgs):
     LM's)."""
     capacity_factor: float = 0.0
     expert_impl: str = "auto"
+    # -- multi-token prediction (models/mtp.py)
+    mtp_depth: int = 0
+    """MTP modules after the main model, on its last pipeline stage (config.json's ``num_nextn_predict_layers``;
+    DeepSeek-V3: 1). 0: none. From a Hugging Face folder: the modules its safetensors hold (transformers saves
+    none)."""
+    mtp_loss_weight: float = 0.3
+    """The MTP loss's weight (lambda: 0.3 for DeepSeek-V3's first 10T tokens, 0.1 after); the reported loss is the
+    main one, ``mtp_loss`` is logged beside it."""
     # -- positions, norms, heads
     max_seq_len: int = 128
     rope_theta: float = 10000.0

@@ -12,13 +12,23 @@
 No rotary permutation: with ``rope_interleave: true`` (transformers' default, DeepSeek-V3's checkpoints) transformers
 rotates the interleaved channel pairs meshtrain rotates (its output lists the pairs' first members, then their
 second: the same permutation of q's and k's rotary channels, so the same attention). A checkpoint with
-``rope_interleave: false`` is refused. The published checkpoint's MTP layer (``model.layers.61``) is not read
-(transformers ignores it too): multi-token prediction is not part of this family yet.
+``rope_interleave: false`` is refused.
+
+**Multi-token prediction** (``models/mtp.py``): MTP module ``k`` is HF layer ``num_hidden_layers + k - 1`` (the
+published checkpoint's ``model.layers.61``), the names vLLM's ``deepseek_mtp.py`` reads: ``enorm``, ``hnorm``,
+``eh_proj``, ``shared_head.norm``, a decoder layer's tensors under the layer itself (``self_attn``, ``mlp``,
+``input_layernorm``, ``post_attention_layernorm``), and copies of the main embedding and head (``embed_tokens``,
+``shared_head.head``), written on export and not read (meshtrain's modules share the main model's). config.json's
+``num_nextn_predict_layers`` is written as ``model.mtp_depth``; a run started from a folder takes the modules its
+safetensors hold (``stored_fields``: transformers saves none, and its DeepseekV3 drops ``model.layers.61`` on load;
+an exported folder's MTP layers at another index show in its load report as unused keys). Tensors of MTP layers
+beyond ``model.mtp_depth`` are not read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from models.hf_adapter import HFAdapter, HFConfigError, Stacked, first, unsupported
@@ -52,6 +62,18 @@ DEEPSEEK_KEYS = {
     "norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
+MTP_OWN = {
+    "mtp.layers.{}.enorm.weight": "model.layers.{}.enorm.weight",
+    "mtp.layers.{}.hnorm.weight": "model.layers.{}.hnorm.weight",
+    "mtp.layers.{}.eh_proj.weight": "model.layers.{}.eh_proj.weight",
+    "mtp.layers.{}.norm.weight": "model.layers.{}.shared_head.norm.weight",
+}
+#: an MTP module's block: a decoder layer's tensors, under the MTP layer's own index
+MTP_BLOCK = {f"mtp.layers.{{}}.block.{k[len('layers.{}.') :]}": v for k, v in DEEPSEEK_KEYS.items() if "{}" in k}
+#: the main model's tensors an MTP layer carries a copy of in the published checkpoint (vLLM reads the first's)
+MTP_COPIES = {"embed_tokens.weight": "tok_embeddings.weight", "shared_head.head.weight": "output.weight"}
+MTP_EMBED = "mtp.embed.weight"
+HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
 #: meshtrain key -> config.json key, read and written as they are
 SAME = {
@@ -109,7 +131,40 @@ def rope_from_hf(hf: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
 class DeepseekV3Adapter(HFAdapter):
     model_type = "deepseek_v3"
     architecture = "DeepseekV3ForCausalLM"
-    keys = DEEPSEEK_KEYS
+    keys = {**DEEPSEEK_KEYS, **MTP_OWN, **MTP_BLOCK}
+
+    def source(self, fqn: str, model: Mapping[str, Any]):
+        """The MTP modules' embedding is the main model's."""
+        return super().source(self.embedding if fqn == MTP_EMBED else fqn, model)
+
+    def to_hf(self, state: Mapping[str, Any], model: Mapping[str, Any]) -> dict[str, Any]:
+        """The main tensors and the MTP modules' own; each MTP layer's copies of the embedding and the head."""
+        out = super().to_hf({k: v for k, v in state.items() if k != MTP_EMBED}, model)
+        embed = out[self.hf_name(self.embedding)]
+        head = embed if self.tied(model) else out[self.hf_name(self.head)]
+        main = int(model["n_layers"])
+        for layer in range(main, main + int(model.get("mtp_depth") or 0)):
+            out[f"model.layers.{layer}.embed_tokens.weight"] = embed.clone()
+            out[f"model.layers.{layer}.shared_head.head.weight"] = head.clone()
+        return out
+
+    def ignored(self, hf_key: str, model: Mapping[str, Any]) -> bool:
+        """Besides a tied head's copy: the MTP layers' copies of the embedding and head, and MTP layers past
+        ``model.mtp_depth``."""
+        m = HF_LAYER.match(hf_key)
+        if m is None or int(m[1]) < int(model["n_layers"]):
+            return super().ignored(hf_key, model)
+        return m[2] in MTP_COPIES or int(m[1]) >= int(model["n_layers"]) + int(model.get("mtp_depth") or 0)
+
+    def stored_fields(self, hf: Mapping[str, Any], stored: Collection[str]) -> dict[str, Any]:
+        """``mtp_depth``: the MTP layers (of config.json's ``num_nextn_predict_layers``) whose ``eh_proj`` the
+        safetensors hold, in order."""
+        main = int(hf["num_hidden_layers"])
+        depth = int(first(hf, "num_nextn_predict_layers", "num_mtp_layers", default=0) or 0)
+        held = 0
+        while held < depth and self.locate(f"model.layers.{main + held}.eh_proj.weight", set(stored)):
+            held += 1
+        return {"mtp_depth": held}
 
     def hf_config(self, model: Mapping[str, Any], *, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
         problems = []
@@ -135,7 +190,7 @@ class DeepseekV3Adapter(HFAdapter):
             "hidden_act": "silu",
             "attention_bias": False,
             "tie_word_embeddings": bool(model.get("tie_embeddings", False)),
-            "num_nextn_predict_layers": 0,
+            "num_nextn_predict_layers": int(model.get("mtp_depth") or 0),
         }
         return with_base(cfg, base, int(model["max_seq_len"]))
 

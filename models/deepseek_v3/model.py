@@ -38,6 +38,7 @@ from models.documents import document_mask, unpack_inputs
 from models.init import check_rule, init_deepseek
 from models.llama.model import apply_rotary
 from models.moe import MoE, Routing
+from models.mtp import MTP
 from models.spec import config_or_fields
 
 
@@ -167,6 +168,13 @@ def moe_block(c: DeepseekV3Config) -> MoE:
     )
 
 
+def mtp_modules(c: DeepseekV3Config) -> MTP:
+    """``mtp_depth`` MTP modules, each around a block of a sparse layer's kind, keyed by their Hugging Face layer
+    index (after the main model's layers)."""
+    blocks = {i: Block(c, i) for i in range(c.n_layers, c.n_layers + c.mtp_depth)}
+    return MTP(vocab_size=c.vocab_size, d_model=c.d_model, eps=c.norm_eps, blocks=blocks, loss_weight=c.mtp_loss_weight)
+
+
 class DeepseekV3(nn.Module):
     """``DeepseekV3(DeepseekV3Config(...))``, or ``DeepseekV3(**keys)`` as ``hydra.utils.instantiate`` calls it."""
 
@@ -183,11 +191,14 @@ class DeepseekV3(nn.Module):
         self.layers = nn.ModuleDict({str(i): Block(c, i) for i in range(c.n_layers)})
         self.norm: nn.RMSNorm | None = nn.RMSNorm(c.d_model, eps=c.norm_eps)
         self.output: nn.Linear | None = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.mtp: MTP | None = mtp_modules(c) if c.mtp_depth else None
         self.register_buffer("rope", self._rotary_table(), persistent=False)
         self.seq_chunk = 0  # which contiguous chunk of the sequence the inputs are (context parallel sets it)
         self._init_parameters()
         if c.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
+        if self.mtp is not None:
+            self.mtp.embed.weight = self.tok_embeddings.weight  # the main model's embedding, under a second name
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Token ids ``(b, t)``, a packed batch ``(b, 2, t)`` or, on a later pipeline stage, hidden states."""
@@ -201,7 +212,9 @@ class DeepseekV3(nn.Module):
         if self.norm is not None:
             h = self.norm(h)
         if self.output is not None:
-            h = self.output(h)
+            hidden, h = h, self.output(h)
+            if self.mtp is not None:  # the loss runs the MTP modules (models/mtp.py)
+                self.mtp.prepare(hidden, self.output, rope, mask=mask)
         return h
 
     def _rotary_table(self, device: torch.device | None = None) -> torch.Tensor:

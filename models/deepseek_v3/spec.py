@@ -8,7 +8,7 @@ from typing import Any
 from models.deepseek_v3.config import DeepseekV3Config
 from models.llama.spec import llama_resized
 from models.shape import ModelShape
-from models.spec import ModelSpec, MoESpec, SubBlockTP, TPPlan, init_problems, size_problems
+from models.spec import ModelSpec, MoESpec, PipelineUnits, SubBlockTP, TPPlan, init_problems, size_problems
 
 EXPERT_IMPLS = ("auto", "grouped_mm", "loop")  # models/moe.py's, written here without importing torch
 SCORE_FUNCS = ("softmax", "sigmoid")  # models/moe.py's
@@ -48,6 +48,7 @@ def deepseek_shape(model: Any) -> ModelShape:
         top_k=k,
         moe_d_ff=width,
         n_shared_experts=shared,
+        mtp_depth=int(model.get("mtp_depth", 0) or 0),
     )
 
 
@@ -57,6 +58,7 @@ NON_NEGATIVE = {
     "qk_nope_head_dim": "0 means rotary channels only",
     "n_shared_experts": "0 means none",
     "first_k_dense_replace": "0 means every layer sparse",
+    "mtp_depth": "0 means no multi-token prediction",
 }
 
 
@@ -81,6 +83,8 @@ def deepseek_problems(model: Any) -> list[str]:
         out.append(f"model.score_func={model.score_func}: choose one of {', '.join(SCORE_FUNCS)}")
     if str(model.get("expert_impl", "auto")) not in EXPERT_IMPLS:
         out.append(f"model.expert_impl={model.expert_impl}: choose one of {', '.join(EXPERT_IMPLS)}")
+    if float(model.get("mtp_loss_weight", 0.0)) < 0:
+        out.append(f"model.mtp_loss_weight={model.mtp_loss_weight}: a weight >= 0 (DeepSeek-V3: 0.3, then 0.1)")
     if float(model.get("capacity_factor", 0.0)) < 0:
         out.append(f"model.capacity_factor={model.capacity_factor}: 0 (no token dropped) or a positive factor")
     scaling = model.get("rope_scaling")
@@ -97,6 +101,11 @@ def deepseek_tp_problems(model: Any, tp: int) -> list[str]:
     """Whole query heads per tp rank, the dense layers' width split, and the query's down-projection (the plan splits
     ``wq_b``: a model with one query projection, ``q_lora_rank=0``, has none)."""
     out = []
+    if int(model.get("mtp_depth", 0)):
+        out.append(
+            f"model.mtp_depth={model.mtp_depth} with tp.size={tp}: the tensor-parallel plan does not split the MTP "
+            "modules yet; use model.mtp_depth=0 or tp.size=1 (dp, fsdp, ep and pp run MTP)"
+        )
     heads, d_ff = int(model.n_heads), int(model.d_ff)
     if heads % tp:
         out.append(f"model.n_heads={heads} is not divisible by tp.size={tp}: each tp rank owns whole MLA heads")
@@ -112,6 +121,9 @@ def deepseek_tp_problems(model: Any, tp: int) -> list[str]:
 
 SPEC = ModelSpec.decoder(
     DeepseekV3Config,
+    # the last stage holds the final norm, the head and the MTP modules (``mtp``, when model.mtp_depth > 0)
+    pipeline=PipelineUnits(pre=("tok_embeddings",), post=None),
+    loss="models.mtp:mtp_token_cross_entropy",
     context_parallel=True,  # MLA calls self.attend over (b, t, heads, d): the all-to-all splits its heads
     # MLA's heads split: wq_b and wkv_b column-wise, wo row-wise; wq_a, wkv_a and the latent norms replicated (their
     # gradients full after the column-wise backward's all-reduce), the shared rotary key's gradient summed over tp;

@@ -24,6 +24,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 
 from models.moe import moe_layers, uncounted
+from models.mtp import mtp_modules, mtp_uncounted
 from models.spec import PipelineUnits
 from parallel.foundation.intervals import Meter, StepCommMeter
 from parallel.foundation.meshes import expert_meshes, fsdp_mesh, loss_mesh
@@ -393,18 +394,24 @@ def _shard(
 
 def _shape_inference_uncounted(stage: PipelineStage, module: nn.Module) -> None:
     """torch 2.13's ``PipelineStage`` infers its shapes at the first step with a real forward of the stage (the first
-    micro-batch on the first stage, empty tensors on the others): a MoE block would count its routing in the step's
-    balance and in the bias balancing's counts (1.1e-4 off single's loss at step 2, dp2 x pp2). Its counters are
-    kept out of that forward."""
-    infer = getattr(stage, "_forward_metadata_inference", None)
-    if infer is None or not moe_layers(module):
+    micro-batch on the first stage, empty tensors on the others) and, on the last stage, the loss over that output: a
+    MoE block would count its routing in the step's balance and in the bias balancing's counts (1.1e-4 off single's
+    loss at step 2, dp2 x pp2), the MTP modules (run by the loss) their loss over uninitialised memory (NaN). Their
+    counters are kept out of both."""
+    if not (moe_layers(module) or mtp_modules([module])):
         return
+    for name in ("_forward_metadata_inference", "_backward_metadata_inference"):
+        infer = getattr(stage, name, None)
+        if infer is not None:
+            setattr(stage, name, _uncounted_call(infer, module))
 
-    def uncounted_inference(*args: Any, **kwargs: Any) -> Any:
-        with uncounted(module):
+
+def _uncounted_call(infer: Callable[..., Any], module: nn.Module) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with uncounted(module), mtp_uncounted(module):
             return infer(*args, **kwargs)
 
-    stage._forward_metadata_inference = uncounted_inference
+    return call
 
 
 def _pipeline_stages(parts: list[ComposedPart], *, plan: PipelinePlan, device: torch.device) -> tuple[list, Any]:

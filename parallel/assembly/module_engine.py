@@ -15,6 +15,7 @@ from torch import nn
 
 from models.losses import token_cross_entropy
 from models.moe import set_aux_loss_scale
+from models.mtp import mtp_metrics, mtp_modules
 from parallel.assembly.engine import Engine
 from parallel.foundation.expert_load import ExpertLoad
 from parallel.foundation.intervals import Meter, StepCommMeter
@@ -98,6 +99,12 @@ class ModuleEngine(Engine):
     def step_metrics(self) -> dict[str, Any]:
         elapsed = max(time.perf_counter() - self._step_start, 1e-9)  # the loop's step: forward/backward, clip, update
         out = {**self.meter_metrics(elapsed), **self.expert_load.take(self.module, reduce=self._sum_over_data_ranks)}
+        if mtp_modules([self.module]):  # every data-parallel rank holds the same modules
+            out.update(
+                mtp_metrics(
+                    [self.module], device=next(self.module.parameters()).device, reduce=self._sum_over_data_ranks
+                )
+            )
         taken = self.dp_timer.take() if self.dp_timer is not None else None
         if taken is not None:
             busy, count = taken

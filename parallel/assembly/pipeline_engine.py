@@ -36,6 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 from models.moe import set_aux_loss_scale
+from models.mtp import mtp_metrics
 from parallel.assembly.compose import Composition, PipelinePlan, compose_on_rank
 from parallel.assembly.context import WorkerContext
 from parallel.assembly.engine import Engine
@@ -133,6 +134,7 @@ class PipelineEngine(Engine):
     ):
         self.ctx = ctx
         self.moe = ctx.model_spec.moe is not None  # every rank knows: the balance's gather over pp is collective
+        self.mtp = bool(getattr(ctx.run.model, "mtp_depth", 0))  # the MTP loss's sum over pp, too
         self.expert_load = ExpertLoad()
         self.loss = loss
         self.tied = [t for t in tied or () if t.active]
@@ -248,7 +250,7 @@ class PipelineEngine(Engine):
     # ---- measurement -----------------------------------------------------------------------------
 
     def step_metrics(self) -> dict[str, Any]:
-        out = {**self._comm_metrics(), **self._moe_metrics()}
+        out = {**self._comm_metrics(), **self._moe_metrics(), **self._mtp_metrics()}
         rec = self._last
         if rec is None:
             return out
@@ -277,6 +279,18 @@ class PipelineEngine(Engine):
             reduce=(lambda t: dist.all_reduce(t, group=group)) if group else None,
             gather=self._gather_over_pp if self.pp_group is not None and self.pp > 1 else None,
         )
+
+    def _mtp_metrics(self) -> dict[str, Any]:
+        """The MTP loss of the step: the last stage's, summed over dp, then over pp (the other stages add zeros)."""
+        if not self.mtp:
+            return {}
+        groups = [g for g in (self.loss.group if self.loss is not None else None, self.pp_group) if g is not None]
+
+        def reduce(t: torch.Tensor) -> None:
+            for g in groups:
+                dist.all_reduce(t, group=g)
+
+        return mtp_metrics(self.model_parts, device=self.ctx.device, reduce=reduce if groups else None)
 
     def _gather_over_pp(self, mine: list) -> list[list]:
         gathered: list[Any] = [None] * self.pp

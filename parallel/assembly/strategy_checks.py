@@ -116,6 +116,12 @@ def context_parallel_problems(run: RunSpec, strategy: Any = None) -> list[str]:
             "attention (ModelSpec.context_parallel: attention through self.attend and positions from seq_chunk, "
             "models/attention.py; gpt, llama, qwen3 and qwen3_moe have it); use cp.size=1"
         ]
+    if int(model.get("mtp_depth", 0) or 0):  # models/mtp.py: depth k reads targets k places on, across the chunks
+        return [
+            f"cp.size={cp} with model.mtp_depth={model.mtp_depth}: multi-token prediction reads the targets beyond "
+            "each rank's chunk of the sequence, which context parallel does not exchange; use cp.size=1 or "
+            "model.mtp_depth=0"
+        ]
     out = []
     heads = spec.shape(model).n_heads
     if heads % tp == 0 and (heads // tp) % cp:

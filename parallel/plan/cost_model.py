@@ -198,7 +198,7 @@ def rank_params(model: ModelShape, layers: list[int], *, first: bool, last: bool
     params = sum(n * model.layer_params(i) for i, n in groups)
     embedding = model.embedding_params if first else 0
     head = model.head_params if last else 0
-    if last and model.tied_embeddings and not first:
+    if last and (model.tied_embeddings or model.mtp_depth) and not first:  # the embedding's copy (the head, MTP)
         head += model.vocab_size * model.d_model
     if not meshtrain or tp == 1:
         return (params + embedding + head) / tp
@@ -640,6 +640,11 @@ class _Split:
     @classmethod
     def of(cls, c: Candidate, model: ModelShape, workload: Workload) -> _Split:
         v = c.stages_per_rank if c.pp > 1 else 1
+        last = last_chunk_rank(pp=c.pp, schedule=c.schedule, stages_per_rank=v)
+        layers_of = rank_layers(
+            model.n_layers, pp=c.pp, stages_per_rank=v, schedule=c.schedule, split_points=c.split_points
+        )
+        layers_of[last] = [*layers_of[last], *model.mtp_layers]  # the MTP modules sit on the last stage
         return cls(
             s_full=workload.seq_len,
             s=workload.seq_len / c.cp,  # context parallel splits the sequence
@@ -647,10 +652,8 @@ class _Split:
             e=workload.activation_bytes,
             b=workload.global_batch_size / (c.dp * c.micro_batches),
             data=c.dp * c.cp,  # FSDP shards and gradients reduce over dp x cp
-            layers_of=rank_layers(
-                model.n_layers, pp=c.pp, stages_per_rank=v, schedule=c.schedule, split_points=c.split_points
-            ),
-            last=last_chunk_rank(pp=c.pp, schedule=c.schedule, stages_per_rank=v),
+            layers_of=layers_of,
+            last=last,
             meshtrain=workload.implementation == "meshtrain",
             reference=int(workload.reference_copy),
         )
@@ -686,8 +689,8 @@ def _rank_memory(
     if meshtrain and layers:  # each of the rank's stages keeps its own table
         per_mb += sp.v * rotary_table_saved_bytes(model, seq_len=sp.s_full)
     held = micro_batches_in_flight(c.schedule, pp=c.pp, m=c.micro_batches, v=sp.v, stage=r)
-    if r == last:
-        per_mb += (
+    if r == last:  # the loss's, once for the main head and once per MTP module
+        per_mb += (1 + model.mtp_depth) * (
             head_saved_bytes(model, case)
             if meshtrain
             else logits_bytes(model, seq_len=sp.s, micro_batch=sp.b, tp=c.tp, element_bytes=sp.e)

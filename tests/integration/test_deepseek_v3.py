@@ -13,17 +13,23 @@ relative over 3 steps:
   projections replicated, the shared rotary key's gradient summed over tp; sparse layers whole on each tp rank);
 - pp with the interleaved 1F1B schedule (4 stages on 2 ranks, 4 micro-batches).
 
-Step 1's loss is transformers' LM loss on the same batch."""
+Multi-token prediction (``models/mtp.py``): the hybrid, the checkpointed dp2 x ep2 and the interleaved runs start
+from a copy of the folder holding one MTP layer (``model.layers.4``, as vLLM reads it; ``tests/hf_helpers.py``
+``add_mtp_layers``), which turns MTP on (depth 1, weight 0.3), and match single started from that copy
+(``single_mtp``): the MTP module on the last stage, its embedding tied to the first stage's; ``mtp_loss`` too.
+cp and tp refuse MTP, so those two start from the folder without it. Step 1's loss is transformers' LM loss on the
+same batch, with MTP or without (the reported loss is the main one)."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
 
 from tests.helpers import FAST, assert_losses_close, case_multirun
-from tests.hf_helpers import hf_model, max_logit_difference, save_folder
+from tests.hf_helpers import add_mtp_layers, hf_model, max_logit_difference, save_folder
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -47,6 +53,12 @@ LAYOUTS = {
     },
 }
 
+MTP = ("single_mtp", "ep_pp", "ep_ac", "interleaved")  # started from the folder with an MTP layer
+
+
+def reference(case: str) -> str:
+    return "single_mtp" if case in MTP else "single"
+
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
@@ -57,15 +69,26 @@ def folder(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, folder):
+def mtp_folder(tmp_path_factory, folder):
+    return add_mtp_layers(folder, tmp_path_factory.mktemp("hf") / "deepseek_v3_mtp")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, folder, mtp_folder):
+    cases = {
+        case: {
+            **LAYOUTS.get(case, LAYOUTS["single"]),
+            "model": {"init_from": str(mtp_folder if case in MTP else folder)},
+        }
+        for case in (*LAYOUTS, "single_mtp")
+    }
     common = (
-        f"model.init_from={folder}",
         *FAST,
         "trainer.max_steps=3",
         "trainer.checkpoint_every=3",
         "pp.trace_step=0",
     )
-    return case_multirun(LAYOUTS, *common, base=tmp_path_factory.mktemp("runs"), group="ds_case", timeout=800)
+    return case_multirun(cases, *common, base=tmp_path_factory.mktemp("runs"), group="ds_case", timeout=800)
 
 
 def metrics(job) -> list[dict]:
@@ -92,13 +115,16 @@ def test_step_one_loss_is_transformers_loss(runs, folder):
     got = metrics(runs["single"])[0]["loss"]
     print(f"step 1 loss {got:.7f}, transformers {want:.7f}")
     assert abs(got - want) <= 1e-6 * want
+    plain, mtp = metrics(runs["single"]), metrics(runs["single_mtp"])
+    assert abs(mtp[0]["loss"] - want) <= 1e-6 * want and mtp[1]["loss"] != plain[1]["loss"]  # MTP trained
+    assert all(m["mtp_loss"] > 0 for m in mtp) and all("mtp_loss" not in m for m in plain)
 
 
 @pytest.mark.parametrize("case", [c for c in LAYOUTS if c != "single"])
 def test_layouts_match_single(runs, case):
-    ref, got = metrics(runs["single"]), metrics(runs[case])
+    ref, got = metrics(runs[reference(case)]), metrics(runs[case])
     assert len(got) == len(ref) == 3
-    for key in ("loss", "moe_aux_loss", "grad_norm"):
+    for key in ("loss", "moe_aux_loss", "grad_norm", *(("mtp_loss",) if case in MTP else ())):
         a, b = [m[key] for m in got], [m[key] for m in ref]
         print(case, f"max relative {key} difference", max(abs(x - y) / abs(y) for x, y in zip(a, b)))
         assert_losses_close(a, b, rel=TOL)
@@ -115,7 +141,7 @@ def test_the_hybrid_run_exports_with_transformers_logits(runs, tmp_path):
     from trainer.checkpoint.files import read_marker
     from trainer.export import export, find_checkpoint, full_state
 
-    out = export(runs["ep_pp"], tmp_path / "hf")
+    out = export(runs["ep_pp"], tmp_path / "hf")  # with its MTP layer (model.layers.4), which transformers leaves out
     checkpoint = find_checkpoint(runs["ep_pp"])
     module = instantiate(builder_kwargs(read_marker(checkpoint)["model"])).eval()
     module.load_state_dict(full_state(checkpoint))
@@ -129,3 +155,13 @@ def test_the_hybrid_run_exports_with_transformers_logits(runs, tmp_path):
         f"exported after 3 steps: max |logit difference| in transformers {diff:.2e} (max |logit| {theirs.abs().max():.2f})"
     )
     assert diff <= 1e-5 * theirs.abs().max().item()
+    from safetensors.torch import load_file
+
+    written = {k: v for f in out.glob("*.safetensors") for k, v in load_file(f).items()}
+    assert json.loads((out / "config.json").read_text())["num_nextn_predict_layers"] == 1
+    assert torch.equal(written["model.layers.4.eh_proj.weight"], module.mtp.layers["4"].eh_proj.weight.detach())
+    assert torch.equal(written["model.layers.4.embed_tokens.weight"], written["model.embed_tokens.weight"])
+    assert {re.sub(r"^model\.layers\.4\.", "", k) for k in written if k.startswith("model.layers.4.")} >= {
+        "enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight", "shared_head.head.weight",
+        "self_attn.q_a_proj.weight", "mlp.gate.weight", "mlp.experts.0.gate_proj.weight", "input_layernorm.weight",
+    }  # fmt: skip

@@ -65,7 +65,7 @@ def test_dry_run_of_deepseek_v3_matches_the_plan():
     from parallel.plan.dry_run import dry_run
 
     cfg = compose(
-        ["model=deepseek_v3_debug", "data.seq_len=64", "data.global_batch_size=16", "topology.nproc_per_node=8",
+        ["model=deepseek_v3_debug", "model.mtp_depth=1", "data.seq_len=64", "data.global_batch_size=16", "topology.nproc_per_node=8",
          "trainer.precision=bf16-mixed"]
     )  # fmt: skip
     model, hardware, workload = specs_from_cfg(cfg, calibrate=False)

@@ -69,7 +69,8 @@ def adopt(cfg: DictConfig, *, overrides: list[str]) -> list[str]:
             scratch = f"; to pretrain its architecture from random weights: model=hf model.config_dir={start}"
         raise InitFromError(f"{exc}{scratch}") from None
     try:
-        spec, values, notes = hf_model(hf, start=start, backend=str(cfg.model.get("backend", "auto")))
+        backend = str(cfg.model.get("backend", "auto"))
+        spec, values, notes = hf_model(hf, start=start, backend=backend, stored=set(folder.tensors))
     except UnknownModel as exc:
         raise InitFromError(str(exc)) from None
     except HFConfigError as exc:
