@@ -1,40 +1,51 @@
 """Muon against AdamW on llama_debug and qwen3_moe_debug: a learning-rate sweep, then 300 steps x 3 seeds each.
 
-    python benchmarks/muon_vs_adamw.py [--out outputs/muon_vs_adamw] [--steps 300] [--sweep-steps 100] [--models ...]
+    python benchmarks/muon_vs_adamw.py [--out outputs/muon_vs_adamw] [--steps 300 ...] [--sweep-steps 100 ...]
+        [--seeds 3] [--models ...] [--seq-len 64] [--batch 8] [--figure docs/img/muon_vs_adamw.png]
+
+``--steps`` and ``--sweep-steps`` take one number for every model or one per ``--models`` entry.
 
 1. **Sweep** (the project's own multirun, ``python train.py -m``): for each model and optimizer, ``optim.lr`` over
    ``SWEEP`` at ``--sweep-steps`` steps, seed 0, ``parallel=single``; the lr with the lowest final loss is kept
    (``optim=muon`` sweeps Muon's lr; its AdamW part keeps ``optim.adamw_lr``'s default).
-2. **Runs**: the kept lr, ``--steps`` steps, ``trainer.seed=0,1,2`` (one multirun per model and optimizer).
+2. **Runs**: the kept lr, ``--steps`` steps, ``trainer.seed=0,1,...`` (``--seeds``; one multirun per model and
+   optimizer).
 3. **Output** under ``--out``: ``results.json`` (every sweep point, each seed's loss at the last step, the mean and
-   half their min-max range per model and optimizer, the load average before and after), ``results.md`` (the tables the
-   docs show) and ``muon_vs_adamw.png`` (loss against step, the mean over seeds with its min-max band).
+   half their min-max range per model and optimizer, the load average and the wall time), ``results.md`` (the tables
+   the docs show) and the figure at ``--figure`` (loss against step, the mean over seeds with its min-max band;
+   ``docs/img/muon_vs_adamw.png`` by default, the file docs/performance.md shows).
 
-Everything else is each option's default (``conf/optim/{adamw,muon}.yaml``: warm-up, cosine decay, weight decay 0).
-Hours of CPU on a 2-core machine; the load average is recorded because a loaded machine slows it, not the losses.
+Every job takes ``data.seq_len=--seq-len`` and ``data.global_batch_size=--batch`` (512 tokens a step by default: the
+Newton-Schulz cost of a step does not shrink with the batch, the forward and backward do); everything else is each
+option's default (``conf/optim/{adamw,muon}.yaml``: warm-up, cosine decay, weight decay 0). The load average is
+recorded because a loaded machine slows it, not the losses.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("llama_debug", "qwen3_moe_debug")
-SWEEP = {"adamw": (1e-3, 3e-3, 1e-2), "muon": (5e-3, 1e-2, 2e-2, 5e-2)}
-SEEDS = (0, 1, 2)
+#: each optimizer's grid; a smoke run (10 steps) kept the largest of the earlier 1e-3..1e-2 and 5e-3..5e-2, so both
+#: reach one step further up (a diverged lr stops its job, which the sweep records as nan and never keeps)
+SWEEP = {"adamw": (1e-3, 3e-3, 1e-2, 3e-2), "muon": (1e-2, 2e-2, 5e-2, 1e-1)}
 COMMON = ("parallel=single", "logger=none", "trainer.checkpoint_every=0", "trainer.log_every=1")
 
 
-def multirun(folder: Path, *overrides: str) -> list[Path]:
-    """``python train.py -m OVERRIDES`` into ``folder``; its job folders (those with a summary)."""
+def multirun(folder: Path, *overrides: str, check: bool = True) -> list[Path]:
+    """``python train.py -m OVERRIDES`` into ``folder``; its job folders that completed (those with a summary).
+    ``check``: a failed job stops the benchmark (the sweep lets a diverged lr fail instead)."""
     cmd = [sys.executable, str(ROOT / "train.py"), "-m", *COMMON, *overrides, f"hydra.sweep.dir={folder}"]
-    subprocess.run(cmd, cwd=ROOT, check=True, env={**os.environ, "WANDB_SILENT": "true"})
+    subprocess.run(cmd, cwd=ROOT, check=check, env={**os.environ, "WANDB_SILENT": "true"})
     return sorted(p.parent for p in folder.glob("*/summary.json"))
 
 
@@ -49,18 +60,18 @@ def chosen(job: Path, key: str) -> str:
     return next(o.split("=", 1)[1] for o in picked if o.startswith(f"{key}="))
 
 
-def sweep(out: Path, model: str, optim: str, steps: int) -> tuple[float, dict[str, float]]:
-    lrs = ",".join(str(x) for x in SWEEP[optim])
-    jobs = multirun(out / "sweep" / model / optim, f"model={model}", f"optim={optim}", f"optim.lr={lrs}",
-                    f"trainer.max_steps={steps}", "trainer.seed=0")  # fmt: skip
-    finals = {chosen(j, "optim.lr"): losses(j)[-1] for j in jobs}
-    best = min(finals, key=finals.get)
+def sweep(out: Path, model: str, optim: str, steps: int, data: tuple[str, ...]) -> tuple[float, dict[str, float]]:
+    lrs = [str(x) for x in SWEEP[optim]]
+    jobs = multirun(out / "sweep" / model / optim, *data, f"model={model}", f"optim={optim}",
+                    f"optim.lr={','.join(lrs)}", f"trainer.max_steps={steps}", "trainer.seed=0", check=False)  # fmt: skip
+    finals = {lr: math.nan for lr in lrs} | {chosen(j, "optim.lr"): losses(j)[-1] for j in jobs}
+    best = min(finals, key=lambda lr: finals[lr] if math.isfinite(finals[lr]) else math.inf)
     return float(best), finals
 
 
-def seeds(out: Path, model: str, optim: str, lr: float, steps: int) -> list[list[float]]:
-    seeds_arg = ",".join(str(s) for s in SEEDS)
-    jobs = multirun(out / "runs" / model / optim, f"model={model}", f"optim={optim}", f"optim.lr={lr}",
+def seeds(out: Path, model: str, optim: str, lr: float, steps: int, n: int, data: tuple[str, ...]) -> list[list[float]]:
+    seeds_arg = ",".join(str(s) for s in range(n))
+    jobs = multirun(out / "runs" / model / optim, *data, f"model={model}", f"optim={optim}", f"optim.lr={lr}",
                     f"trainer.max_steps={steps}", f"trainer.seed={seeds_arg}")  # fmt: skip
     return [losses(j) for j in jobs]
 
@@ -80,7 +91,7 @@ def figure(results: dict, path: Path) -> None:
             ax.plot(steps, mean, label=f"{optim} (lr {r['lr']:g})")
             ax.fill_between(steps, [min(c[i] for c in curves) for i in range(len(mean))],
                             [max(c[i] for c in curves) for i in range(len(mean))], alpha=0.25)  # fmt: skip
-        ax.set_title(f"{model}: {len(SEEDS)} seeds, mean and min-max")
+        ax.set_title(f"{model}: {len(r['curves'])} seeds, mean and min-max")
         ax.set_xlabel("step")
         ax.set_ylabel("training loss")
         ax.legend()
@@ -89,38 +100,60 @@ def figure(results: dict, path: Path) -> None:
 
 
 def tables(results: dict, load: dict) -> str:
-    lines = [f"load average before {load['before']}, after {load['after']}", ""]
-    lines += ["| model | optimizer | swept lr: final loss | kept lr | loss at the last step: mean ± half the min-max range over seeds |", "|---|---|---|---:|---|"]  # fmt: skip
+    lines = [f"load average before {load['before']}, after {load['after']}; {load['wall_s']:.0f} s", ""]
+    lines += ["| model | optimizer | swept lr: final loss | kept lr | steps x seeds (sweep steps) | loss at the last step: mean ± half the min-max range over seeds |", "|---|---|---|---:|---|---|"]  # fmt: skip
     for model, by_optim in results.items():
         for optim, r in by_optim.items():
             swept = ", ".join(f"{lr}: {v:.4f}" for lr, v in r["sweep"].items())
             last = [c[-1] for c in r["curves"]]
-            lines.append(f"| {model} | {optim} | {swept} | {r['lr']:g} | {statistics.fmean(last):.4f} "
+            lines.append(f"| {model} | {optim} | {swept} | {r['lr']:g} | {len(r['curves'][0])} x {len(last)} "
+                         f"({r['sweep_steps']}) | {statistics.fmean(last):.4f} "
                          f"(± {(max(last) - min(last)) / 2:.4f}) |")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def per_model(parser: argparse.ArgumentParser, models: list[str], flag: str, values: list[int]) -> dict[str, int]:
+    """One value for every model, or one per model in ``--models``' order."""
+    if len(values) not in (1, len(models)):
+        parser.error(f"{flag} {' '.join(map(str, values))}: give one number or one per model ({len(models)})")
+    return dict(zip(models, values * len(models) if len(values) == 1 else values))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "muon_vs_adamw")
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--sweep-steps", type=int, default=100)
+    parser.add_argument("--steps", type=int, nargs="+", default=[300], help="one, or one per model")
+    parser.add_argument("--sweep-steps", type=int, nargs="+", default=[100], help="one, or one per model")
+    parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--models", nargs="+", default=list(MODELS), help=f"conf/model options (default {MODELS})")
+    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=8, help="data.global_batch_size")
+    parser.add_argument("--figure", type=Path, default=ROOT / "docs" / "img" / "muon_vs_adamw.png")
     args = parser.parse_args()
+    data = (f"data.seq_len={args.seq_len}", f"data.global_batch_size={args.batch}")
+    steps, sweep_steps = (
+        per_model(parser, args.models, "--steps", args.steps),
+        per_model(parser, args.models, "--sweep-steps", args.sweep_steps),
+    )
     args.out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
     load = {"before": [round(x, 2) for x in os.getloadavg()]}
     results: dict = {}
     for model in args.models:
         for optim in SWEEP:
-            lr, finals = sweep(args.out, model, optim, args.sweep_steps)
-            curves = seeds(args.out, model, optim, lr, args.steps)
-            results.setdefault(model, {})[optim] = {"lr": lr, "sweep": finals, "curves": curves}
+            lr, finals = sweep(args.out, model, optim, sweep_steps[model], data)
+            curves = seeds(args.out, model, optim, lr, steps[model], args.seeds, data)
+            results.setdefault(model, {})[optim] = {
+                "lr": lr, "sweep": finals, "sweep_steps": sweep_steps[model], "curves": curves
+            }  # fmt: skip
     load["after"] = [round(x, 2) for x in os.getloadavg()]
+    load["wall_s"] = time.perf_counter() - start
     (args.out / "results.json").write_text(json.dumps({"load": load, "results": results}, indent=1))
     (args.out / "results.md").write_text(tables(results, load))
-    figure(results, args.out / "muon_vs_adamw.png")
+    args.figure.parent.mkdir(parents=True, exist_ok=True)
+    figure(results, args.figure)
     print((args.out / "results.md").read_text())
-    print(f"figure: {args.out / 'muon_vs_adamw.png'}")
+    print(f"figure: {args.figure}")
     return 0
 
 
