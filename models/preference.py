@@ -26,6 +26,7 @@ from __future__ import annotations
 import sys
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
@@ -69,11 +70,38 @@ def sequence_logps(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Te
     return -nll.view(rows, -1).double().sum(-1), (tokens != IGNORE_INDEX).sum(-1)
 
 
-class PreferenceLoss:
-    """The engines' loss on preference batches (``reduction="sum"``: the sum of the pairs' losses)."""
+class _SumOverRanks(torch.autograd.Function):
+    """All-reduce (sum) whose backward all-reduces the gradient too: every rank's loss reads the summed value, so each
+    rank's share gets the sum of the ranks' gradients (their losses are parts of one mean, ``TokenMean``)."""
 
-    def __init__(self, objective: PreferenceObjective):
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor, group) -> torch.Tensor:  # type: ignore[override]
+        ctx.group = group
+        out = tensor.clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        grad = grad.clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class PreferenceLoss:
+    """The engines' loss on preference batches (``reduction="sum"``: the sum of the pairs' losses).
+
+    With each sequence split over ranks (context parallel: ``sequence_group``), a row's log-probability and its count
+    of completion tokens are summed over that group before the pairs are compared; every rank of it then holds the
+    same pairs (counted once per rank by ``count``, so the global mean divides by that group's size as well)."""
+
+    #: columns after the tokens in the targets that are per row, not per token (the reference's): kept whole when a
+    #: dimension splits the sequence (``Engine.local_batch``)
+    extra_columns = 1
+
+    def __init__(self, objective: PreferenceObjective, *, sequence_group=None):
         self.objective = objective
+        self.sequence_group = sequence_group
         self.collect = False
         """Reference pass: record (row index, log-probability) per row, train nothing."""
         self.collected: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -87,6 +115,9 @@ class PreferenceLoss:
     def __call__(self, logits: torch.Tensor, targets: torch.Tensor, *, reduction: str = "sum") -> torch.Tensor:
         tokens, column = split_targets(targets)
         logps, lengths = sequence_logps(logits, tokens)
+        if self.sequence_group is not None:  # each rank scored its chunk of every row: the rows' sums
+            logps = _SumOverRanks.apply(logps, self.sequence_group)
+            dist.all_reduce(lengths, group=self.sequence_group)
         if self.collect:
             if not _placeholder_call():
                 self.collected.append((column.detach().cpu(), logps.detach().double().cpu()))

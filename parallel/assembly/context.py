@@ -17,7 +17,7 @@ from torch import nn
 from models.lora import add_adapters, init_lora
 from parallel.foundation.layout import ParallelLayout
 from parallel.foundation.memory import BuildPeak, tensor_bytes
-from parallel.foundation.meshes import loss_mesh
+from parallel.foundation.meshes import loss_mesh, sequence_mesh
 from parallel.foundation.run import ComposeSettings, RunSpec
 from parallel.foundation.ties import retie, tied_parameters
 
@@ -58,7 +58,7 @@ class WorkerContext:
         if "_objective_loss" not in self.__dict__:
             from models.preference import PreferenceLoss
 
-            self.__dict__["_objective_loss"] = PreferenceLoss(self.run.objective)
+            self.__dict__["_objective_loss"] = PreferenceLoss(self.run.objective, sequence_group=self.sequence_group())
         return self.__dict__["_objective_loss"]
 
     @property
@@ -174,6 +174,12 @@ class WorkerContext:
         """The mesh the loss's target count is all-reduced and the gradients are averaged over (dp x cp); None
         for one process."""
         return loss_mesh(self.mesh, self.layout.sizes) if self.mesh is not None else None
+
+    def sequence_group(self) -> Any:
+        """The process group over which each sample's sequence is split (cp), whose ranks sum a row's per-token
+        terms; None when no dimension splits it."""
+        mesh = sequence_mesh(self.mesh, self.layout.sizes) if self.mesh is not None else None
+        return mesh.get_group() if mesh is not None else None
 
     def per_replica_batch(self) -> int:
         return self.run.batch.per_replica(self.layout.dp)

@@ -44,7 +44,8 @@ class MeshDim:
     gradients reduced and FSDP shards over the product of these dimensions."""
     splits_sequence: bool = False
     """Its ranks hold different chunks of each sample's sequence (cp): what needs a sample's whole sequence on
-    one rank (packed documents' attention mask, a preference pair's log-probability) refuses a size > 1."""
+    one rank (packed documents' attention mask) refuses a size > 1; a preference row's log-probability is summed
+    over its ranks (``parallel/foundation/meshes.py`` ``sequence_mesh``)."""
     needs_fsdp: str = ""
     """Why the data dimensions beside it (its size > 1) are FSDP2 ``fully_shard``, never DDP; "" when DDP
     works beside it (``layout.dp_needs_fsdp``)."""

@@ -32,6 +32,13 @@ def fsdp_mesh(world_mesh: DeviceMesh, sizes: Mapping[str, int]) -> DeviceMesh:
     return flat_mesh(world_mesh, dims.data_names(), sizes)
 
 
+def sequence_mesh(world_mesh: DeviceMesh, sizes: Mapping[str, int]) -> DeviceMesh | None:
+    """The ranks that hold chunks of the same samples (the dimensions that split a sample's sequence,
+    ``MeshDim.splits_sequence``: cp), flattened; None when none of them is in use."""
+    names = dims.spanned([d.name for d in dims.DIMENSIONS if d.splits_sequence], sizes)
+    return flat_mesh(world_mesh, names, sizes) if names else None
+
+
 def loss_mesh(world_mesh: DeviceMesh, sizes: Mapping[str, int]) -> DeviceMesh:
     """The mesh the loss is averaged and the dense gradients are reduced over (DDP's group): the ranks that see
     different tokens, dp x cp. It is FSDP's mesh while the table has no replicated-and-sharded (HSDP) split."""

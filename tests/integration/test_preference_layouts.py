@@ -3,10 +3,11 @@ ChatML template, 40 conversational pairs, 3 steps. Each case prepares its own ca
 log-probabilities through its own engine before its first step. Full weights: ddp (2 accumulated chunks per
 replica), fsdp, tp (loss parallel) and dp 2 x pp 2 (1F1B, the chosen and rejected of a pair in one micro-batch)
 reproduce single's losses, reward margins, log-probabilities and gradient norms to 1e-6 relative (the rewards to
-1e-6 of the log-probabilities they are differences of), its accuracies and held-out loss, and so does dp 2 x pp 2
-with the reference held on the ranks (``trainer.preference.reference=copy``: a frozen copy of the initial weights run
-on every batch); with LoRA (the reference: the base with the adapters off), fsdp and plain pp 2 reproduce lora
-single's and step 1 is ln 2; a Qwen3-MoE under dp 2 x ep 2 reproduces its single's."""
+1e-6 of the log-probabilities they are differences of), its accuracies and held-out loss, and so do dp 2 x pp 2 with
+the reference held on the ranks (``trainer.preference.reference=copy``: a frozen copy of the initial weights run on
+every batch) and dp 2 x cp 2 (each row's tokens split over the cp ranks, its log-probability summed over them); with
+LoRA (the reference: the base with the adapters off), fsdp and plain pp 2 reproduce lora single's and step 1 is ln 2;
+a Qwen3-MoE under dp 2 x ep 2 reproduces its single's."""
 
 from __future__ import annotations
 
@@ -43,6 +44,14 @@ LAYOUTS = {
         "tp": {"size": 1},
         "pp": {"size": 2, "micro_batches": 2, "schedule": "1f1b"},
         "trainer": {"preference": {"reference": "copy"}},
+    },
+    # context parallel beside dp: each row's tokens split over 2 ranks, its log-probability summed over them
+    "dp2_cp2": {
+        "defaults": [{"override /parallel": "hybrid"}],
+        "dp": {"size": 2},
+        "cp": {"size": 2},
+        "tp": {"size": 1},
+        "pp": {"size": 1},
     },
     "lora_single": {"defaults": [{"override /parallel": "single"}], "model": LORA},
     "lora_fsdp": {"defaults": [{"override /parallel": "fsdp"}], "model": LORA},
@@ -141,7 +150,7 @@ def test_step_one_is_ln2_and_the_held_out_pairs_are_scored(runs):
 
 
 @pytest.mark.parametrize("case, ref", [("ddp", "single"), ("fsdp", "single"), ("tp", "single"),
-                                       ("dp2_pp2", "single"), ("copy_dp2_pp2", "single"),
+                                       ("dp2_pp2", "single"), ("copy_dp2_pp2", "single"), ("dp2_cp2", "single"),
                                        ("lora_fsdp", "lora_single"), ("lora_pp2", "lora_single"),
                                        ("moe_dp2_ep2", "moe_single")])  # fmt: skip
 def test_layouts_reproduce_single(runs, case, ref):
@@ -162,7 +171,7 @@ def test_layouts_reproduce_single(runs, case, ref):
     assert got[-1]["val_rewards_margin"] == pytest.approx(want[-1]["val_rewards_margin"], rel=1e-6)
 
 
-def test_a_bad_pair_and_context_parallel_are_refused_before_any_worker(start, tmp_path):
+def test_a_bad_pair_is_refused_before_any_worker(start, tmp_path):
     folder, _ = start
     bad = write_jsonl(tmp_path / "bad.jsonl", [*preference_pairs(3), {"prompt": "Why?", "chosen": "Yes."}])
     common = ("data=preference", "trainer.objective=dpo", f"model.init_from={folder}", f"data.seq_len={SEQ}",
@@ -171,9 +180,3 @@ def test_a_bad_pair_and_context_parallel_are_refused_before_any_worker(start, tm
     assert run.proc.returncode == 2, run.output[-3000:]
     assert f'{bad}:4: no "rejected" field' in run.output
     assert not (tmp_path / "run" / "logs" / "rank0.log").exists()
-    good = write_jsonl(tmp_path / "good.jsonl", preference_pairs(4))
-    run = run_train(
-        "parallel=hybrid", "dp.size=1", "tp.size=1", "pp.size=1", "cp.size=2", f"data.path={good}", *common,
-        run_dir=tmp_path / "cp", expect_ok=False,
-    )  # fmt: skip
-    assert run.proc.returncode == 2 and "data=preference with cp.size=2" in run.output, run.output[-3000:]

@@ -100,7 +100,8 @@ def sequence_splits(layout: object) -> list[tuple[dims.MeshDim, int]]:
 
 def check_preference(cfg: DictConfig, layout: object, f: Findings) -> None:
     """data=preference and trainer.objective=dpo/simpo come together; each micro-batch holds whole pairs (an even
-    number of rows); a pair is not split over context-parallel ranks (its log-probability is one sum)."""
+    number of rows). Context parallel splits each row's tokens; the loss sums a row's chunks over the cp ranks
+    (``models/preference.py``)."""
     objective, preference = str(cfg.trainer.objective), cfg.data.get("name") == "preference"
     if objective in PREFERENCE_OBJECTIVES and not preference:
         f.error(f"trainer.objective={objective} trains on preference pairs: set data=preference data.path=PAIRS.jsonl")
@@ -125,11 +126,6 @@ def check_preference(cfg: DictConfig, layout: object, f: Findings) -> None:
             f"data.global_batch_size={cfg.data.global_batch_size}: data=preference counts sequences, two per pair, "
             f"and a pair stays in one micro-batch, but a micro-batch here holds {rows} rows; use a multiple of "
             "2 x dp.size x (pp.micro_batches, or the accumulation chunks)"
-        )
-    for d, size in sequence_splits(layout):
-        f.error(
-            f"data=preference with {d.key}={size}: a completion's log-probability is one sum over its tokens "
-            f"and {d.title} splits them over ranks; set {d.key}=1"
         )
     limit = cfg.data.get("max_prompt_len")
     if limit is not None and int(limit) < 0:
