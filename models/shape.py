@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 #: suffixes of counts as people write them, largest first
@@ -127,6 +127,13 @@ class ModelShape:
     are frozen: no gradients, no optimizer state)."""
     lora_targets: tuple[str, ...] = ()
     """``model.lora.targets``: the linear layers that get adapters (``targeted``)."""
+    layer_kinds: tuple[str, ...] = ()
+    """Per block, its attention's kind where blocks of one width differ by it (transformers' ``layer_types``:
+    ``sliding_attention``, ``full_attention``); empty: one kind."""
+    block_saved_bytes: Callable[[int, int, int, int], float] | None = field(default=None, compare=False, repr=False)
+    """``(layer, seq_len, element_bytes, tp) -> bytes``: what one sample keeps for backward through block ``layer``,
+    counted on the architecture's own module (the Hugging Face backend's blocks, which no closed formula here
+    describes: ``models/hf_transformers/activations.py``); None: the cost model's formulas."""
 
     def __post_init__(self) -> None:
         if not self.layer_d_ff:
@@ -152,9 +159,10 @@ class ModelShape:
         key = tuple(layers)
         found = self._groups.get(key)
         if found is None:
-            counts: dict[tuple[int, bool, int], list[int]] = {}
+            counts: dict[tuple[int, bool, int, bool, str], list[int]] = {}
             for i in key:
-                kind = (self.layer_d_ff[i], self.sparse[i], self.layer_extra(i), self.is_mtp(i))
+                layer_kind = self.layer_kinds[i] if self.layer_kinds else ""
+                kind = (self.layer_d_ff[i], self.sparse[i], self.layer_extra(i), self.is_mtp(i), layer_kind)
                 counts.setdefault(kind, []).append(i)
             found = self._groups[key] = tuple((same[0], len(same)) for same in counts.values())
         return found

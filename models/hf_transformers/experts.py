@@ -22,7 +22,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.nn.utils.stateless import _reparametrize_module
 
-from models.moe import LocalDispatch
+from models.moe import LocalDispatch, even_split, has_values
 
 
 def expert_modules(model: nn.Module) -> list[nn.Module]:
@@ -49,14 +49,42 @@ def install(model: nn.Module) -> int:
 def seam_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
     routed = self.dispatcher.dispatch(hidden_states, top_k_index, top_k_weights)
     local = {n: p.to_local() if isinstance(p, DTensor) else p for n, p in self.named_parameters(recurse=False)}
-    experts = routed.counts.shape[0]  # this rank's (all of them without expert parallel)
-    which = torch.repeat_interleave(torch.arange(experts, device=routed.rows.device), routed.counts)[:, None]
+    rows, experts = routed.rows.shape[0], routed.counts.shape[0]  # this rank's experts (all without ep)
+    measured = has_values(routed.counts)
+    counts = routed.counts if measured else torch.tensor(even_split(rows, experts), device=routed.rows.device)
+    which = torch.repeat_interleave(torch.arange(experts, device=routed.rows.device), counts, output_size=rows)
+    which = which[:, None]
     ones = torch.ones_like(which, dtype=routed.rows.dtype)
-    forward = type(self).forward
-    forward = getattr(
-        forward, "__wrapped__", forward
-    )  # the eager loop, not the kernel use_experts_implementation picks
     with _reparametrize_module(self, local):
-        y = forward(self, routed.rows, which, ones)
+        y = experts_forward(self, measured=measured)(self, routed.rows, which, ones)
     # weighed and summed in the wider dtype (fp32 router weights), returned in the block input's, as transformers does
     return self.dispatcher.combine(y, routed, hidden_states.shape[0]).to(hidden_states.dtype)
+
+
+def experts_forward(module: nn.Module, *, measured: bool):
+    """transformers' eager loop over the experts (not the kernel ``use_experts_implementation`` picks), whose choice
+    of experts reads the routing; where nothing can be read (fake tensors: the planner's dry run, with balanced
+    routing) transformers' grouped forward, which runs the same rows through the same gate and projections as one
+    grouped matmul per projection and keeps for backward what the loop keeps: each row's input, its gate/up
+    projection, the gated product and the expert's output."""
+    if not measured:
+        return _grouped_shapes
+    forward = type(module).forward
+    return getattr(forward, "__wrapped__", forward)
+
+
+def _grouped_shapes(module: nn.Module, rows: torch.Tensor, which: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """transformers' grouped experts forward through its own fallback grouped matmul (a custom op with a shape
+    function; torch's ``grouped_mm`` on CPU takes bf16 only), for fake tensors; its rows then added into the output
+    by ``index_add_`` as the loop adds each expert's, which autograd keeps as the loop's are kept."""
+    from unittest import mock
+
+    from transformers.integrations import moe
+
+    local = module.down_proj.shape[0]  # this rank's experts under expert parallel
+    with (
+        mock.patch.object(moe, "_can_use_grouped_mm", lambda *_: False),
+        mock.patch.object(module, "num_experts", local),
+    ):
+        out = moe.grouped_mm_experts_forward(module, rows, which, weights)
+    return torch.zeros_like(out).index_add_(0, torch.arange(out.shape[0], device=out.device), out)

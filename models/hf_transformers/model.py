@@ -57,12 +57,13 @@ def layer_types(hf: Any) -> list[str]:
 class HFCausalLM(nn.Module):
     """``HFCausalLM(HFTransformersConfig(config_dir=DIR))``: DIR's architecture, transformers' modules."""
 
-    def __init__(self, config: HFTransformersConfig | None = None, **fields: Any):
+    def __init__(self, config: HFTransformersConfig | None = None, *, hf_config: Any = None, **fields: Any):
         super().__init__()
         from transformers import AutoModelForCausalLM
 
         self.config = c = config_or_fields(HFTransformersConfig, config, fields)
-        self.hf_config = hf = load_hf_config(c)
+        # ``hf_config``: transformers' config to build instead of config_dir's (the planner's per-rank sizes)
+        self.hf_config = hf = hf_config if hf_config is not None else load_hf_config(c)
         model = AutoModelForCausalLM.from_config(hf, trust_remote_code=bool(c.trust_remote_code))
         base = model.get_decoder()
         self.embed_tokens: nn.Module | None = base.embed_tokens
@@ -96,11 +97,12 @@ class HFCausalLM(nn.Module):
                 h = h * float(scale)
         else:
             h, positions = x, None
+        packed = positions
         if positions is None:
             start = chunk_start(self.seq_chunk, h.shape[1])
             positions = torch.arange(start, start + h.shape[1], device=h.device).unsqueeze(0)
         kinds = {self.layer_types[int(k)] for k in self.layers}
-        masks = {kind: self._mask(kind, h, positions) for kind in kinds}
+        masks = {kind: self._mask(kind, h, packed) for kind in kinds}
         rotary = {kind: self._rotary(kind, h, positions) for kind in kinds}
         for key, layer in self.layers.items():
             kind = self.layer_types[int(key)]
@@ -112,7 +114,11 @@ class HFCausalLM(nn.Module):
             h = self._logits(self.lm_head(h))
         return h
 
-    def _mask(self, kind: str, h: torch.Tensor, positions: torch.Tensor) -> Any:
+    def _mask(self, kind: str, h: torch.Tensor, positions: torch.Tensor | None) -> Any:
+        """transformers' mask for ``kind``: from the documents' positions when a batch is packed; else None where the
+        causal kernel needs none (full attention, a window no shorter than the sequence), as it decides in a real run
+        and under fake tensors (the dry run) alike: given plain positions there, transformers cannot see that no
+        document boundary is among them and builds a mask."""
         from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
         build = create_sliding_window_causal_mask if kind == SLIDING else create_causal_mask

@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from models.hf_transformers.activations import block_counter
 from models.hf_transformers.config import CONFIG_JSON, hf_json, max_seq_len, n_experts, tied
 from models.shape import ModelShape
 
@@ -53,14 +54,20 @@ def hf_shape(model: Any) -> ModelShape:
         qk_rope_head_dim=rope,
         v_head_dim=int(hf.get("v_head_dim") or 0),
     )
-    path = Path(str(model.get("config_dir"))).expanduser()
-    built = built_block_params(str(path), (path / CONFIG_JSON).stat().st_mtime, bool(model.get("trust_remote_code")))
-    return replace(formulas, layer_extra_params=tuple(b - formulas.layer_params(i) for i, b in enumerate(built)))
+    path, remote = Path(str(model.get("config_dir"))).expanduser(), bool(model.get("trust_remote_code"))
+    built, kinds = built_blocks(str(path), (path / CONFIG_JSON).stat().st_mtime, remote)
+    return replace(
+        formulas,
+        layer_extra_params=tuple(b - formulas.layer_params(i) for i, b in enumerate(built)),
+        layer_kinds=kinds,
+        block_saved_bytes=block_counter(str(path), remote),
+    )
 
 
 @functools.lru_cache(maxsize=8)
-def built_block_params(config_dir: str, mtime: float, trust_remote_code: bool) -> tuple[int, ...]:
-    """Parameters of each decoder layer of the architecture, counted on a meta-device build (no memory)."""
+def built_blocks(config_dir: str, mtime: float, trust_remote_code: bool) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """Parameters and attention kind of each decoder layer of the architecture, read from a meta-device build (no
+    memory)."""
     import torch
 
     from models.hf_transformers.config import HFTransformersConfig
@@ -68,4 +75,5 @@ def built_block_params(config_dir: str, mtime: float, trust_remote_code: bool) -
 
     with torch.device("meta"):
         model = HFCausalLM(HFTransformersConfig(config_dir=config_dir, trust_remote_code=trust_remote_code))
-    return tuple(sum(p.numel() for p in layer.parameters()) for layer in model.layers.values())
+    params = tuple(sum(p.numel() for p in layer.parameters()) for layer in model.layers.values())
+    return params, tuple(model.layer_types)

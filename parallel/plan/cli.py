@@ -101,7 +101,7 @@ def model_from_folder(cfg: Any, overrides: list[str]) -> None:
         msg = f"model.init_from={start}: no readable config.json ({exc}); give a Hugging Face model folder"
         raise PlanError(msg) from None
     try:
-        spec, values, _ = hf_model(hf, start=str(start))
+        spec, values, _ = hf_model(hf, start=str(start), backend=str(OmegaConf.select(cfg, "model.backend") or "auto"))
     except UnknownModel as exc:
         raise PlanError(str(exc)) from None
     except ValueError as exc:  # the adapter's HFConfigError

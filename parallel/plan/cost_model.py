@@ -424,6 +424,8 @@ def saved_layer_activation_bytes(model: ModelShape, layer: int, case: Activation
     block_input = model.d_model * case.element_bytes / shard_seq
     if case.recompute == "full":
         return tokens * block_input
+    if model.block_saved_bytes is not None and case.recompute == "none":  # counted on the block's own module
+        return case.micro_batch * model.block_saved_bytes(layer, int(case.seq_len), case.element_bytes, case.tp)
     mlp = mlp_saved_bytes(model, layer, case)
     if case.recompute == "selective":
         return tokens * (block_input + attention_saved_bytes(model, case) + mlp)
@@ -686,7 +688,7 @@ def _rank_memory(
         ep=c.ep,
     )
     per_mb = sum(n * layer_bytes(model, i, case) for i, n in model.layer_groups(layers))
-    if meshtrain and layers:  # each of the rank's stages keeps its own table
+    if meshtrain and layers and model.block_saved_bytes is None:  # each of the rank's stages keeps its own table
         per_mb += sp.v * rotary_table_saved_bytes(model, seq_len=sp.s_full)
     held = micro_batches_in_flight(c.schedule, pp=c.pp, m=c.micro_batches, v=sp.v, stage=r)
     if r == last:  # the loss's, once for the main head and once per MTP module

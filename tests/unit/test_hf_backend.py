@@ -160,3 +160,49 @@ def test_expert_parallel_needs_experts(compose_cfg, folders):
     validate(compose_cfg(*moe, f"model.config_dir={folders['gpt_oss']}"))
     msg = refusal(compose_cfg, *moe, f"model.config_dir={folders['mistral']}")
     assert "expert parallel splits a mixture of experts' experts and this model has none; set ep.size=1" in msg
+
+
+#: (architecture, layout) the planner's dry run checks: a sliding window under tp, sliding and global layers, MLA
+#: experts split over ep, gpt-oss's eager attention with sinks and its clamped experts over two pipeline stages
+PLANNED = {
+    "mistral": {"tp": 2, "micro_batches": 2},
+    "gemma3_text": {"dp": 2, "micro_batches": 2},
+    "deepseek_v3": {"dp": 2, "ep": 2, "zero_stage": 3},
+    "gpt_oss": {"pp": 2, "micro_batches": 2, "schedule": "1f1b"},
+}
+
+
+@pytest.mark.parametrize("name", list(PLANNED))
+def test_dry_run_measures_the_plan(folders, name):
+    """``python -m parallel.plan model.init_from=DIR`` plans the folder's architecture (``model.backend=transformers``
+    for DeepSeek-V3, which a native family reads), and the dry run of a layout agrees with the plan on every sampled
+    rank: model state exactly, saved activations within 10% (the issue's bound; measured within 8%, bf16 DeepSeek-V3
+    at 0.92 the widest, fp32 within 4%). The MoE families' experts run on fake tensors too (balanced routing)."""
+    from models.registry import typed_model
+    from parallel.plan.cli import compose, model_from_folder, plain, specs_from_cfg
+    from parallel.plan.cost_model import Candidate
+    from parallel.plan.dry_run import dry_run
+
+    overrides = [f"model.init_from={folders[name]}", "model.backend=transformers", "data.seq_len=32"]
+    overrides += ["data.global_batch_size=4", "topology.nproc_per_node=2"]
+    cfg = compose(overrides)
+    model_from_folder(cfg, overrides)
+    assert cfg.model.family == "hf"
+    model, hardware, workload = specs_from_cfg(cfg, calibrate=False)
+    candidate = Candidate(**PLANNED[name])
+    report = dry_run(
+        model_config=typed_model(plain(cfg.model)),
+        candidate=candidate,
+        model=model,
+        hardware=hardware,
+        workload=workload,
+        ranks=[candidate.world_size - 1],  # the last stage: the head's too
+    )
+    for r in report.ranks:
+        assert r.error is None, r.error
+        assert r.ratio("model_state") == pytest.approx(1.0, abs=1e-6), r
+        print(
+            f"{name} {PLANNED[name]} rank {r.rank}: activations measured / planned "
+            f"{r.ratio('activations_per_micro_batch'):.4f}"
+        )
+        assert r.ratio("activations_per_micro_batch") == pytest.approx(1.0, abs=0.10), r
