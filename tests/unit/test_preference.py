@@ -192,9 +192,9 @@ def test_a_frozen_copy_swaps_the_initial_weights_in_and_back_out():
 
 
 def test_the_reference_key_is_checked_before_spawn(compose_cfg):
-    from trainer.validate import ConfigError, validate
+    from trainer.checks.findings import Findings
+    from trainer.checks.run import check_trainer
 
-    cfg = compose_cfg("trainer.preference.reference=frozen")
-    with pytest.raises(ConfigError) as err:
-        validate(cfg, environ={})
-    assert "trainer.preference.reference" in str(err.value) and "pass, copy" in str(err.value)
+    found = Findings()
+    check_trainer(compose_cfg("trainer.preference.reference=frozen"), None, found)
+    assert found.problems == ["trainer.preference.reference=frozen: use one of pass, copy"]
