@@ -90,6 +90,14 @@ def spec_for(model: Any) -> ModelSpec:
     return generic_spec(target)
 
 
+def spec_or_none(model: Any) -> ModelSpec | None:
+    """The model's family spec, or None for a name the registry does not know (validation's model check says so)."""
+    try:
+        return spec_for(model)
+    except UnknownModel:
+        return None
+
+
 def typed_model(values: Any) -> Any:
     """The model's own config from its plain values (a composed ``model`` node, resolved): its family's frozen
     dataclass (``ModelSpec.typed``); a model no spec knows, or one its schema refuses, is a read-only ``ConfigView``

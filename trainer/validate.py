@@ -20,8 +20,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from models.spec import ConfigView
 from parallel.assembly.registry import STRATEGIES, checks_for, strategy_spec
-from parallel.assembly.strategy_checks import nearest_multiples as _nearest_multiples
 from parallel.foundation import dims
+from parallel.foundation.dims import nearest_multiples as _nearest_multiples
 from parallel.foundation.layout import (
     ParallelLayout,
     dp_needs_fsdp,

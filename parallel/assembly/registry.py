@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from parallel.assembly.strategy_checks import (
-    context_parallel_problems,
-    expert_parallel_problems,
+    dimension_problems,
     tensor_parallel_problems,
 )
 from parallel.foundation import dims
@@ -203,7 +202,7 @@ STRATEGIES: dict[str, StrategySpec] = {
             "pp x dp x cp x tp on one DeviceMesh, ep borrowed from dp (x cp)",
             pipeline="with_pp",
             picked_for=_combined,
-            checks=(pipeline_problems, tensor_parallel_problems, expert_parallel_problems, context_parallel_problems),
+            checks=(pipeline_problems, tensor_parallel_problems, dimension_problems),
         ),
         StrategySpec(
             "auto",

@@ -54,6 +54,9 @@ class MeshDim:
     of a step."""
     label: str = ""
     """How the console names that share (``tp comm 12%``); "" for none."""
+    technique: str = ""
+    """The module that applies it beside the others (``compose``): its ``problems(run, strategy)``, what it needs of
+    the run, checked before any worker starts; "" for dp, tp and pp, which the strategies name themselves."""
 
     @property
     def title(self) -> str:
@@ -110,6 +113,7 @@ DIMENSIONS: tuple[MeshDim, ...] = (
         splits_sequence=True,
         metrics=("cp_comm", "cp_collectives"),
         label="cp all-to-all",
+        technique="parallel.techniques.cp",
     ),
     MeshDim(
         "ep",
@@ -125,6 +129,7 @@ DIMENSIONS: tuple[MeshDim, ...] = (
         ),
         metrics=("ep_a2a",),
         label="ep a2a",
+        technique="parallel.techniques.ep",
     ),
 )
 
@@ -261,6 +266,13 @@ def borrow_problems(sizes: Mapping[str, int], *, asked: Mapping[str, Iterable[st
                 f"or change {' / '.join(dim(n).key for n in named)} so that {size} divides their product"
             )
     return out
+
+
+def nearest_multiples(value: int, base: int) -> str:
+    """The multiples of ``base`` around ``value`` ("14 or 16" for 15 and 2): the fix a divisibility rule names."""
+    lo = (value // base) * base
+    hi = lo + base
+    return str(hi) if lo < base else f"{lo} or {hi}"
 
 
 def factorizations(world_size: int) -> list[tuple[int, ...]]:

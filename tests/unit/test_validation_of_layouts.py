@@ -104,25 +104,20 @@ def test_each_strategy_lists_the_checks_of_the_dimensions_it_uses():
     """A strategy's rules are its ``StrategySpec.checks``: one that uses tp runs the tensor-parallel checks, one that
     pipelines runs the pipeline checks, and a user's own strategy runs every built-in one."""
     from parallel.assembly.registry import STRATEGIES, checks_for
-    from parallel.assembly.strategy_checks import (
-        context_parallel_problems,
-        expert_parallel_problems,
-        tensor_parallel_problems,
-    )
+    from parallel.assembly.strategy_checks import dimension_problems, tensor_parallel_problems
     from parallel.pipeline.checks import fixed_pipeline_problems, pipeline_problems
 
     for name, spec in STRATEGIES.items():
         if spec.resolved_before_launch:
             continue
         assert ("tp" in spec.dims) == (tensor_parallel_problems in spec.checks), name
-        assert ("ep" in spec.dims) == (expert_parallel_problems in spec.checks), name
-        assert ("cp" in spec.dims) == (context_parallel_problems in spec.checks), name
+        # cp's and ep's own rules, through their technique modules (``MeshDim.technique``)
+        assert bool({"cp", "ep"} & set(spec.dims)) == (dimension_problems in spec.checks), name
         assert (spec.pipeline != "never") == (pipeline_problems in spec.checks), name
         assert (spec.fixed_pipeline is not None) == (fixed_pipeline_problems in spec.checks), name
     assert set(checks_for("mine")) == {
         tensor_parallel_problems,
         pipeline_problems,
         fixed_pipeline_problems,
-        expert_parallel_problems,
-        context_parallel_problems,
+        dimension_problems,
     }

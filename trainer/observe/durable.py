@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -224,6 +225,25 @@ def scan_jsonl(path: Path) -> JsonLines:
             f"torn record(s) skipped ({tail}); {len(out.records)} whole record(s) kept",
         )
     return out
+
+
+def keep_records(path: Path, keep: Callable[[dict[str, Any]], bool]) -> None:
+    """Cut a JSON-lines file back to its whole records that ``keep`` accepts, each ending in a newline (truncated in
+    place when they are its first lines, else rewritten)."""
+    scan = scan_jsonl(path)
+    kept = [i for i, r in enumerate(scan.records) if keep(r)]
+    # the kept records are the file's first lines, with nothing torn among them: truncate
+    if kept == list(range(len(kept))) and (not kept or scan.lines[kept[-1]] == len(kept)):
+        end = scan.ends[kept[-1]] if kept else 0
+        with open(path, "r+b") as f:
+            f.truncate(end)
+            f.seek(max(end - 1, 0))
+            if end and f.read(1) != b"\n":
+                f.write(b"\n")  # a whole last record that lost only its newline
+            f.flush()
+            os.fsync(f.fileno())
+        return
+    write_text(path, "".join(json_line(scan.records[i]) for i in kept))
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import math
-import os
 import statistics
 from pathlib import Path
 from typing import Any
 
-from trainer.observe.durable import json_line, read_jsonl, scan_jsonl, write_text
+from trainer.observe.durable import json_line, keep_records, read_jsonl
 
 
 class MetricsFile:
@@ -24,7 +23,7 @@ class MetricsFile:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         if keep_through_step > 0 and path.exists():
-            _keep_through(path, keep_through_step)
+            keep_records(path, lambda r: _step(r) <= keep_through_step)
             self._f = open(path, "a")
         else:
             self._f = open(path, "w")
@@ -35,24 +34,6 @@ class MetricsFile:
 
     def close(self) -> None:
         self._f.close()
-
-
-def _keep_through(path: Path, step: int) -> None:
-    """Cut ``path`` back to its whole records with ``step`` <= ``step``, each ending in a newline."""
-    scan = scan_jsonl(path)
-    kept = [i for i, r in enumerate(scan.records) if _step(r) <= step]
-    # the kept records are the file's first lines, with nothing torn among them: truncate
-    if kept == list(range(len(kept))) and (not kept or scan.lines[kept[-1]] == len(kept)):
-        end = scan.ends[kept[-1]] if kept else 0
-        with open(path, "r+b") as f:
-            f.truncate(end)
-            f.seek(max(end - 1, 0))
-            if end and f.read(1) != b"\n":
-                f.write(b"\n")  # a whole last record that lost only its newline
-            f.flush()
-            os.fsync(f.fileno())
-        return
-    write_text(path, "".join(json_line(scan.records[i]) for i in kept))
 
 
 def _step(record: dict[str, Any]) -> float:
