@@ -62,7 +62,8 @@ def side_numbers(ranks: list[list[dict[str, Any]]], *, tokens_per_step: int, lau
     steady = len(first) - WARMUP_STEPS
     gaps = [b["wall_s"] - a["wall_s"] for a, b in zip(first[WARMUP_STEPS - 1 :], first[WARMUP_STEPS:])]
     cpu = sum((r[-1]["cpu_s"] - r[WARMUP_STEPS - 1]["cpu_s"]) / steady for r in ranks)
-    losses = next(([(m["step"], m["loss"]) for m in r if m["loss"] is not None] for r in ranks if r[-1]["loss"]), [])
+    logged = [[(m["step"], m["loss"]) for m in r if m["loss"] is not None] for r in ranks]
+    losses = next((rank for rank in logged if rank), [])
     return {
         "tokens_per_s": tokens_per_step * steady / span,
         "median_step_tokens_per_s": tokens_per_step / statistics.median(gaps),

@@ -97,9 +97,10 @@ class ReplayBatches(BaseDataLoader):
 class ClockedTrainer(Trainer):
     """torchtitan's Trainer, its step end noted (and the loss it logged) after each ``train_step``."""
 
-    def __init__(self, config: Trainer.Config, *, clock: StepClock):
+    def __init__(self, config: Trainer.Config, *, clock: StepClock, profile_step: int = 0):
         super().__init__(config)
         self.clock = clock
+        self.profile_step = profile_step
         self.logged_loss: float | None = None
         log = self.metrics_processor.log
 
@@ -111,7 +112,13 @@ class ClockedTrainer(Trainer):
 
     def train_step(self, data_iterator):
         self.logged_loss = None
-        super().train_step(data_iterator)
+        if self.step == self.profile_step:  # one step's ops and collectives: <clock>/profile/rank<r>.trace.json
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                super().train_step(data_iterator)
+            (self.clock.out / "profile").mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(self.clock.out / "profile" / f"rank{self.clock.rank}.trace.json"))
+        else:
+            super().train_step(data_iterator)
         holds_loss = not self.parallel_dims.pp_enabled or self.pp_has_last_stage  # earlier stages log -1
         self.clock.mark(self.step, self.logged_loss if holds_loss else None)
 
@@ -209,10 +216,11 @@ def main() -> int:
     ap.add_argument("--batches", required=True, help="torch.save({'inputs', 'targets'}) of [steps, batch, seq]")
     ap.add_argument("--clock", required=True, help="folder for each rank's step ends")
     ap.add_argument("--dump", required=True, help="torchtitan's dump folder")
+    ap.add_argument("--profile-step", type=int, default=0, help="torch.profiler trace of this step (0: none)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     init_logger()  # torchtitan's console log, as its train.py sets it up
-    trainer = ClockedTrainer(trainer_config(args), clock=StepClock(args.clock))
+    trainer = ClockedTrainer(trainer_config(args), clock=StepClock(args.clock), profile_step=args.profile_step)
     try:
         trainer.train()
     finally:

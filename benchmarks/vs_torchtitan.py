@@ -290,7 +290,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs", type=parse_pairs, default=list(PAIRS), help=f"comma-separated: {','.join(PAIRS)}")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=20, help="steps per side per round (the first 2 are warm-up)")
+    ap.add_argument("--steps", type=int, default=16, help="steps per side per round (the first 2 are warm-up)")
     ap.add_argument("--batch", type=int, default=8, help="global batch (sequences)")
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--log-every", type=int, default=1, help="both sides log (and measure) every N steps")

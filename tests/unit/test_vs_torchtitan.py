@@ -52,6 +52,10 @@ def test_side_numbers_take_the_steady_steps_all_ranks_cpu_and_the_rank_that_hold
     assert got["step_cpu_s"] == pytest.approx(0.7)
     assert got["time_to_first_step_s"] == pytest.approx(3.0)
     assert got["losses"][0] == (1, 2.0) and len(got["losses"]) == 6
+    sparse = marks(0.5, 0.3, loss=2.0)  # logging every 10 steps: the last step logged nothing
+    for m in sparse[1:]:
+        m["loss"] = None
+    assert side_numbers([sparse], tokens_per_step=1000, launch_unix=1000.0)["losses"] == [(1, 2.0)]
 
 
 def test_the_ratio_table_is_the_median_of_each_rounds_ratio_with_its_range():
