@@ -188,8 +188,9 @@ class ModelShape:
 
     def tp_divides(self, tp: int) -> bool:
         """Whether a tensor-parallel degree gives every rank whole query and key/value heads (a mixture of experts'
-        sparse layers are not split by tp: each tp rank runs them whole, ``models/tensor_parallel.py``)."""
-        return self.n_heads % tp == 0 and self.n_kv_heads % tp == 0
+        sparse layers are not split by tp: each tp rank runs them whole, ``models/tensor_parallel.py``). With MTP
+        modules only tp 1: the tensor-parallel plan does not split them (validation refuses tp > 1)."""
+        return self.n_heads % tp == 0 and self.n_kv_heads % tp == 0 and (tp == 1 or not self.mtp_depth)
 
     # ---- parameters ------------------------------------------------------------------------------
 
