@@ -1,7 +1,7 @@
 """Muon against AdamW on llama_debug and qwen3_moe_debug: a learning-rate sweep, then 300 steps x 3 seeds each.
 
     python benchmarks/muon_vs_adamw.py [--out outputs/muon_vs_adamw] [--steps 300 ...] [--sweep-steps 100 ...]
-        [--seeds 3] [--models ...] [--seq-len 64] [--batch 8] [--figure docs/img/muon_vs_adamw.png]
+        [--seeds 3] [--models ...] [--seq-len 64] [--batch 8] [--figure docs/img/muon_vs_adamw.png] [--jobs 2]
 
 ``--steps`` and ``--sweep-steps`` take one number for every model or one per ``--models`` entry.
 
@@ -17,8 +17,10 @@
 
 Every job takes ``data.seq_len=--seq-len`` and ``data.global_batch_size=--batch`` (512 tokens a step by default: the
 Newton-Schulz cost of a step does not shrink with the batch, the forward and backward do); everything else is each
-option's default (``conf/optim/{adamw,muon}.yaml``: warm-up, cosine decay, weight decay 0). The load average is
-recorded because a loaded machine slows it, not the losses.
+option's default (``conf/optim/{adamw,muon}.yaml``: warm-up, cosine decay, weight decay 0). A job runs on one thread
+(``topology=local_cpu``), so ``--jobs`` model-optimizer chains (sweep, then seeds) run at a time, Muon's first; each
+multirun's output goes to a ``.log`` beside its folder. The load average is recorded because a loaded machine slows
+it, not the losses (a seed's losses do not depend on what runs beside it).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,10 +45,15 @@ COMMON = ("parallel=single", "logger=none", "trainer.checkpoint_every=0", "train
 
 
 def multirun(folder: Path, *overrides: str, check: bool = True) -> list[Path]:
-    """``python train.py -m OVERRIDES`` into ``folder``; its job folders that completed (those with a summary).
-    ``check``: a failed job stops the benchmark (the sweep lets a diverged lr fail instead)."""
+    """``python train.py -m OVERRIDES`` into ``folder``, its output in ``folder``.log; its job folders that completed
+    (those with a summary). ``check``: a failed job stops the benchmark (the sweep lets a diverged lr fail instead)."""
     cmd = [sys.executable, str(ROOT / "train.py"), "-m", *COMMON, *overrides, f"hydra.sweep.dir={folder}"]
-    subprocess.run(cmd, cwd=ROOT, check=check, env={**os.environ, "WANDB_SILENT": "true"})
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    log = folder.parent / f"{folder.name}.log"
+    with log.open("w") as sink:
+        code = subprocess.run(cmd, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, "WANDB_SILENT": "true"}).returncode  # fmt: skip
+    if check and code != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({code}):\n{log.read_text()[-3000:]}")
     return sorted(p.parent for p in folder.glob("*/summary.json"))
 
 
@@ -119,6 +127,14 @@ def per_model(parser: argparse.ArgumentParser, models: list[str], flag: str, val
     return dict(zip(models, values * len(models) if len(values) == 1 else values))
 
 
+def chain(out: Path, model: str, optim: str, sweep_steps: int, steps: int, n: int, data: tuple[str, ...]) -> dict:
+    """One model and optimizer: the sweep, then ``n`` seeds at the kept lr."""
+    lr, finals = sweep(out, model, optim, sweep_steps, data)
+    curves = seeds(out, model, optim, lr, steps, n, data)
+    print(f"{model} {optim}: lr {lr:g} kept, {len(curves)} seeds done", flush=True)
+    return {"lr": lr, "sweep": finals, "sweep_steps": sweep_steps, "curves": curves}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "muon_vs_adamw")
@@ -129,6 +145,7 @@ def main() -> int:
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--batch", type=int, default=8, help="data.global_batch_size")
     parser.add_argument("--figure", type=Path, default=ROOT / "docs" / "img" / "muon_vs_adamw.png")
+    parser.add_argument("--jobs", type=int, default=2, help="model-optimizer chains at a time (default 2)")
     args = parser.parse_args()
     data = (f"data.seq_len={args.seq_len}", f"data.global_batch_size={args.batch}")
     steps, sweep_steps = (
@@ -138,14 +155,12 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     load = {"before": [round(x, 2) for x in os.getloadavg()]}
-    results: dict = {}
-    for model in args.models:
-        for optim in SWEEP:
-            lr, finals = sweep(args.out, model, optim, sweep_steps[model], data)
-            curves = seeds(args.out, model, optim, lr, steps[model], args.seeds, data)
-            results.setdefault(model, {})[optim] = {
-                "lr": lr, "sweep": finals, "sweep_steps": sweep_steps[model], "curves": curves
-            }  # fmt: skip
+    # every job runs on one thread (topology=local_cpu's threads_per_rank), so --jobs chains share the cores;
+    # Muon's (the longest) start first
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        runs = {(m, o): pool.submit(chain, args.out, m, o, sweep_steps[m], steps[m], args.seeds, data)
+                for o in ("muon", "adamw") for m in args.models}  # fmt: skip
+    results = {m: {o: runs[(m, o)].result() for o in SWEEP} for m in args.models}
     load["after"] = [round(x, 2) for x in os.getloadavg()]
     load["wall_s"] = time.perf_counter() - start
     (args.out / "results.json").write_text(json.dumps({"load": load, "results": results}, indent=1))
