@@ -121,3 +121,12 @@ def test_each_strategy_lists_the_checks_of_the_dimensions_it_uses():
         fixed_pipeline_problems,
         dimension_problems,
     }
+
+
+def test_mtp_refused_with_tp_and_cp(compose_cfg):
+    """models/mtp.py: the tensor-parallel plan does not split the MTP modules, and a cp rank's chunk lacks the
+    targets past its end."""
+    mtp = ("model=deepseek_v3_debug", "model.mtp_depth=1")
+    assert "model.mtp_depth=1 with tp.size=2" in problems(compose_cfg, *mtp, "parallel=tp")
+    hybrid = ("parallel=hybrid", "dp.size=1", "cp.size=2", "tp.size=1", "pp.size=1")
+    assert "cp.size=2 with model.mtp_depth=1" in problems(compose_cfg, *mtp, *hybrid)
