@@ -34,7 +34,7 @@ from torchtitan.components.metrics import MetricsProcessor  # noqa: E402
 from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw  # noqa: E402
 from torchtitan.components.tokenizer import BaseTokenizer  # noqa: E402
 from torchtitan.components.validate import Validator  # noqa: E402
-from torchtitan.config import ParallelismConfig, TrainingConfig  # noqa: E402
+from torchtitan.config import DebugConfig, ParallelismConfig, TrainingConfig  # noqa: E402
 from torchtitan.models.common.config_utils import decoder_vocab_size  # noqa: E402
 from torchtitan.tools.logging import init_logger  # noqa: E402
 from torchtitan.trainer import Trainer  # noqa: E402
@@ -196,6 +196,7 @@ def trainer_config(args: argparse.Namespace) -> Trainer.Config:
         parallelism=parallelism(args.pair, micro_batches=args.micro_batches, batch=args.batch),
         activation_checkpoint=None,
         validator=Validator.Config(enable=False),
+        debug=DebugConfig(seed=0),  # the same initial weights every run (meshtrain's trainer.seed is 0 too)
     )
 
 
