@@ -81,7 +81,7 @@ def test_dry_run_of_deepseek_v3_matches_the_plan():
         assert r.ratio("activations_per_micro_batch") == pytest.approx(1.0, abs=0.1), r
 
 
-def test_the_671b_estimates_count_mtp_beside_the_published_cost():
+def test_the_671b_estimates_count_mtp_beside_the_published_cost(compose_cfg):
     """deepseek_v3_671b (one MTP module): 13.46B more parameters with the MTP layer's copies of the embedding and head
     (the published checkpoint's 685B against 671B), 3.8% more training FLOPs per token, all on the last stage: under
     the published degrees with uniform stages that stage sets the pace (38.9 s/step against 32.4 without MTP), and a
@@ -89,11 +89,12 @@ def test_the_671b_estimates_count_mtp_beside_the_published_cost():
     the published 180K GPU-hours per trillion tokens. Estimates only, no search."""
     from dataclasses import replace
 
-    from parallel.plan.cli import compose, specs_from_cfg
+    from parallel.plan.cli import specs_from_cfg
     from parallel.plan.cost_model import estimate
 
-    cfg = compose(["model=deepseek_v3_671b", "topology=cluster_2048xh800", "data.seq_len=4096",
-                   "data.global_batch_size=15360"])  # fmt: skip
+    cfg = compose_cfg(
+        "model=deepseek_v3_671b", "topology=cluster_2048xh800", "data.seq_len=4096", "data.global_batch_size=15360"
+    )
     model, hardware, workload = specs_from_cfg(cfg, calibrate=False)
     plain = replace(model, mtp_depth=0, sparse=model.sparse[:61], layer_d_ff=model.layer_d_ff[:61])
     copies = 2 * model.vocab_size * model.d_model
