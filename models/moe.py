@@ -408,8 +408,11 @@ class MoE(nn.Module):
 
     def _whole_forward(self, counts: torch.Tensor, *, tokens: int) -> dict:
         """The expert counts and token count the balance covers, summed over ``balance_group`` (nothing to sum
-        without one, or on the dry run's shapes)."""
-        if self.balance_group is None or not has_values(counts):
+        without one, or on the dry run's shapes). With the loss off (``aux_loss_coef`` 0) it is only reported, over
+        this rank's tokens: no collective (the sum was one all-reduce per MoE layer in the middle of every forward, 4
+        per step on benchmarks/vs_torchtitan.py's qwen3 MoE under dp2 x ep2, where torchtitan, balancing off, counts
+        nothing)."""
+        if self.balance_group is None or not self.aux_loss_coef or not has_values(counts):
             return {}
         return {
             "counts": _summed(counts, self.balance_group),

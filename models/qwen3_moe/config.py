@@ -32,7 +32,9 @@ class Qwen3MoeConfig(Qwen3Config):
     norm_topk_prob: bool = True
     """Renormalise the top-k router weights to sum to 1 (Qwen3-MoE: true)."""
     router_aux_loss_coef: float = 0.001
-    """Weight of the load-balancing loss (Switch); its gradient trains the router, the reported loss is the LM's."""
+    """Weight of the load-balancing loss (Switch); its gradient trains the router, the reported loss is the LM's. At 0
+    the balance loss is still reported (``moe_aux_loss``), over each rank's own tokens whatever ``balance_scope`` says:
+    its expert counts are not summed over the ranks (no collective in the forward)."""
     bias_update_rate: float = 0.0
     """DeepSeek-V3's auxiliary-loss-free balancing: the per-step bias update (0: off; DeepSeek-V3: 0.001)."""
     capacity_factor: float = 0.0

@@ -170,3 +170,17 @@ def test_activation_checkpointing_recompute_counts_nothing_twice():
     _, table = moe_step_table(moe)
     assert table[0, 1] == 1 and table[0, 3:].sum() == 2 * 5 * moe.top_k
     assert int(moe.tokens_per_expert.sum()) == 2 * 5 * moe.top_k
+
+
+def test_the_balance_sums_its_counts_over_the_ranks_only_when_the_loss_trains(monkeypatch):
+    """``balance_scope=global``: with ``router_aux_loss_coef`` > 0 each forward sums the expert counts over the data
+    ranks (one all-reduce per layer); at 0 the loss is only reported, over this rank's tokens, with no collective."""
+    summed = []
+    monkeypatch.setattr("models.moe._summed", lambda counts, group: summed.append(group) or counts)
+    monkeypatch.setattr("models.moe.dist.get_world_size", lambda group: 2)
+    x = torch.randn(2, 5, 16)
+    for coef, sums in ((0.0, 0), (0.01, 1)):
+        moe = block(aux_loss_coef=coef)
+        moe.balance_group = "data ranks"
+        moe(x)
+        assert len(summed) == sums
