@@ -1,11 +1,18 @@
-"""Architectures no native family reads, trained from ``model.init_from=DIR`` alone through the Hugging Face backend
-(``models/hf_transformers``: transformers' own modules), one multirun: a tiny Mistral (sliding window) and a tiny
-Gemma 3 (sliding and global layers, tied embeddings, per-head norms), written by transformers. Step 1's loss under
-single is transformers' loss on the same batch; fsdp (one unit per decoder layer), dp2 x tp2 (the config's
-``base_model_tp_plan``) and dp2 x pp2 (1F1B, stages cut between decoder layers) reproduce single's losses and
-gradient norms to 1e-6 relative; ``model=hf model.config_dir=DIR`` pretrains from config.json alone (the
-architecture's ``_init_weights``); the hybrid runs export to folders transformers loads with meshtrain's logits (fp32
-and bf16)."""
+"""Architectures trained through the Hugging Face backend (``models/hf_transformers``: transformers' own modules)
+from their folder alone, one multirun serving every assert: a tiny Mistral (sliding window) and a tiny Gemma 3
+(sliding and global layers, tied embeddings, per-head norms) from ``model.init_from=DIR``; mixtures of experts, a tiny
+DeepSeek-V3 (MLA attention, a dense first layer, a shared expert, grouped routing; ``model.backend=transformers``, as
+a native deepseek_v3 family exists) and a tiny gpt-oss (attention sinks, sliding and full layers, experts with
+biases), their experts behind meshtrain's dispatch seam (``models/hf_transformers/experts.py``). All written by
+transformers.
+
+Per architecture one single-process run is the reference of every layout: step 1's loss under it is transformers'
+loss on the same batch; fsdp (one unit per decoder layer; Mistral), dp2 x tp2 (the config's ``base_model_tp_plan``;
+the dense ones), dp2 x ep2 (the experts split, tokens sent by all-to-all; the MoE ones) and dp2 x pp2 (1F1B, stages
+cut between decoder layers) reproduce its losses and gradient norms to 1e-6 relative over 2 steps;
+``model=hf model.config_dir=DIR`` pretrains from config.json alone (the architecture's ``_init_weights``); a hybrid
+run of each exports to a folder transformers loads with meshtrain's logits (fp32 and bf16; DeepSeek-V3's experts
+per expert as its checkpoints hold them)."""
 
 from __future__ import annotations
 
@@ -18,22 +25,27 @@ import torch
 from tests.helpers import FAST, assert_losses_close, case_multirun
 from tests.hf_helpers import max_logit_difference, save_architecture
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
-HYBRID_TP = {"defaults": [{"override /parallel": "hybrid"}], "dp": {"size": 2}, "tp": {"size": 2}, "pp": {"size": 1}}
-HYBRID_PP = {
-    "defaults": [{"override /parallel": "hybrid"}],
-    "dp": {"size": 2},
-    "tp": {"size": 1},
-    "pp": {"size": 2, "schedule": "1f1b", "micro_batches": 2},
-}
+STEPS = 2
+HYBRID = {"defaults": [{"override /parallel": "hybrid"}], "dp": {"size": 2}, "tp": {"size": 1}, "pp": {"size": 1}}
 LAYOUTS = {
     "single": {"defaults": [{"override /parallel": "single"}]},
     "fsdp": {"defaults": [{"override /parallel": "fsdp"}]},
-    "dp_tp": HYBRID_TP,
-    "dp_pp": HYBRID_PP,
+    "dp_tp": {**HYBRID, "tp": {"size": 2}},
+    "dp_ep": {**HYBRID, "ep": {"size": 2}},
+    "dp_pp": {**HYBRID, "pp": {"size": 2, "schedule": "1f1b", "micro_batches": 2}},
 }
-MODELS = {"mistral": ("single", "fsdp", "dp_tp", "dp_pp"), "gemma3_text": ("single", "dp_tp", "dp_pp")}
+#: architecture -> the layouts compared with its single run, and the one whose run is exported
+MODELS = {
+    "mistral": (("fsdp", "dp_tp", "dp_pp"), "dp_tp"),
+    "gemma3_text": (("dp_tp", "dp_pp"), "dp_pp"),
+    "deepseek_v3": (("dp_ep", "dp_pp"), "dp_ep"),
+    "gpt_oss": (("dp_ep", "dp_pp"), "dp_ep"),
+}
+#: the architectures a native family reads too: the backend taken by model.backend=transformers
+NATIVE = ("deepseek_v3",)
+COMPARED = [f"{name}_{layout}" for name, (layouts, _) in MODELS.items() for layout in layouts]
 
 
 @pytest.fixture(scope="module")
@@ -49,17 +61,17 @@ def folders(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, folders):
-    cases = {
-        f"{name}_{layout}": {**LAYOUTS[layout], "model": {"init_from": str(folders[name])}}
-        for name, layouts in MODELS.items()
-        for layout in layouts
-    }
+    cases = {}
+    for name, (layouts, _) in MODELS.items():
+        for layout in ("single", *layouts):
+            model = {"init_from": str(folders[name])} | ({"backend": "transformers"} if name in NATIVE else {})
+            cases[f"{name}_{layout}"] = {**LAYOUTS[layout], "model": model}
     cases["scratch"] = {
         "defaults": [{"override /parallel": "single"}, {"override /model": "hf"}],
         "model": {"config_dir": str(folders["scratch"])},
     }
-    steps = ("trainer.max_steps=3", "pp.trace_step=0")
-    return case_multirun(cases, *FAST, *steps, base=tmp_path_factory.mktemp("runs"), group="hf_case", timeout=800)
+    steps = (f"trainer.max_steps={STEPS}", "pp.trace_step=0")
+    return case_multirun(cases, *FAST, *steps, base=tmp_path_factory.mktemp("runs"), group="hf_case", timeout=1100)
 
 
 def metrics(job) -> list[dict]:
@@ -84,24 +96,26 @@ def test_step_one_loss_is_transformers_loss(runs, folders, name):
     assert abs(got - want) <= 1e-6 * want
 
 
-@pytest.mark.parametrize("case", [f"{n}_{layout}" for n, ls in MODELS.items() for layout in ls if layout != "single"])
+@pytest.mark.parametrize("case", COMPARED)
 def test_layouts_match_single(runs, case):
-    name = case[: case.index("_dp_")] if "_dp_" in case else case.rsplit("_", 1)[0]
+    name = next(n for n in MODELS if case.startswith(f"{n}_"))
     ref, got = metrics(runs[f"{name}_single"]), metrics(runs[case])
-    assert len(got) == 3
+    assert len(got) == STEPS
     for key in ("loss", "grad_norm"):
         worst = max(abs(a[key] - r[key]) / r[key] for a, r in zip(got, ref))
         print(f"{case}: max relative {key} difference {worst:.1e}")
         assert_losses_close([m[key] for m in got], [m[key] for m in ref], rel=1e-6)
+    if case.endswith("dp_ep"):  # the experts were split: tokens went to them by all-to-all
+        assert all(m["ep_a2a_time_s"] > 0 and m["ep_a2a_calls"] > 0 for m in got)
 
 
 def test_config_json_alone_pretrains(runs):
     losses = [m["loss"] for m in metrics(runs["scratch"])]
-    assert len(losses) == 3 and all(5.0 < x < 6.0 for x in losses)  # ln(256) = 5.55: the architecture's own init
+    assert len(losses) == STEPS and all(5.0 < x < 6.0 for x in losses)  # ln(256) = 5.55: the architecture's init
 
 
-@pytest.mark.parametrize("case", ["mistral_dp_tp", "gemma3_text_dp_pp"])
-def test_run_exports_with_transformers_logits(runs, tmp_path, case):
+@pytest.mark.parametrize("name", list(MODELS))
+def test_run_exports_with_transformers_logits(runs, tmp_path, name):
     from hydra.utils import instantiate
     from transformers import AutoModelForCausalLM
 
@@ -109,6 +123,7 @@ def test_run_exports_with_transformers_logits(runs, tmp_path, case):
     from trainer.checkpoint.files import read_marker
     from trainer.export import export, find_checkpoint, full_state
 
+    case = f"{name}_{MODELS[name][1]}"
     checkpoint = find_checkpoint(runs[case])
     module = instantiate(builder_kwargs(read_marker(checkpoint)["model"])).eval()
     module.load_state_dict(full_state(checkpoint))
@@ -122,5 +137,5 @@ def test_run_exports_with_transformers_logits(runs, tmp_path, case):
             for key, buffer in module.named_buffers():
                 buffer.data = buffers[key if key in buffers else f"model.{key}"].clone()
             diff = max_logit_difference(module(tokens), hf(tokens).logits)
-        print(f"{case}: exported after 3 steps ({dtype}), max |logit difference| in transformers {diff:.2e}")
+        print(f"{case}: exported after {STEPS} steps ({dtype}), max |logit difference| in transformers {diff:.2e}")
         assert diff <= 1e-5

@@ -206,3 +206,43 @@ def test_dry_run_measures_the_plan(folders, name):
             f"{r.ratio('activations_per_micro_batch'):.4f}"
         )
         assert r.ratio("activations_per_micro_batch") == pytest.approx(1.0, abs=0.10), r
+
+
+def test_activation_checkpointing_recomputes_transformers_blocks(folders):
+    """trainer.activation_checkpointing wraps transformers' decoder layers as it wraps meshtrain's blocks (called with
+    their masks and rotary tables as keywords): Gemma 3's sliding and global layers recomputed, whole or all but
+    their matmuls, give the same loss and gradients as without it."""
+    from parallel.techniques.checkpointing import apply_activation_checkpointing
+
+    tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(2))
+    runs = {}
+    for mode in ("none", "full", "selective"):
+        model = backend_model(folders["gemma3_text"]).train()
+        apply_activation_checkpointing(model, mode=mode)
+        loss = torch.nn.functional.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
+        loss.backward()
+        runs[mode] = (loss.detach(), {n: p.grad for n, p in model.named_parameters()})
+    plain, want = runs.pop("none")
+    for mode, (loss, got) in runs.items():
+        assert torch.allclose(loss, plain, rtol=1e-6, atol=0), mode
+        for name, grad in want.items():
+            assert torch.allclose(got[name], grad, rtol=1e-5, atol=1e-7), (mode, name)
+
+
+def test_lora_targets_take_transformers_names(compose_cfg, folders):
+    """LoRA's default targets are meshtrain's layer names (wq, wv): with the backend they are refused before spawn,
+    naming transformers' (q_proj, v_proj), which pass."""
+    from trainer.validate import validate
+
+    mistral = ("parallel=single", "model=hf", f"model.config_dir={folders['mistral']}", "model.lora.rank=4")
+    msg = refusal(compose_cfg, *mistral)
+    assert "the Hugging Face backend runs transformers' modules" in msg and "model.lora.targets=[q_proj,v_proj]" in msg
+    validate(compose_cfg(*mistral, "model.lora.targets=[q_proj,v_proj]"))
+    from models.lora import LoRA, apply_lora, init_lora
+
+    model = backend_model(folders["mistral"]).train()
+    assert len(apply_lora(model, LoRA(rank=4, targets=("q_proj", "v_proj")))) == 2 * 4  # 4 layers
+    init_lora(model, seed=0)
+    model(torch.zeros(1, 8, dtype=torch.long)).sum().backward()
+    trained = {n for n, p in model.named_parameters() if p.grad is not None}
+    assert trained and all(".lora_" in n for n in trained)
