@@ -17,10 +17,13 @@ the formulas are written once here and the family says only how its config maps 
 from __future__ import annotations
 
 import fnmatch
+import functools
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 #: suffixes of counts as people write them, largest first
 COUNT_SUFFIXES = (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3))
@@ -51,6 +54,18 @@ def kv_repeats(kv_heads: int, cp: int) -> int:
 
 class PlanError(ValueError):
     """The planner cannot describe this config; the message names the key, its value and the fix."""
+
+
+def per_block(method: Callable[..., T]) -> Callable[..., T]:
+    """A ``ModelShape`` method of a block index (and other hashable arguments), answered once per shape: the
+    planner asks each block's parameters, FLOPs and activations for tens of thousands of candidates, the same
+    question each time (a frozen shape's answers never change)."""
+
+    @functools.wraps(method)
+    def remembered(self: ModelShape, *args: Any) -> T:
+        return self.remember((method, *args), lambda: method(self, *args))
+
+    return remembered
 
 
 @dataclass(frozen=True)
@@ -150,22 +165,44 @@ class ModelShape:
                 object.__setattr__(self, name, value + value[-1:] * self.mtp_depth)
             elif len(value) != self.n_layers + self.mtp_depth:
                 raise PlanError(f"{len(value)} {what} for model.n_layers={self.n_layers}")
-        object.__setattr__(self, "_groups", {})  # layer_groups' answers, per tuple of layers (not a field)
+        object.__setattr__(self, "_memo", {})  # answers of per_block methods and remember (not a field)
+
+    def remember(self, key: Hashable, compute: Callable[[], T]) -> T:
+        """``compute()``, computed once per shape and ``key`` (a function of the shape and hashable arguments):
+        the cost model's per-block terms use it as ``per_block`` methods do."""
+        memo = self._memo
+        if key not in memo:
+            memo[key] = compute()
+        return memo[key]
 
     def layer_groups(self, layers: Iterable[int]) -> tuple[tuple[int, int], ...]:
         """``layers`` as (one of them, how many) per kind of block: blocks of the same width and sparsity have the same
         parameters, FLOPs and activations, so a sum over a pipeline rank's blocks is a sum over its few kinds (the
         planner sums them for tens of thousands of candidates: per block it spent most of its time there)."""
-        key = tuple(layers)
-        found = self._groups.get(key)
+        key = ("layer_groups", tuple(layers))
+        found = self._memo.get(key)
         if found is None:
-            counts: dict[tuple[int, bool, int, bool, str], list[int]] = {}
-            for i in key:
-                layer_kind = self.layer_kinds[i] if self.layer_kinds else ""
-                kind = (self.layer_d_ff[i], self.sparse[i], self.layer_extra(i), self.is_mtp(i), layer_kind)
-                counts.setdefault(kind, []).append(i)
-            found = self._groups[key] = tuple((same[0], len(same)) for same in counts.values())
+            counts: dict[Hashable, list[int]] = {}
+            for i in key[1]:
+                counts.setdefault(self.block_kind(i), []).append(i)
+            found = self._memo[key] = tuple((same[0], len(same)) for same in counts.values())
         return found
+
+    def block_kinds(self, layers: Iterable[int]) -> tuple[tuple[Hashable, int], ...]:
+        """``layers`` as (kind, how many) per kind of block (``block_kind``): equal for two pipeline ranks whose
+        blocks count the same, wherever they sit in the model."""
+        key = ("block_kinds", tuple(layers))
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = tuple((self.block_kind(i), n) for i, n in self.layer_groups(key[1]))
+        return found
+
+    def block_kind(self, i: int) -> Hashable:
+        """What block ``i``'s parameters, FLOPs and activations depend on (its width, sparsity, extra parameters,
+        whether it is an MTP module, its attention kind; its index only names its modules): blocks of one kind are
+        counted once (``layer_groups``)."""
+        attention = self.layer_kinds[i] if self.layer_kinds else ""
+        return (self.layer_d_ff[i], self.sparse[i], self.layer_extra(i), self.is_mtp(i), attention)
 
     @property
     def kv_dim(self) -> int:
@@ -194,6 +231,7 @@ class ModelShape:
 
     # ---- parameters ------------------------------------------------------------------------------
 
+    @per_block
     def layer_matmul_params(self, i: int) -> int:
         """Weights of the block's matrices: wq, wo (h·q_dim, h² by default) + wk, wv (h·kv_dim) + the MLP (2 or 3
         of h·d_ff); a sparse layer: its mixture of experts (``layer_moe_params``); an MTP module: + its input
@@ -203,10 +241,12 @@ class ModelShape:
             return self.attention_matmul_params + self.layer_moe_params(i) + mtp
         return self.attention_matmul_params + (3 if self.gated_mlp else 2) * self.d_model * self.layer_d_ff[i] + mtp
 
+    @per_block
     def layer_expert_params(self, i: int) -> int:
         """A sparse layer's routed experts, E x 3·h·moe_d_ff: what expert parallel splits over ep (0 when dense)."""
         return 3 * self.d_model * self.moe_d_ff * self.n_experts if self.sparse[i] else 0
 
+    @per_block
     def layer_moe_params(self, i: int) -> int:
         """A sparse layer's whole feed-forward: routed experts, shared experts (3·h·moe_d_ff each) and the router's
         E·h (0 when dense). meshtrain runs it whole on every tensor-parallel rank."""
@@ -215,16 +255,18 @@ class ModelShape:
         shared = 3 * self.d_model * self.moe_d_ff * self.n_shared_experts
         return self.layer_expert_params(i) + shared + self.layer_router_params(i)
 
+    @per_block
     def layer_router_params(self, i: int) -> int:
         """A sparse layer's router, E·h (0 when dense)."""
         return self.d_model * self.n_experts if self.sparse[i] else 0
 
+    @per_block
     def layer_moe_active_params(self, i: int) -> int:
         """The feed-forward matrices of a sparse layer one token runs through: its top-k and shared experts
         (``layer_d_ff`` wide) and the router (0 when dense)."""
         return 3 * self.d_model * self.layer_d_ff[i] + self.d_model * self.n_experts if self.sparse[i] else 0
 
-    @property
+    @functools.cached_property
     def attention_matmul_params(self) -> int:
         return sum(n_in * n_out for _, n_in, n_out in self.attention_linears(0))
 
@@ -249,6 +291,7 @@ class ModelShape:
         ]
         return [*query, *kv, (f"{a}.wo", self.value_dim, h)]
 
+    @per_block
     def layer_active_matmul_params(self, i: int) -> int:
         """The matrices one token runs through: a sparse layer's top-k and shared experts and the router only."""
         if not self.sparse[i]:
@@ -256,6 +299,7 @@ class ModelShape:
         mtp = 2 * self.d_model * self.d_model if self.is_mtp(i) else 0
         return self.attention_matmul_params + self.layer_moe_active_params(i) + mtp
 
+    @per_block
     def layer_params(self, i: int) -> int:
         """Matrices + two norms (+ biases): for the GPT Megatron's 12h² + 13h."""
         h, f = self.d_model, self.layer_d_ff[i]
@@ -269,6 +313,7 @@ class ModelShape:
         """Block ``i``'s ``layer_extra_params`` (0 when none are given)."""
         return self.layer_extra_params[i] if i < len(self.layer_extra_params) else 0
 
+    @per_block
     def layer_norm_params(self, i: int) -> int:
         """The block's two norms (and its query/key head norms): the part tensor parallel does not shard."""
         latent = self.norm_params * (self.q_lora_rank + self.kv_lora_rank)  # MLA's q_norm and kv_norm
@@ -301,12 +346,13 @@ class ModelShape:
 
     # ---- what trains (LoRA: only the adapters) -------------------------------------------------------
 
+    @per_block
     def layer_linears(self, i: int) -> tuple[tuple[str, int, int], ...]:
         """The block's ``nn.Linear`` layers as (FQN, in, out), named as meshtrain's models name them
         (``layers.N.attention.wq``, ``layers.N.feed_forward.w1``; a sparse layer's shared experts
         ``layers.N.feed_forward.shared.w1``; its routed experts and router are not linear layers)."""
         h, f = self.d_model, f"layers.{i}.feed_forward"
-        out = self.attention_linears(i)
+        out = list(self.attention_linears(i))
         if self.sparse[i]:
             shared = self.moe_d_ff * self.n_shared_experts
             mlp = ((f"{f}.shared.w1", h, shared), (f"{f}.shared.w2", shared, h), (f"{f}.shared.w3", h, shared))
@@ -327,6 +373,7 @@ class ModelShape:
             [head] if self.lora_rank > 0 and not self.tied_embeddings and targeted("output", self.lora_targets) else []
         )
 
+    @per_block
     def layer_trainable_params(self, i: int) -> int:
         """Parameters of block ``i`` that have gradients and optimizer state: all of them, or with LoRA its adapters
         (``lora_A``, rank x in, and ``lora_B``, out x rank, per adapted linear layer)."""
@@ -348,6 +395,7 @@ class ModelShape:
 
     # ---- FLOPs -----------------------------------------------------------------------------------
 
+    @per_block
     def layer_forward_flops_per_token(self, i: int, seq_len: int) -> float:
         """Matmul FLOPs of one block per token, forward: 2·(its matrices) + attention 2·2·s·h.
 

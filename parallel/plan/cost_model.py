@@ -661,17 +661,17 @@ class _Split:
         )
 
 
-def _rank_memory(
-    c: Candidate, model: ModelShape, workload: Workload, sp: _Split, r: int, layers: list[int]
+def _rank_footprint(
+    c: Candidate, model: ModelShape, workload: Workload, sp: _Split, layers: list[int], *, first: bool, last: bool
 ) -> tuple[Memory, float]:
-    """Pipeline rank ``r``'s memory (states, and the activations its micro-batches in flight hold) and its saved
-    activation bytes per micro-batch."""
-    meshtrain, last = sp.meshtrain, sp.last
+    """A pipeline rank's states (weights, gradients, optimizer; its activations left at 0) and its saved activation
+    bytes per micro-batch: what its blocks and its ends of the model (embedding, head) hold."""
+    meshtrain = sp.meshtrain
     layer_bytes = saved_layer_activation_bytes if meshtrain else layer_activation_bytes
-    params = rank_params(model, layers, first=r == 0, last=r == last, tp=c.tp, meshtrain=meshtrain)
+    params = rank_params(model, layers, first=first, last=last, tp=c.tp, meshtrain=meshtrain)
     w, g, o = rank_state_bytes(model, layers, params=params, c=c, workload=workload, meshtrain=meshtrain)
     if model.lora_rank > 0:  # frozen weights held in full; the adapters alone have gradients and states
-        trainable = rank_trainable_params(model, layers, last=r == last, tp=c.tp, meshtrain=meshtrain)
+        trainable = rank_trainable_params(model, layers, last=last, tp=c.tp, meshtrain=meshtrain)
         adapters, g, o = model_state_bytes(
             trainable, bytes_per_param=workload.bytes_per_param, zero_stage=c.zero_stage, dp=sp.data
         )
@@ -687,17 +687,51 @@ def _rank_memory(
         cp=c.cp,
         ep=c.ep,
     )
-    per_mb = sum(n * layer_bytes(model, i, case) for i, n in model.layer_groups(layers))
+    per_mb = sum(
+        n * model.remember((layer_bytes, i, case), lambda i=i: layer_bytes(model, i, case))
+        for i, n in model.layer_groups(layers)
+    )
     if meshtrain and layers and model.block_saved_bytes is None:  # each of the rank's stages keeps its own table
         per_mb += sp.v * rotary_table_saved_bytes(model, seq_len=sp.s_full)
-    held = micro_batches_in_flight(c.schedule, pp=c.pp, m=c.micro_batches, v=sp.v, stage=r)
-    if r == last:  # the loss's, once for the main head and once per MTP module
+    if last:  # the loss's, once for the main head and once per MTP module
         per_mb += (1 + model.mtp_depth) * (
             head_saved_bytes(model, case)
             if meshtrain
             else logits_bytes(model, seq_len=sp.s, micro_batch=sp.b, tp=c.tp, element_bytes=sp.e)
         )
-    return Memory(params=w, grads=g, optimizer=o, activations=per_mb * held, reference=reference), per_mb
+    return Memory(params=w, grads=g, optimizer=o, activations=0.0, reference=reference), per_mb
+
+
+def _rank_memories(c: Candidate, model: ModelShape, workload: Workload, sp: _Split) -> list[tuple[Memory, float]]:
+    """Each pipeline rank's memory (states, and the activations its micro-batches in flight hold) and its saved
+    activation bytes per micro-batch. Ranks with the same kinds of blocks (``ModelShape.layer_groups``; with LoRA,
+    whose targets may name blocks, the same blocks) and the same ends of the model hold the same states and
+    per-micro-batch activations, computed once per kind: a 32-rank pipeline of equal stages has two or three kinds,
+    and the planner asks this for tens of thousands of candidates."""
+    kinds: dict[tuple, tuple[Memory, float]] = {}
+    out = []
+    for r, layers in enumerate(sp.layers_of):
+        first, last = r == 0, r == sp.last
+        blocks = tuple(layers) if model.lora_rank > 0 else model.block_kinds(layers)
+        key = (blocks, first, last)
+        if key not in kinds:
+            kinds[key] = _rank_footprint(c, model, workload, sp, layers, first=first, last=last)
+        states, per_mb = kinds[key]
+        held = micro_batches_in_flight(c.schedule, pp=c.pp, m=c.micro_batches, v=sp.v, stage=r)
+        out.append((Memory(states.params, states.grads, states.optimizer, per_mb * held, states.reference), per_mb))
+    return out
+
+
+def memory_budget(hardware: HardwareSpec, workload: Workload) -> float:
+    """Bytes a rank may use: the device's memory times ``planner.memory_fraction``."""
+    return hardware.memory_bytes * workload.memory_fraction
+
+
+def fullest_rank_memory(candidate: Candidate, *, model: ModelShape, workload: Workload) -> Memory:
+    """The memory of ``candidate``'s fullest rank alone (``estimate``'s ``memory``), without its time: the search
+    times only the candidates that fit."""
+    sp = _Split.of(candidate, model, workload)
+    return max((mem for mem, _ in _rank_memories(candidate, model, workload, sp)), key=lambda m: m.total)
 
 
 @dataclass(frozen=True)
@@ -918,7 +952,7 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
     the gradient reduction, the optimizer, and the CPU floor."""
     c = candidate
     sp = _Split.of(c, model, workload)
-    ranks = [_rank_memory(c, model, workload, sp, r, layers) for r, layers in enumerate(sp.layers_of)]
+    ranks = _rank_memories(c, model, workload, sp)
     rank_memory = [mem for mem, _ in ranks]
     worst = max(rank_memory, key=lambda m: m.total)  # the first of the fullest
     # ranks sharing a node slow each other down (memory bandwidth, caches): measured, see calibrate.py
@@ -937,7 +971,7 @@ def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec,
     muon = muon_step_cost(model, worst_layers, c=c, hardware=hardware, workload=workload)
     muon = replace(muon, gather_s=muon_gather_s(muon))
     optimizer_s += muon.ns_s + muon.gather_s  # optim=muon: the rank's orthogonalisations and their gathers
-    budget = hardware.memory_bytes * workload.memory_fraction
+    budget = memory_budget(hardware, workload)
     step = st.pipeline_s + dp_comm_s + optimizer_s
     work, t = _cpu_floor(c, hardware, st, optimizer_s, fixed_calls, step, on_node)
     return Estimate(

@@ -28,6 +28,8 @@ from parallel.plan.cost_model import (
     dimension_pitfalls,
     dimension_reasons,
     estimate,
+    fullest_rank_memory,
+    memory_budget,
     splits_model,
 )
 from parallel.plan.specs import GB, HardwareSpec, ModelShape, PlanError, Workload
@@ -191,12 +193,12 @@ def plan(
     """Rank every candidate (only those ``trainable`` with ``allowed`` strategies, when given). When nothing fits and
     the workload has a recomputation fallback (``planner.recompute=auto``), rank again with it and say so."""
     allowed = tuple(allowed) if allowed is not None else None
-    ranked, misses = rank(model=model, hardware=hardware, workload=workload, allowed=allowed)
+    ranked, misses, rejected = rank(model=model, hardware=hardware, workload=workload, allowed=allowed)
     without: Estimate | None = None
     if not ranked and workload.recompute_fallback:
         without = misses[0] if misses else None
         workload = replace(workload, recompute=workload.recompute_fallback, recompute_fallback=())
-        ranked, misses = rank(model=model, hardware=hardware, workload=workload, allowed=allowed)
+        ranked, misses, rejected = rank(model=model, hardware=hardware, workload=workload, allowed=allowed)
     reason = (
         seed_reason(ranked, model=model, hardware=hardware, workload=workload, without_recompute=without)
         if ranked
@@ -207,8 +209,8 @@ def plan(
         hardware=hardware,
         workload=workload,
         ranked=ranked,
-        rejected=len(misses),
-        closest_misses=tuple(misses[:5]),
+        rejected=rejected,
+        closest_misses=misses,
         reason=reason,
         pitfalls=tuple(pitfalls(ranked[0].candidate, ranked[0], model=model, hardware=hardware, workload=workload))
         if ranked
@@ -216,24 +218,36 @@ def plan(
     )
 
 
+#: the candidates over the budget a plan shows, smallest first
+CLOSEST_MISSES = 5
+
+
 def rank(
     *, model: ModelShape, hardware: HardwareSpec, workload: Workload, allowed: tuple[str, ...] | None
-) -> tuple[tuple[Estimate, ...], list[Estimate]]:
-    """(the candidates that fit, fastest first; those over the budget, smallest first)."""
+) -> tuple[tuple[Estimate, ...], tuple[Estimate, ...], int]:
+    """(the candidates that fit, fastest first; the ``CLOSEST_MISSES`` over the budget, smallest first; how many were
+    over it). Memory decides first: a candidate over the budget is not timed (most of a large model's are)."""
     fits, misses = [], []
+    budget = memory_budget(hardware, workload)
     for cand in enumerate_candidates(model=model, hardware=hardware, workload=workload):
         if allowed is not None and not trainable(cand, allowed):
             continue
-        est = estimate(cand, model=model, hardware=hardware, workload=workload)
-        (fits if est.fits else misses).append(est)
+        total = fullest_rank_memory(cand, model=model, workload=workload).total
+        if total <= budget:
+            fits.append(estimate(cand, model=model, hardware=hardware, workload=workload))
+        else:
+            misses.append((total, cand))
     for d in dims.DIMENSIONS:
         if d.splits_sequence and any(e.candidate.size(d.name) == 1 for e in fits):
             # a sequence split only where nothing without it fits (long sequences): the cost model has no term for
             # the kernel efficiency short per-rank chunks lose, so at ordinary lengths its all-to-alls look free
             fits = [e for e in fits if e.candidate.size(d.name) == 1]
     fits.sort(key=lambda e: (round(e.step_time_s, 12), e.candidate.micro_batches, e.memory.total))
-    misses.sort(key=lambda e: e.memory.total)
-    return tuple(fits), misses
+    misses.sort(key=lambda x: x[0])
+    closest = tuple(
+        estimate(cand, model=model, hardware=hardware, workload=workload) for _, cand in misses[:CLOSEST_MISSES]
+    )
+    return tuple(fits), closest, len(misses)
 
 
 # ---- the seed's decision tree, as the reason -------------------------------------------------
