@@ -120,9 +120,9 @@ def model_shape(model: Any) -> ModelShape:
         )
     rowwise = tuple(s.rowwise for s in spec.tp_plan.sub_blocks) if spec.tp_plan is not None else ()
     shape = spec.shape(model)
-    # MTP modules read targets past a cp rank's chunk: validation refuses cp > 1 with them, so the planner ranks none
-    cp = spec.context_parallel and not shape.mtp_depth
-    shape = replace(shape, context_parallel=cp, rowwise_linears=rowwise)
+    # MTP modules read targets past a rank's chunk of the sequence: validation refuses context parallel with them
+    splits_sequences = spec.context_parallel and not shape.mtp_depth
+    shape = replace(shape, context_parallel=splits_sequences, rowwise_linears=rowwise)
     lora = model.get("lora")
     rank = int(lora.get("rank") or 0) if lora else 0
     if rank <= 0:

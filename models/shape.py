@@ -120,6 +120,9 @@ class ModelShape:
     (DeepSeek-V3)."""
     n_group: int = 1
     """Expert groups a router picks its experts within (DeepSeek-V3's node-limited routing; 1: none)."""
+    topk_group: int = 1
+    """The groups a token's experts may lie in (DeepSeek-V3: 4 of 8; one group per node: the nodes a token's rows
+    reach under node-limited dispatch, ``parallel/plan/cost_model.py`` ``node_remote_copies``)."""
     sequence_aux_loss: bool = False
     """The balance loss is DeepSeek-V3's sequence-wise one (per sequence) instead of Switch's."""
     mtp_depth: int = 0

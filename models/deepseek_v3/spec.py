@@ -43,6 +43,7 @@ def deepseek_shape(model: Any) -> ModelShape:
         sparse=sparse,
         score_func=str(model.score_func),
         n_group=int(model.n_group),
+        topk_group=int(model.topk_group),
         sequence_aux_loss=True,
         n_experts=int(model.n_experts),
         top_k=k,

@@ -28,7 +28,7 @@ from models.spec import hydra_schema, make_config
 from parallel.config import PlannerConfig, TopologyConfig
 from parallel.foundation import dims
 from parallel.plan.api import CONF, Inputs, planner_inputs
-from parallel.plan.cost_model import Candidate, estimate
+from parallel.plan.cost_model import DISPATCHES, Candidate, estimate
 from parallel.plan.search import plan
 from parallel.plan.specs import PlanError
 from parallel.plan.tables import (
@@ -148,9 +148,9 @@ def specs_from_cfg(cfg: Any, *, calibrate: bool | None = None) -> Inputs:
 def layout_candidate(text: str) -> Candidate:
     """``--layout "dp=128 pp=16 ep=64 zero=1 m=120 schedule=1f1b"`` as a ``Candidate`` (the degrees by their
     dimension names; ``m``: micro-batches; ``zero``: 0-3; ``schedule``, ``recompute``, ``v``: stages per rank;
-    ``sp``: sequence parallel 0/1)."""
+    ``sp``: sequence parallel 0/1; ``dispatch``: expert parallel's, ``flat`` or ``node_limited``)."""
     fields = {"m": "micro_batches", "zero": "zero_stage", "schedule": "schedule", "recompute": "recompute",
-              "v": "stages_per_rank", "sp": "sequence_parallel"}  # fmt: skip
+              "v": "stages_per_rank", "sp": "sequence_parallel", "dispatch": "dispatch"}  # fmt: skip
     sizes: dict[str, int] = {}
     kwargs: dict[str, Any] = {}
     for item in text.replace(",", " ").split():
@@ -161,7 +161,9 @@ def layout_candidate(text: str) -> Candidate:
             )
         if key in dims.names():
             sizes[key] = int(value)
-        elif key in ("schedule", "recompute"):
+        elif key == "dispatch" and value not in DISPATCHES:
+            raise PlanError(f"--layout {text!r}: dispatch={value}; use one of {', '.join(DISPATCHES)}")
+        elif key in ("schedule", "recompute", "dispatch"):
             kwargs[fields[key]] = value
         else:
             kwargs[fields[key]] = bool(int(value)) if key == "sp" else int(value)

@@ -43,6 +43,11 @@ class Candidate(Sized):
     recompute: str = "none"
     split_points: tuple[int, ...] | None = None
     """Block indices where a new (virtual) stage starts; None = uniform split."""
+    dispatch: str = "flat"
+    """How expert parallel sends a token's rows (``DISPATCHES``): ``flat``, meshtrain's all-to-all (each of its
+    k rows to its expert's rank); ``node_limited``, DeepSeek-V3's (DeepEP): one copy per destination node over the
+    inter-node link, forwarded to the experts inside the node, a token's experts on at most ``topk_group`` nodes.
+    The search ranks ``flat`` only (what meshtrain runs); ``--layout ... dispatch=node_limited`` prices the other."""
 
 
 @dataclass(frozen=True)
@@ -549,6 +554,30 @@ def all_to_all_s(nbytes: float, *, n: int, link: Link) -> float:
     return (n - 1) / n * nbytes / link.bytes_per_s + (n - 1) * link.latency_s
 
 
+#: ``Candidate.dispatch`` choices
+DISPATCHES = ("flat", "node_limited")
+
+
+def node_remote_copies(*, top_k: int, topk_group: int, nodes: int) -> float:
+    """Under node-limited dispatch, the copies of one token that cross nodes: its experts lie on at most
+    ``min(top_k, topk_group, nodes)`` nodes (DeepSeek-V3: 4 of 8 groups, one group per node), each reached once,
+    and under balanced routing each is another node than the token's with probability ``(nodes - 1) / nodes``."""
+    return min(top_k, topk_group, nodes) * (nodes - 1) / nodes
+
+
+def node_limited_dispatch_s(c: Candidate, model: ModelShape, hardware: HardwareSpec, row_bytes: float) -> float:
+    """One all-to-all of DeepSeek-V3's dispatch (report section 3.2.2) for a rank's tokens of ``row_bytes`` each:
+    ``node_remote_copies`` per token over the inter-node link, and every one of its k rows forwarded over the
+    intra-node link to its expert (the two overlap: the slower one counts). Its groups are taken as its nodes."""
+    per_node = max(1, min(c.ep, hardware.devices_per_node // ep_stride(c)))
+    nodes = -(-c.ep // per_node)
+    groups = model.topk_group if model.n_group > 1 else model.top_k
+    remote = node_remote_copies(top_k=model.top_k, topk_group=groups, nodes=nodes)
+    inter = remote * row_bytes / hardware.inter.bytes_per_s + (nodes - 1) * hardware.inter.latency_s
+    intra = all_to_all_s(model.top_k * row_bytes, n=per_node, link=hardware.intra)
+    return max(inter, intra)
+
+
 def ep_stride(c: Candidate) -> int:
     """Ranks between neighbours of an ep group: ep is the inner factor of its lenders (dp x cp) flattened in mesh
     order (``parallel/foundation/meshes.py`` ``expert_meshes``), so its stride is the innermost lender's (t)."""
@@ -768,9 +797,13 @@ def _cp_per_layer(c: Candidate, model: ModelShape, hardware: HardwareSpec, token
 
 def _ep_per_layer(c: Candidate, model: ModelShape, hardware: HardwareSpec, tokens: float, e: int) -> float:
     """Expert parallel: each all-to-all moves this rank's T·k routed rows of h channels among the ep ranks of its
-    group (balanced routing), on the link the ep group spans; the row counts go first (E int64 values)."""
+    group (balanced routing), on the link the ep group spans (``node_limited_dispatch_s`` for DeepSeek-V3's
+    dispatch across nodes); the row counts go first (E int64 values)."""
     ep_link = hardware.link_for(span=c.ep, stride=ep_stride(c))
-    ep_rows = all_to_all_s(tokens * model.top_k * model.d_model * e, n=c.ep, link=ep_link)
+    if c.dispatch == "node_limited" and hardware.crosses_nodes(span=c.ep, stride=ep_stride(c)):
+        ep_rows = node_limited_dispatch_s(c, model, hardware, tokens * model.d_model * e)
+    else:
+        ep_rows = all_to_all_s(tokens * model.top_k * model.d_model * e, n=c.ep, link=ep_link)
     ep_counts = all_to_all_s(model.n_experts * 8, n=c.ep, link=ep_link)
     ep_per_layer = ep_all_to_alls_per_layer(recompute=c.recompute) * ep_rows
     ep_per_layer += ep_counts_exchanges_per_layer(recompute=c.recompute) * ep_counts

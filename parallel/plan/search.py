@@ -95,6 +95,8 @@ def describe(c: Candidate) -> str:
         parts.append("sp")
     if c.recompute != "none":
         parts.append(f"recompute={c.recompute}")
+    if c.dispatch != "flat":
+        parts.append(f"dispatch={c.dispatch}")
     return " ".join(parts)
 
 

@@ -85,12 +85,13 @@ def test_the_671b_estimates_count_mtp_beside_the_published_cost(compose_cfg):
     """deepseek_v3_671b (one MTP module): 13.46B more parameters with the MTP layer's copies of the embedding and head
     (the published checkpoint's 685B against 671B), 3.8% more training FLOPs per token, all on the last stage: under
     the published degrees with uniform stages that stage sets the pace (38.9 s/step against 32.4 without MTP), and a
-    last stage of 2 blocks instead of 3 takes the price back to MTP-free's. docs/planner.md's first choice sits beside
+    last stage of 2 blocks instead of 3 takes the price back to MTP-free's. DeepSeek-V3's node-limited dispatch
+    (``dispatch=node_limited``) cuts the published layout's all-to-alls. docs/planner.md's first choice sits beside
     the published 180K GPU-hours per trillion tokens. Estimates only, no search."""
     from dataclasses import replace
 
     from parallel.plan.cli import specs_from_cfg
-    from parallel.plan.cost_model import estimate
+    from parallel.plan.cost_model import estimate, node_remote_copies
 
     cfg = compose_cfg(
         "model=deepseek_v3_671b", "topology=cluster_2048xh800", "data.seq_len=4096", "data.global_batch_size=15360"
@@ -114,6 +115,14 @@ def test_the_671b_estimates_count_mtp_beside_the_published_cost(compose_cfg):
     blocks = [4] * 14 + [3, 2]  # the last stage 2 blocks and the MTP module
     balanced = priced(published, split_points=tuple(sum(blocks[: i + 1]) for i in range(15)))
     assert balanced.step_time_s == pytest.approx(without.step_time_s, rel=0.01)
+    # DeepSeek-V3's node-limited dispatch: 8 rows per token over InfiniBand become 4 nodes x 7/8 copies
+    assert node_remote_copies(top_k=8, topk_group=4, nodes=8) == 3.5
+    deepep = priced(published + " dispatch=node_limited")
+    assert deepep.step_time_s < 0.75 * with_mtp.step_time_s
+    inside = "dp=256 pp=8 ep=8 m=60 zero=3 schedule=1f1b"  # ep inside a node: no copy crosses nodes
+    assert priced(inside + " dispatch=node_limited").step_time_s == priced(inside).step_time_s
+    with pytest.raises(PlanError, match="dispatch=deepep"):
+        layout_candidate(published + " dispatch=deepep")
     first = priced("dp=256 pp=8 ep=8 m=60 zero=3 schedule=zbv v=2 recompute=full")
     hours = gpu_hours_per_trillion_tokens(first, hardware=hardware, workload=workload)
     print(f"first choice of docs/planner.md: {hours:,.0f} GPU-hours per trillion tokens, {hours / 180_000:.2f}x")
