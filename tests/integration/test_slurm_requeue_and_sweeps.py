@@ -7,8 +7,9 @@ from 2 tasks. Time limits are not waited for: the warning is sent with ``scancel
 which is what Slurm sends at ``--signal=USR2@signal_delay_s`` (and what submitit's own test helper sends). The
 Slurm jobs hold before step 4 until a signal arrives (``WAIT``: tests/faults.py's ``WaitAt``), so the signal lands at a point
 the job waits for, never raced against its last steps. The last test lets slurmctld send the warning itself
-(``--signal=USR2@60`` before a 3-minute limit: its periodic check sends it 60 to 90 s before the limit) to a job that
-holds before step 4 until it comes, so the real time-limit path is tested at a point the job waits for too.
+(``--signal=USR2@30`` before a 2-minute limit, Slurm's shortest whole-minute limit that leaves the job a minute to
+reach step 4: its periodic check sends it 30 to 60 s before the limit) to a job that holds before step 4 until it
+comes, so the real time-limit path is tested at a point the job waits for too.
 Every cluster hands out its own block of job ids (benchmarks/slurm_cluster.py ``first_job_id``): a job's rendezvous
 port comes from its id, and two clusters that both started at job 1 (a suite beside a rerun of this module) gave
 their jobs the same port.
@@ -204,7 +205,7 @@ def test_a_job_whose_task_count_does_not_match_the_layout_is_refused_before_trai
 
 
 def test_slurmctlds_own_time_limit_warning_stops_the_job_where_it_waits(slurm_cluster, tmp_path):
-    """The real path: slurmctld's periodic check sends ``--signal=USR2@60`` (60 to 90 s before the 3-minute limit)
+    """The real path: slurmctld's periodic check sends ``--signal=USR2@30`` (30 to 60 s before the 2-minute limit)
     to a one-task job holding before step 4; it checkpoints there and ends preempted (max_num_timeout=0: no
     requeue)."""
     from submitit.core.job_environment import JobEnvironment
@@ -213,8 +214,8 @@ def test_slurmctlds_own_time_limit_warning_stops_the_job_where_it_waits(slurm_cl
     limit = (
         *one_task,
         "hydra.launcher.tasks_per_node=1",
-        "hydra.launcher.timeout_min=3",
-        "hydra.launcher.signal_delay_s=60",
+        "hydra.launcher.timeout_min=2",
+        "hydra.launcher.signal_delay_s=30",
     )
     proc = _start(
         slurm_cluster,
