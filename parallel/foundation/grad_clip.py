@@ -94,6 +94,7 @@ def _squared_norm(grads: list[torch.Tensor], key) -> torch.Tensor:
     return sq
 
 
+@torch.no_grad()  # as torch's own: DTensor's to_local() is then its local tensor, not an autograd function per gradient
 def clip_grad_norm_(
     params: Iterable[torch.nn.Parameter],
     max_norm: float,
