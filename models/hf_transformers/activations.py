@@ -25,11 +25,24 @@ from collections.abc import Callable
 from typing import Any
 
 
-def block_counter(config_dir: str, trust_remote_code: bool) -> Callable[[int, int, int, int], float]:
+def block_counter(config_dir: str, trust_remote_code: bool, kinds: tuple[int, ...]) -> Callable[..., float]:
     """``ModelShape.block_saved_bytes`` of the architecture in ``config_dir``: ``(layer, seq_len, element_bytes, tp)``
     -> the bytes one sample of ``seq_len`` tokens keeps for backward through decoder layer ``layer`` on one
-    tensor-parallel rank of ``tp``, activations of ``element_bytes`` (4: fp32, 2: bf16)."""
-    return functools.partial(_counted, config_dir, trust_remote_code)
+    tensor-parallel rank of ``tp``, activations of ``element_bytes`` (4: fp32, 2: bf16). ``kinds[i]``: the first
+    layer built as layer ``i`` is (the same parameters and attention kind), whose count serves both."""
+    return functools.partial(_count_layer, config_dir, trust_remote_code, kinds)
+
+
+def _count_layer(
+    config_dir: str,
+    trust_remote_code: bool,
+    kinds: tuple[int, ...],
+    layer: int,
+    seq_len: int,
+    element_bytes: int,
+    tp: int,
+) -> float:
+    return _counted(config_dir, trust_remote_code, kinds[layer], int(seq_len), int(element_bytes), int(tp))
 
 
 @functools.lru_cache(maxsize=512)

@@ -60,8 +60,14 @@ def hf_shape(model: Any) -> ModelShape:
         formulas,
         layer_extra_params=tuple(b - formulas.layer_params(i) for i, b in enumerate(built)),
         layer_kinds=kinds,
-        block_saved_bytes=block_counter(str(path), remote),
+        block_saved_bytes=block_counter(str(path), remote, first_alike(built, kinds)),
     )
+
+
+def first_alike(params: tuple[int, ...], kinds: tuple[str, ...]) -> tuple[int, ...]:
+    """Per layer, the first layer of the same parameter count and attention kind (a block of the same build)."""
+    first: dict[tuple[int, str], int] = {}
+    return tuple(first.setdefault((p, k), i) for i, (p, k) in enumerate(zip(params, kinds)))
 
 
 @functools.lru_cache(maxsize=8)

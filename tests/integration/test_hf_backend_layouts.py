@@ -9,7 +9,8 @@ transformers.
 Per architecture one single-process run is the reference of every layout: step 1's loss under it is transformers'
 loss on the same batch; fsdp (one unit per decoder layer; Mistral), dp2 x tp2 (the config's ``base_model_tp_plan``;
 the dense ones), dp2 x ep2 (the experts split, tokens sent by all-to-all; the MoE ones) and dp2 x pp2 (1F1B, stages
-cut between decoder layers) reproduce its losses and gradient norms to 1e-6 relative over 2 steps;
+cut between decoder layers), the fsdp run with whole layers recomputed and the pipelined ones with the selective
+policy (``trainer.activation_checkpointing``), reproduce its losses and gradient norms to 1e-6 relative over 2 steps;
 ``model=hf model.config_dir=DIR`` pretrains from config.json alone (the architecture's ``_init_weights``); a hybrid
 run of each exports to a folder transformers loads with meshtrain's logits (fp32 and bf16; DeepSeek-V3's experts
 per expert as its checkpoints hold them)."""
@@ -31,10 +32,16 @@ STEPS = 2
 HYBRID = {"defaults": [{"override /parallel": "hybrid"}], "dp": {"size": 2}, "tp": {"size": 1}, "pp": {"size": 1}}
 LAYOUTS = {
     "single": {"defaults": [{"override /parallel": "single"}]},
-    "fsdp": {"defaults": [{"override /parallel": "fsdp"}]},
+    # activation checkpointing rides on two layouts (recomputation changes no number): whole layers under fsdp, the
+    # op-level policy (matmuls kept) under the pipeline
+    "fsdp": {"defaults": [{"override /parallel": "fsdp"}], "trainer": {"activation_checkpointing": "full"}},
     "dp_tp": {**HYBRID, "tp": {"size": 2}},
     "dp_ep": {**HYBRID, "ep": {"size": 2}},
-    "dp_pp": {**HYBRID, "pp": {"size": 2, "schedule": "1f1b", "micro_batches": 2}},
+    "dp_pp": {
+        **HYBRID,
+        "pp": {"size": 2, "schedule": "1f1b", "micro_batches": 2},
+        "trainer": {"activation_checkpointing": "selective"},
+    },
 }
 #: architecture -> the layouts compared with its single run, and the one whose run is exported
 MODELS = {
