@@ -14,6 +14,7 @@ and the layout's degrees; ``parallel/assembly/build.py`` turns it into the rank'
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -26,8 +27,9 @@ from torch.distributed.pipelining import PipelineStage
 from models.moe import moe_layers, uncounted
 from models.mtp import mtp_modules, mtp_uncounted
 from models.spec import PipelineUnits
+from parallel.foundation import dims
 from parallel.foundation.intervals import Meter, StepCommMeter
-from parallel.foundation.meshes import expert_meshes, fsdp_mesh, loss_mesh
+from parallel.foundation.meshes import fsdp_mesh, loss_mesh, sequence_mesh
 from parallel.foundation.precision import MIXED_PRECISIONS, enable_autocast, fsdp_mp_policy
 from parallel.foundation.run import ComposeSettings
 from parallel.foundation.ties import tied_parameters
@@ -36,9 +38,7 @@ from parallel.pipeline.stages import StageSpec, build_stage_module
 from parallel.pipeline.tied import share_across_stages
 from parallel.techniques.checkpointing import apply_activation_checkpointing
 from parallel.techniques.compile import apply_compile
-from parallel.techniques.cp import AllToAllTimer, apply_cp, cp_meter, sequence_share
 from parallel.techniques.ddp import wrap_ddp
-from parallel.techniques.ep import A2AMeter, EPMeter, apply_ep
 from parallel.techniques.fp8 import convert_to_fp8, float8_tp_styles, precompute_scales
 from parallel.techniques.fsdp import FSDPCommTimer, apply_fsdp, float8_bytes_all_gather, fsdp_no_sync
 from parallel.techniques.moe_balance import bias_balancing, scope_balance
@@ -54,13 +54,12 @@ class Composition:
 
     tp: bool = False
     """Apply the model family's tensor-parallel plan over the tp sub-mesh."""
-    cp: bool = False
-    """Split each sample's sequence over the cp sub-mesh: attention by all-to-all (``parallel/techniques/cp.py``)."""
     dp: str = "none"
     """How the data dimensions (dp x cp) wrap the module: one of ``DP_WRAPS``."""
-    ep: bool = False
-    """Shard the MoE blocks' experts over the ep mesh (borrowed from dp x cp) and route tokens by all-to-all; the
-    experts get their own FSDP2 mesh (needs ``dp="fsdp"``)."""
+    dims: tuple[str, ...] = ()
+    """The further dimensions applied after tensor parallel, in the table's order, each by its technique module
+    (``MeshDim.technique``): cp splits each sample's sequence (attention by all-to-all), ep shards the MoE blocks'
+    experts over its borrowed mesh and routes tokens by all-to-all (the experts on their own FSDP2 mesh)."""
     pipeline: bool = False
     """Split the model into stages driven by ``pp.schedule``; each stage is composed on its own."""
     rank_map: bool = False
@@ -69,8 +68,12 @@ class Composition:
     def __post_init__(self) -> None:
         if self.dp not in DP_WRAPS:
             raise ValueError(f"Composition(dp={self.dp!r}): use one of {DP_WRAPS}")
-        if self.ep and self.dp != "fsdp":
-            raise ValueError(f"Composition(ep=True, dp={self.dp!r}): expert parallel shards with FSDP2 (dp='fsdp')")
+        for name in self.dims:
+            row = dims.dim(name)
+            if not row.technique:
+                raise ValueError(f"Composition(dims={self.dims}): {name} has no technique module (MeshDim.technique)")
+            if row.needs_fsdp and self.dp == "ddp":  # DDP would all-reduce what it shards differently on each rank
+                raise ValueError(f"Composition({name}=True, dp={self.dp!r}): {row.title} shards with FSDP2 (dp='fsdp')")
 
     @classmethod
     def from_degrees(cls, layout: Any, *, rank_map: bool = True) -> Composition:
@@ -78,12 +81,20 @@ class Composition:
         here, from its degree, beside the others."""
         return cls(
             tp=layout.tp > 1,
-            cp=layout.cp > 1,
             dp=cls.dp_wrap(layout),
-            ep=layout.sizes.get("ep", 1) > 1,
+            dims=cls.used_dims(layout),
             pipeline=layout.pp > 1,
             rank_map=rank_map,
         )
+
+    @staticmethod
+    def used_dims(sized: Any) -> tuple[str, ...]:
+        """The further dimensions (those with a technique module) a layout or candidate uses: size > 1."""
+        return tuple(d.name for d in dims.DIMENSIONS if d.technique and sized.size(d.name) > 1)
+
+    def splits_sequence(self) -> bool:
+        """Whether one of its dimensions splits each sample's sequence (``MeshDim.splits_sequence``: cp)."""
+        return any(dims.dim(n).splits_sequence for n in self.dims)
 
     @staticmethod
     def dp_wrap(layout: Any) -> str:
@@ -125,8 +136,6 @@ class ComposedPart:
     or FSDP2's all-gathers and reduce-scatters (every step; ``count_key`` names the metric)."""
     after_update: Callable[[], None] | None = None
     """Run after each optimizer step (fp8 with FSDP2's float8 all-gather: the weights' scales for the next one)."""
-    ep_timer: A2AMeter | None = None
-    """Expert parallel's all-to-alls (dispatch and combine, forward and backward)."""
 
 
 @dataclass
@@ -180,19 +189,21 @@ def compose(
         modules = [model]
     # FSDP2 blocks gather again for backward, except under a split backward (ScheduleSpec.splits_backward)
     reshard = not (composition.pipeline and schedule_spec(pipeline.schedule).splits_backward)
-    # compiled blocks keep the traceable all-to-all: no timer (as tp_comm_time_s, not measured under compile)
-    cp_timer = AllToAllTimer() if composition.cp and not settings.compile else None
+    # each further dimension's technique, over every part (its timers and meter shared by them)
+    techniques = [
+        importlib.import_module(dims.dim(n).technique).technique(mesh=mesh, sizes=sizes, settings=settings)
+        for n in composition.dims
+    ]
     parts = [
         _wrap(m, composition=composition, settings=settings, mesh=mesh, sizes=sizes, device=device, parallelize=parallelize,
-              place=place, on_step=on_step, reshard_after_forward=reshard, cp_timer=cp_timer)
+              place=place, on_step=on_step, reshard_after_forward=reshard, techniques=techniques)
         for m in modules
     ]  # fmt: skip
     balance_group = loss_mesh(mesh, sizes).get_group() if composition.dp != "none" else None
     for part in parts:
         part.after_update = _chain(part.after_update, bias_balancing(part.module, group=balance_group))
-    composed = Composed(parts, meters=_meters(parts, composition, settings, mesh, sizes, cp_timer))
-    if composition.cp:
-        composed.sample_shares.append(sequence_share(mesh["cp"]))
+    composed = Composed(parts, meters=_meters(composition, settings, mesh, sizes, techniques))
+    composed.sample_shares += [share for t in techniques if (share := t.sample_share()) is not None]
     if not composition.pipeline:
         return composed
     if composition.dp == "none":  # a V schedule's first and last stage on this rank share one tied Parameter
@@ -203,25 +214,19 @@ def compose(
 
 
 def _meters(
-    parts: list[ComposedPart],
     composition: Composition,
     settings: ComposeSettings,
     mesh: Any,
     sizes: Mapping[str, int],
-    cp_timer: AllToAllTimer | None,
+    techniques: list[Any],
 ) -> list[Meter]:
-    """Each composed technique's meter: the tp group's collectives, the cp all-to-alls, the ep all-to-alls of every
-    part."""
+    """Each composed technique's meter: the tp group's collectives, then each further dimension's (cp's and ep's
+    all-to-alls over every part)."""
     meters: list[Meter] = []
     if composition.tp:
         tp_mesh = mesh["tp"] if sizes.get("tp", 1) > 1 else None
         meters.append(tp_meter(tp_mesh=tp_mesh, measure=settings.measure_tp_comm, compiled=settings.compile))
-    if composition.cp:
-        meters.append(cp_meter(cp_timer))
-    ep_logs = [p.ep_timer for p in parts if p.ep_timer is not None]
-    if ep_logs:
-        meters.append(EPMeter(ep_logs))
-    return meters
+    return meters + [meter for t in techniques if (meter := t.meter()) is not None]
 
 
 def compose_on_rank(
@@ -268,20 +273,14 @@ def _wrap(
     place: Callable[[nn.Module], nn.Module],
     on_step: Callable[[str], None],
     reshard_after_forward: bool = True,
-    cp_timer: AllToAllTimer | None = None,
+    techniques: Sequence[Any] = (),
 ) -> ComposedPart:
     """One module through float8 → TP → CP → EP → AC → compile → autocast → FSDP2/DDP, placed on the device."""
     fsdp = composition.dp == "fsdp"
-    _split_model(
+    own = _split_model(
         module, composition=composition, settings=settings, mesh=mesh, sizes=sizes, device=device,
-        parallelize=parallelize, on_step=on_step, cp_timer=cp_timer,
+        parallelize=parallelize, on_step=on_step, techniques=techniques,
     )  # fmt: skip
-    experts, ep_timer, experts_fsdp_mesh = [], None, None
-    if composition.ep:
-        on_step("expert parallel")
-        ep_mesh, experts_fsdp_mesh = expert_meshes(mesh, sizes)
-        ep_timer = A2AMeter()
-        experts = apply_ep(module, ep_mesh=ep_mesh, meter=ep_timer)
     on_step("activation checkpointing and compile")
     apply_activation_checkpointing(
         module, mode=settings.activation_checkpointing, every=settings.ac_every, for_compile=settings.compile
@@ -293,12 +292,10 @@ def _wrap(
     if composition.dp == "none":
         return ComposedPart(place(module))
     if fsdp:
-        part = _shard(
-            module, settings=settings, mesh=mesh, sizes=sizes, place=place, on_step=on_step, experts=experts,
-            experts_mesh=experts_fsdp_mesh, reshard_after_forward=reshard_after_forward,
+        return _shard(
+            module, settings=settings, mesh=mesh, sizes=sizes, place=place, on_step=on_step, own=own,
+            reshard_after_forward=reshard_after_forward,
         )  # fmt: skip
-        part.ep_timer = ep_timer
-        return part
     on_step("DDP")
     ddp, meter = wrap_ddp(
         place(module),
@@ -322,10 +319,12 @@ def _split_model(
     device: torch.device,
     parallelize: Callable[..., nn.Module] | None,
     on_step: Callable[[str], None],
-    cp_timer: AllToAllTimer | None,
-) -> None:
-    """float8 Linears, then tensor parallel (the family's plan) and context parallel (attention by all-to-all); a
-    MoE's balance statistics scoped to the ranks that see different tokens (``scope_balance``)."""
+    techniques: Sequence[Any],
+) -> list[tuple[nn.Module, Any]]:
+    """float8 Linears, then tensor parallel (the family's plan) and each further dimension's technique in the table's
+    order (cp: attention by all-to-all; ep: the experts sharded, tokens routed by all-to-all); a MoE's balance
+    statistics scoped to the ranks that see different tokens (``scope_balance``). Returns the units a technique
+    shards on a mesh of their own (ep's experts), for FSDP2 to wrap first."""
     fp8 = settings.precision == "fp8"
     if fp8:
         on_step("float8")
@@ -350,14 +349,17 @@ def _split_model(
             if fp8 and settings.fp8.recipe == "tensorwise"
             else None,
         )
-    if composition.cp:
-        on_step("context parallel")
-        apply_cp(module, cp_mesh=mesh["cp"], attention=settings.cp_attention, timer=cp_timer)
+    own: list[tuple[nn.Module, Any]] = []
+    for technique in techniques:
+        on_step(technique.step)
+        own += technique.apply(module)
+    sequence = sequence_mesh(mesh, sizes) if composition.splits_sequence() else None
     scope_balance(
         module,
         data_group=loss_mesh(mesh, sizes).get_group() if composition.dp != "none" else None,
-        cp_group=mesh["cp"].get_group() if composition.cp else None,
+        sequence_group=sequence.get_group() if sequence is not None else None,
     )
+    return own
 
 
 def _shard(
@@ -368,11 +370,11 @@ def _shard(
     sizes: Mapping[str, int],
     place: Callable[[nn.Module], nn.Module],
     on_step: Callable[[str], None],
-    experts: list[nn.Module],
-    experts_mesh: Any,
+    own: list[tuple[nn.Module, Any]],
     reshard_after_forward: bool,
 ) -> ComposedPart:
-    """FSDP2 over dp x cp (the experts first, over their own mesh), placed, its collectives timed.
+    """FSDP2 over dp x cp (first the units a technique keeps on their own mesh: ep's experts), placed, its
+    collectives timed.
 
     Resharded blocks hold their sharded parameters between forward and backward: torch's split backward takes the
     weights to differentiate from the stage module when its input backward (I) starts, and got those instead of the
@@ -381,8 +383,8 @@ def _shard(
     on_step("FSDP2 sharding")
     float8_gather = settings.precision == "fp8" and settings.fp8.all_gather_in_float8(fsdp=True)
     mp_policy = fsdp_mp_policy(settings.precision)
-    for unit in experts:  # first, so the blocks' units leave them to their own mesh
-        apply_fsdp(unit, dp_mesh=experts_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy)
+    for unit, unit_mesh in own:  # first, so the blocks' units leave them to their own mesh
+        apply_fsdp(unit, dp_mesh=unit_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy)
     apply_fsdp(module, dp_mesh=fsdp_mesh(mesh, sizes), reshard_after_forward=reshard_after_forward, mp_policy=mp_policy)
     module = place(module)  # storage for this rank's shards only, then their init
     timer = FSDPCommTimer().attach(module) if settings.measure_dp_comm else None

@@ -46,7 +46,7 @@ def loss_mesh(world_mesh: DeviceMesh, sizes: Mapping[str, int]) -> DeviceMesh:
 
 
 def expert_meshes(
-    world_mesh: DeviceMesh, sizes: Mapping[str, int], *, name: str = "ep", asked: Iterable[str] = ()
+    world_mesh: DeviceMesh, sizes: Mapping[str, int], *, name: str, asked: Iterable[str] = ()
 ) -> tuple[DeviceMesh, DeviceMesh]:
     """(the ``name`` mesh, its own FSDP mesh): the lenders (ep: dp x cp, and tp where the model asks) flattened,
     then unflattened into (lent / ep, ep), ep inner so that its all-to-all stays between neighbouring ranks. The

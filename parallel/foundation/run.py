@@ -14,6 +14,7 @@ option a technique needs is a field here, filled there.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -74,8 +75,9 @@ class ComposeSettings:
     compile: bool = False
     sequence_parallel: bool = False
     loss_parallel: bool = False
-    cp_attention: str = "ulysses"
-    """``cp.attention``: how attention runs on the split sequence (``parallel/techniques/cp.py``)."""
+    options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Each further dimension's own settings beside its size, by dimension (``cp.attention`` as
+    ``options["cp"]["attention"]``: how attention runs on the split sequence), read by its technique module."""
     ddp: DDPSettings = field(default_factory=DDPSettings)
     measure_dp_comm: bool = True
     """Time the dp dimension's collectives (``dp.measure_comm``)."""

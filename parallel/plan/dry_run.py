@@ -20,6 +20,7 @@ No collective is sent (the fake group answers every call), nothing is allocated,
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -286,18 +287,15 @@ def _optimizer_with_state(parts, workload: Workload):
 def _stage_activation_bytes(
     spec, *, c: Candidate, meta_model, mesh, settings: ComposeSettings, tp_plan, on_step, units, model, workload, loss
 ) -> int:
-    """One stage's saved activations per micro-batch: a tensor- and context-parallel copy of the stage, run on fake
-    tensors (FSDP2 leaves a micro-batch's activations alone); under cp each rank holds seq_len / cp tokens of every
-    sample."""
+    """One stage's saved activations per micro-batch: a copy of the stage with tensor parallel and the further
+    dimensions (cp, ep), run on fake tensors (FSDP2 leaves a micro-batch's activations alone; ep's experts are
+    sharded over ep without it); each rank holds seq_len / cp tokens of every sample."""
     import torch
-
-    from parallel.foundation.meshes import expert_meshes
-    from parallel.techniques.ep import apply_ep
 
     on_step("activations")
     copy = compose(
         build_stage_module(meta_model, spec=spec, units=units),
-        composition=Composition(tp=c.tp > 1, cp=c.cp > 1),
+        composition=Composition(tp=c.tp > 1, dims=Composition.used_dims(c)),
         settings=settings,
         mesh=mesh,
         sizes=c.sizes,
@@ -305,20 +303,13 @@ def _stage_activation_bytes(
         parallelize=tp_plan,
         on_step=on_step,
     )
-    if c.ep > 1:
-        # expert parallel as compose applies it (after tp and cp), without the FSDP2 it needs for training: the
-        # experts sharded over ep, the tokens dispatched by all-to-all. Under FakeTensorMode the routing counts have
-        # no values, so the dispatch splits the rows evenly (balanced routing: ``AllToAllDispatch.dispatch``), which
-        # is what the planner assumes
-        on_step("expert parallel")
-        apply_ep(copy.module, ep_mesh=expert_meshes(mesh, c.sizes)[0])
     on_step("activations")
     return _saved_activation_bytes(
         copy.module,
         first=spec.first,
         last=spec.last,
         micro_batch=workload.global_batch_size // (c.dp * c.micro_batches),
-        seq_len=workload.seq_len // c.cp,
+        seq_len=workload.seq_len // math.prod(c.size(d.name) for d in dims.DIMENSIONS if d.splits_sequence),
         d_model=model.d_model,
         vocab_size=model.vocab_size,
         dtype=torch.bfloat16 if settings.precision != "fp32" else torch.float32,
@@ -332,9 +323,8 @@ def _compose_rank(local, *, c: Candidate, meta_model, mesh, settings: ComposeSet
 
     composition = Composition(
         tp=c.tp > 1,
-        cp=c.cp > 1,
-        dp="fsdp" if c.zero_stage >= 3 and c.dp * c.cp > 1 else "none",
-        ep=c.ep > 1,
+        dp="fsdp" if c.zero_stage >= 3 and c.data_size > 1 else "none",
+        dims=Composition.used_dims(c),
         pipeline=c.pp > 1,
     )
     return compose(

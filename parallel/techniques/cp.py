@@ -158,6 +158,34 @@ def cp_meter(timer: AllToAllTimer | None) -> SampledCommMeter:
     return SampledCommMeter(timer, prefix="cp")
 
 
+class ContextParallel:
+    """cp as ``compose`` applies it, after tensor parallel (``MeshDim.technique``): Ulysses attention over the cp
+    sub-mesh, one all-to-all timer over every part, each sample's contiguous chunk as this rank's share."""
+
+    step = "context parallel"
+
+    def __init__(self, *, mesh: Any, sizes: Any, settings: Any):
+        self.mesh = mesh["cp"]
+        self.attention = str(settings.options.get("cp", {}).get("attention", CP_ATTENTION[0]))
+        # compiled blocks keep the traceable all-to-all: no timer (as tp_comm_time_s, not measured under compile)
+        self.timer = AllToAllTimer() if not settings.compile else None
+
+    def apply(self, module: nn.Module) -> list[tuple[nn.Module, DeviceMesh]]:
+        """Attention by all-to-all; no unit of its own to shard."""
+        apply_cp(module, cp_mesh=self.mesh, attention=self.attention, timer=self.timer)
+        return []
+
+    def meter(self) -> SampledCommMeter:
+        return cp_meter(self.timer)
+
+    def sample_share(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        return sequence_share(self.mesh)
+
+
+technique = ContextParallel
+"""What ``compose`` makes of this module for a run (``technique(mesh=..., sizes=..., settings=...)``)."""
+
+
 def problems(run: RunSpec, strategy: Any = None) -> list[str]:
     """Ulysses gives each cp rank whole heads of its tp rank and each rank an equal contiguous chunk of every
     sample (nothing when cp.size is 1)."""

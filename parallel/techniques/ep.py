@@ -37,6 +37,7 @@ from models.registry import spec_or_none
 from parallel.foundation import dims
 from parallel.foundation.all_to_all import exchange, timed_all_to_all
 from parallel.foundation.intervals import IntervalLog, union_seconds
+from parallel.foundation.meshes import expert_meshes
 
 if TYPE_CHECKING:
     from parallel.foundation.run import RunSpec
@@ -177,6 +178,35 @@ def apply_ep(module: nn.Module, *, ep_mesh: DeviceMesh, meter: IntervalLog | Non
             setattr(holder, name, nn.Parameter(sharded, requires_grad=param.requires_grad))
         experts.append(holder)
     return experts
+
+
+class ExpertParallel:
+    """ep as ``compose`` applies it, after context parallel (``MeshDim.technique``): each MoE block's experts sharded
+    over the ep mesh borrowed from dp x cp, its tokens routed by all-to-all (one log per part, one meter over them);
+    the experts are FSDP2 units of their own mesh, the lenders' ranks holding the same experts."""
+
+    step = "expert parallel"
+
+    def __init__(self, *, mesh: Any, sizes: Any, settings: Any):
+        self.world, self.sizes = mesh, sizes
+        self.logs: list[A2AMeter] = []
+
+    def apply(self, module: nn.Module) -> list[tuple[nn.Module, DeviceMesh]]:
+        """The experts sharded and dispatched; returns each with the mesh FSDP2 shards it over."""
+        ep_mesh, experts_mesh = expert_meshes(self.world, self.sizes, name="ep")  # cached on the root mesh
+        log = A2AMeter()
+        self.logs.append(log)
+        return [(unit, experts_mesh) for unit in apply_ep(module, ep_mesh=ep_mesh, meter=log)]
+
+    def meter(self) -> EPMeter | None:
+        return EPMeter(self.logs) if self.logs else None
+
+    def sample_share(self) -> None:
+        return None  # every rank of an ep group keeps its own tokens
+
+
+technique = ExpertParallel
+"""What ``compose`` makes of this module for a run (``technique(mesh=..., sizes=..., settings=...)``)."""
 
 
 def problems(run: RunSpec, strategy: Any = None) -> list[str]:

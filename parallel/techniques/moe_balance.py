@@ -21,14 +21,14 @@ from models.moe import moe_layers, update_expert_bias
 
 
 def scope_balance(
-    module: nn.Module, *, data_group: dist.ProcessGroup | None, cp_group: dist.ProcessGroup | None
+    module: nn.Module, *, data_group: dist.ProcessGroup | None, sequence_group: dist.ProcessGroup | None
 ) -> None:
     """Give every MoE block of ``module`` the group its load-balancing loss's counts are summed over, by its
-    ``balance_scope``: ``data_group`` (the loss mesh, dp x cp) for global, ``cp_group`` for micro_batch (None: the
-    rank's own tokens)."""
+    ``balance_scope``: ``data_group`` (the loss mesh, dp x cp) for global, ``sequence_group`` (the ranks holding
+    chunks of the same samples, cp) for micro_batch (None: the rank's own tokens)."""
     for block in moe_layers(module):
-        block.balance_group = data_group if block.balance_scope == "global" else cp_group
-        block.sequence_group = cp_group
+        block.balance_group = data_group if block.balance_scope == "global" else sequence_group
+        block.sequence_group = sequence_group
 
 
 def bias_balancing(module: nn.Module, *, group: dist.ProcessGroup | None) -> Callable[[], None] | None:

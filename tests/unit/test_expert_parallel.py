@@ -28,9 +28,9 @@ def test_the_ep_row_borrows_dp_and_adds_no_rank():
     assert dims.borrowing() == ("ep",) and dims.lenders("ep") == ("dp", "cp") and "ep" not in dims.mesh_names()
     layout = ParallelLayout(strategy="hybrid", dp=4, ep=2)
     assert layout.world_size == 4 and [layout.coords(r)["ep"] for r in range(4)] == [0, 1, 0, 1]
-    assert Composition.from_degrees(ParallelLayout(strategy="hybrid", dp=2, ep=2, dp_shard=True)).ep
-    with pytest.raises(ValueError, match="expert parallel shards with FSDP2"):
-        Composition(ep=True, dp="ddp")
+    assert Composition.from_degrees(ParallelLayout(strategy="hybrid", dp=2, ep=2, dp_shard=True)).dims == ("ep",)
+    with pytest.raises(ValueError, match=r"Composition\(ep=True, dp='ddp'\): expert parallel shards with FSDP2"):
+        Composition(dims=("ep",), dp="ddp")
 
 
 MOE = ("model=qwen3_moe_debug", "parallel=hybrid", "tp.size=1", "pp.size=1")

@@ -150,7 +150,9 @@ def _meshes_on(rank: int, layout: ParallelLayout, asked=()):
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=layout.world_size)
     try:
         world = init_device_mesh("cpu", layout.mesh_shape, mesh_dim_names=layout.mesh_dim_names)
-        ep, ep_fsdp = expert_meshes(world, layout.sizes, asked=asked) if "ep" in dims.borrowing() else (None, None)
+        ep, ep_fsdp = (
+            expert_meshes(world, layout.sizes, name="ep", asked=asked) if "ep" in dims.borrowing() else (None, None)
+        )
         return {
             "fsdp": _groups(fsdp_mesh(world, layout.sizes)),
             "loss": _groups(loss_mesh(world, layout.sizes)),
@@ -212,6 +214,6 @@ def test_expert_meshes_refuse_a_degree_that_does_not_divide(with_cp_ep):
     try:
         world = init_device_mesh("cpu", layout.mesh_shape, mesh_dim_names=layout.mesh_dim_names)
         with pytest.raises(ValueError, match="ep.size=3 does not divide dp.size=2 x cp.size=2 = 4"):
-            expert_meshes(world, {**layout.sizes, "ep": 3})
+            expert_meshes(world, {**layout.sizes, "ep": 3}, name="ep")
     finally:
         dist.destroy_process_group()

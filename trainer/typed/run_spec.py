@@ -18,6 +18,7 @@ from models.objectives import PreferenceObjective, holds_reference
 from models.registry import spec_for, typed_model
 from models.spec import make_config
 from parallel.config import PlannerConfig, TopologyConfig
+from parallel.foundation import dims
 from parallel.foundation.layout import ParallelLayout
 from parallel.foundation.memory import rank_budget_bytes
 from parallel.foundation.run import BatchSpec, ComposeSettings, DDPSettings, Float8Settings, PipelineOptions, RunSpec
@@ -84,7 +85,7 @@ def compose_settings(cfg: DictConfig, model: Any) -> ComposeSettings:
         compile=bool(trainer.compile),
         sequence_parallel=bool(tp.sequence_parallel),
         loss_parallel=bool(tp.loss_parallel),
-        cp_attention=str(cfg.cp.attention),
+        options=dimension_options(cfg),
         ddp=DDPSettings(
             bucket_cap_mb=float(dp.bucket_cap_mb),
             find_unused_parameters=bool(dp.find_unused_parameters),
@@ -93,6 +94,14 @@ def compose_settings(cfg: DictConfig, model: Any) -> ComposeSettings:
         measure_dp_comm=bool(dp.measure_comm),
         measure_tp_comm=bool(tp.measure_comm),
     )
+
+
+def dimension_options(cfg: DictConfig) -> dict[str, dict[str, Any]]:
+    """Each further dimension's config group beside its size (``cp.attention``), by dimension (``MeshDim.technique``:
+    the module that reads them)."""
+    groups = {d.name: d.key.rsplit(".", 1)[0] for d in dims.DIMENSIONS if d.technique}
+    values = {name: plain_values(cfg[group]) if cfg.get(group) is not None else {} for name, group in groups.items()}
+    return {name: {k: v for k, v in got.items() if k != "size"} for name, got in values.items()}
 
 
 def memory_budget_bytes(cfg: DictConfig) -> float:
