@@ -11,7 +11,8 @@ loss on the same batch; fsdp (one unit per decoder layer; Mistral), dp2 x tp2 (t
 the dense ones), dp2 x ep2 (the experts split, tokens sent by all-to-all; the MoE ones) and dp2 x pp2 (1F1B, stages
 cut between decoder layers), the fsdp run with whole layers recomputed and the pipelined ones with the selective
 policy (``trainer.activation_checkpointing``), reproduce its losses and gradient norms to 1e-6 relative over 2 steps;
-``model=hf model.config_dir=DIR`` pretrains from config.json alone (the architecture's ``_init_weights``); a hybrid
+``model=hf model.config_dir=DIR`` pretrains from config.json alone (the architecture's ``_init_weights``; in
+bf16-mixed); a hybrid
 run of each exports to a folder transformers loads with meshtrain's logits (fp32 and bf16; DeepSeek-V3's experts
 per expert as its checkpoints hold them)."""
 
@@ -73,9 +74,10 @@ def runs(tmp_path_factory, folders):
         for layout in ("single", *layouts):
             model = {"init_from": str(folders[name])} | ({"backend": "transformers"} if name in NATIVE else {})
             cases[f"{name}_{layout}"] = {**LAYOUTS[layout], "model": model}
-    cases["scratch"] = {
+    cases["scratch"] = {  # in bf16-mixed: the backend's modules under autocast
         "defaults": [{"override /parallel": "single"}, {"override /model": "hf"}],
         "model": {"config_dir": str(folders["scratch"])},
+        "trainer": {"precision": "bf16-mixed"},
     }
     steps = (f"trainer.max_steps={STEPS}", "pp.trace_step=0")
     return case_multirun(cases, *FAST, *steps, base=tmp_path_factory.mktemp("runs"), group="hf_case", timeout=1100)
@@ -119,6 +121,8 @@ def test_layouts_match_single(runs, case):
 def test_config_json_alone_pretrains(runs):
     losses = [m["loss"] for m in metrics(runs["scratch"])]
     assert len(losses) == STEPS and all(5.0 < x < 6.0 for x in losses)  # ln(256) = 5.55: the architecture's init
+    summary = json.loads((runs["scratch"] / "summary.json").read_text())
+    assert "bf16" in json.dumps(summary["precision"])
 
 
 @pytest.mark.parametrize("name", list(MODELS))
