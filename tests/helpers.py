@@ -92,6 +92,18 @@ def make_train(*overrides: str, run_dir: Path) -> TrainRun:
     return TrainRun(proc=proc, run_dir=run_dir)
 
 
+def layout_case(model: str, parallel: str = "hybrid", **groups: dict) -> dict:
+    """A ``case_multirun`` case: ``model`` under ``parallel`` with ``groups``' keys (hybrid's dp, tp and pp sizes 1
+    unless given; ``trainer`` as given)."""
+    sizes = {"dp": {"size": 1}, "tp": {"size": 1}, "pp": {"size": 1}} if parallel == "hybrid" else {}
+    extra = {k: v for k, v in groups.items() if k != "trainer"}
+    return {
+        "defaults": [{"override /parallel": parallel}, {"override /model": model}],
+        **{k: {**sizes.get(k, {}), **v} for k, v in {**sizes, **extra}.items()},
+        **({"trainer": groups["trainer"]} if "trainer" in groups else {}),
+    }
+
+
 def case_multirun(
     cases: dict[str, dict], *overrides: str, base: Path, group: str, timeout: float = 1500
 ) -> dict[str, Path]:

@@ -12,8 +12,9 @@ One multirun runs every case as its own job (Python, Hydra and torch start once)
 - Llama cp2 x tp2 with sequence parallel (the heads of each tp rank split over cp), FSDP2 over cp;
 - Llama cp2 x pp2 under 1F1B, GPipe, interleaved 1F1B (2 stages per rank) and ZBV (a V with a split backward);
 - the GPT cp2 with DDP.
-Then a run resumes the single run's step-2 checkpoint under cp2 (another cp degree) and continues as single did. A
-second multirun trains llama_debug at 1024 tokens under cp2 and dp2 x cp2 x pp2 (8 workers) beside single.
+Then a run resumes the single run's step-2 checkpoint under cp2 (another cp degree) and continues as single did.
+llama_debug at 1024 tokens under cp2 and dp2 x cp2 x pp2 (8 workers) is tests/integration/test_cp_parity_long.py's
+multirun (a module of its own: pytest --dist loadfile gives it to the other worker).
 Qwen3 (Llama's attention path with per-head q/k norms) trains under cp2 from a transformers folder and exports in
 tests/integration/test_hf_init_from_and_export.py.
 """
@@ -25,7 +26,16 @@ import json
 import pytest
 import yaml
 
-from tests.helpers import FAST, TrainRun, assert_losses_close, assert_parity, case_multirun, final_state, run_train
+from tests.helpers import (
+    FAST,
+    TrainRun,
+    assert_losses_close,
+    assert_parity,
+    case_multirun,
+    final_state,
+    layout_case,
+    run_train,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -33,43 +43,33 @@ STEPS = ("trainer.max_steps=4", "trainer.checkpoint_every=2", "pp.trace_step=0")
 N_LAYERS = 4
 
 
-def case(model: str, parallel: str = "hybrid", **groups: dict) -> dict:
-    sizes = {"dp": {"size": 1}, "tp": {"size": 1}, "pp": {"size": 1}} if parallel == "hybrid" else {}
-    extra = {k: v for k, v in groups.items() if k != "trainer"}
-    return {
-        "defaults": [{"override /parallel": parallel}, {"override /model": model}],
-        **{k: {**sizes.get(k, {}), **v} for k, v in {**sizes, **extra}.items()},
-        **({"trainer": groups["trainer"]} if "trainer" in groups else {}),
-    }
-
-
 CP2 = {"cp": {"size": 2}}
 BF16 = {"precision": "bf16-mixed"}
 COMPILE = {"compile": True}
 AUTO_CP_MEMORY_GB = 0.0085
 CASES: dict[str, dict] = {
-    "llama_single": case("llama_debug", "single"),
-    "llama_cp2_ac_full_mb2": case(
+    "llama_single": layout_case("llama_debug", "single"),
+    "llama_cp2_ac_full_mb2": layout_case(
         "llama_debug", **CP2, trainer={"activation_checkpointing": "full"}, data={"micro_batch_size": 2}
     ),
-    "llama_dp2_cp2_ddp": case("llama_debug", **CP2, dp={"size": 2, "shard": False}),
-    "llama_cp2_tp2_sp": case("llama_debug", **CP2, tp={"size": 2, "sequence_parallel": True}),
-    "llama_cp2_pp2_1f1b": case("llama_debug", **CP2, pp={"size": 2, "schedule": "1f1b", "micro_batches": 2}),
-    "llama_cp2_pp2_gpipe": case("llama_debug", **CP2, pp={"size": 2, "schedule": "gpipe", "micro_batches": 2}),
-    "llama_cp2_pp2_interleaved": case(
+    "llama_dp2_cp2_ddp": layout_case("llama_debug", **CP2, dp={"size": 2, "shard": False}),
+    "llama_cp2_tp2_sp": layout_case("llama_debug", **CP2, tp={"size": 2, "sequence_parallel": True}),
+    "llama_cp2_pp2_1f1b": layout_case("llama_debug", **CP2, pp={"size": 2, "schedule": "1f1b", "micro_batches": 2}),
+    "llama_cp2_pp2_gpipe": layout_case("llama_debug", **CP2, pp={"size": 2, "schedule": "gpipe", "micro_batches": 2}),
+    "llama_cp2_pp2_interleaved": layout_case(
         "llama_debug", **CP2, pp={"size": 2, "schedule": "interleaved_1f1b", "micro_batches": 4, "stages_per_rank": 2}
     ),
-    "llama_cp2_pp2_zbv": case(
+    "llama_cp2_pp2_zbv": layout_case(
         "llama_debug", **CP2, pp={"size": 2, "schedule": "zbv", "micro_batches": 4, "stages_per_rank": 2}
     ),
-    "llama_single_bf16": case("llama_debug", "single", trainer=BF16),
-    "llama_cp2_bf16": case("llama_debug", **CP2, trainer=BF16),
-    "llama_single_compile": case("llama_debug", "single", trainer=COMPILE),
-    "llama_cp2_compile": case("llama_debug", **CP2, trainer=COMPILE),
+    "llama_single_bf16": layout_case("llama_debug", "single", trainer=BF16),
+    "llama_cp2_bf16": layout_case("llama_debug", **CP2, trainer=BF16),
+    "llama_single_compile": layout_case("llama_debug", "single", trainer=COMPILE),
+    "llama_cp2_compile": layout_case("llama_debug", **CP2, trainer=COMPILE),
     # parallel=auto where only cp fits: a budget between cp2's planned bytes per rank and every other layout's
-    "llama_auto": case("llama_debug", "auto", topology={"device_memory_gb": AUTO_CP_MEMORY_GB}),
-    "gpt_single": case("gpt_small", "single"),
-    "gpt_cp2_ddp": case("gpt_small", **CP2, dp={"size": 1, "shard": False}),
+    "llama_auto": layout_case("llama_debug", "auto", topology={"device_memory_gb": AUTO_CP_MEMORY_GB}),
+    "gpt_single": layout_case("gpt_small", "single"),
+    "gpt_cp2_ddp": layout_case("gpt_small", **CP2, dp={"size": 1, "shard": False}),
 }
 
 
@@ -77,37 +77,6 @@ CASES: dict[str, dict] = {
 def runs(tmp_path_factory):
     jobs = case_multirun(CASES, *FAST, *STEPS, base=tmp_path_factory.mktemp("cp"), group="cp_case")
     return {name: TrainRun(proc=None, run_dir=job) for name, job in jobs.items()}  # type: ignore[arg-type]
-
-
-#: issue 34's done-when at its own length: llama_debug at 1024 tokens under cp2 and dp2 x cp2 x pp2 (8 workers, FSDP2
-#: over dp x cp, 1F1B) against single, 2 steps (a multirun of its own: the cases above run at 32 tokens)
-LONG = ("trainer.log_every=1", "logger=none", "data.seq_len=1024", "data.global_batch_size=8", "pp.trace_step=0")
-LONG_CASES: dict[str, dict] = {
-    "long_single": case("llama_debug", "single"),
-    "long_cp2": case("llama_debug", **CP2),
-    "long_dp2_cp2_pp2": case(
-        "llama_debug", **CP2, dp={"size": 2}, pp={"size": 2, "schedule": "1f1b", "micro_batches": 2}
-    ),
-}
-
-
-@pytest.fixture(scope="module")
-def long_runs(tmp_path_factory):
-    steps = ("trainer.max_steps=2", "trainer.checkpoint_every=2")
-    jobs = case_multirun(LONG_CASES, *LONG, *steps, base=tmp_path_factory.mktemp("cp_long"), group="cp_long")
-    return {name: TrainRun(proc=None, run_dir=job) for name, job in jobs.items()}  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize("name", ["long_cp2", "long_dp2_cp2_pp2"])
-def test_matches_single_at_1024_tokens(name, long_runs):
-    run, ref = long_runs[name], long_runs["long_single"]
-    worst = assert_parity(run, ref)
-    losses = max(abs(a - b) / abs(b) for a, b in zip(run.losses(), ref.losses()))
-    print(f"{name} at 1024 tokens: max relative loss difference {losses:.1e}; max parameter difference {worst:.1e}")
-    layout = run.summary()["layout"]
-    assert (layout["cp"], layout["world_size"]) == (2, 2 * layout["dp"] * layout["pp"])
-    assert len(run.losses()) == 2 and layout["world_size"] == (8 if name.endswith("pp2") else 2)
-    assert yaml.safe_load((run.run_dir / "resolved_config.yaml").read_text())["data"]["seq_len"] == 1024
 
 
 REFERENCE = {"llama_cp2_bf16": "llama_single_bf16", "llama_cp2_compile": "llama_single_compile"}
