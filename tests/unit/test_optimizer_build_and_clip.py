@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 
+from parallel.foundation import grad_clip
 from parallel.foundation.grad_clip import clip_grad_norm_, total_grad_norm
 from parallel.foundation.optimizer import build_optimizer_over, implementation_kwargs, param_groups_by_kind
 
@@ -112,6 +113,37 @@ def test_clipping_matches_torch_for_plain_and_dtensor_gradients(gloo_one_rank, m
     for ref, p, s in zip(reference, plain, sharded):
         torch.testing.assert_close(p.grad, ref.grad, rtol=0, atol=0)
         torch.testing.assert_close(s.grad.full_tensor(), ref.grad, rtol=1e-6, atol=1e-7)
+
+
+def test_pending_sums_are_reduced_in_one_all_reduce_and_kept_summed(gloo_one_rank, monkeypatch):
+    """Sequence parallel's norm weights: replicated parameters with pending-sum gradients. Their sums are made
+    by one flat all-reduce and written back replicated; the shards' squares by one more (two sharded groups
+    on the same mesh dimension share it); norm and clipping as torch's over the whole tensors."""
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+    reference = _params(5)
+    torch.manual_seed(1)
+    grads = [torch.randn_like(r) for r in reference]
+    params = []
+    for i, (ref, g) in enumerate(zip(reference, grads)):
+        ref.grad = g.clone()
+        if i < 3:  # replicated, gradient pending a sum
+            p = nn.Parameter(DTensor.from_local(ref.detach().clone(), mesh, [Replicate()]))
+            p.grad = DTensor.from_local(g.clone(), mesh, [Partial()])
+        else:  # rows, then columns: one mesh dimension
+            placement = Shard(i - 3)
+            p = nn.Parameter(distribute_tensor(ref.detach().clone(), mesh, [placement]))
+            p.grad = distribute_tensor(g.clone(), mesh, [placement])
+        params.append(p)
+    calls = []
+    real = grad_clip.dist.all_reduce
+    monkeypatch.setattr(grad_clip.dist, "all_reduce", lambda t, **kw: calls.append(t.numel()) or real(t, **kw))
+    expected = torch.nn.utils.clip_grad_norm_(reference, 0.5)
+    norm = clip_grad_norm_(params, 0.5)
+    assert calls == [3 * 12, 1]
+    assert float(norm) == pytest.approx(float(expected), rel=1e-6)
+    for ref, p in zip(reference, params):
+        assert not any(pl.is_partial() for pl in p.grad.placements)
+        torch.testing.assert_close(p.grad.full_tensor(), ref.grad, rtol=1e-6, atol=1e-7)
 
 
 def test_the_norm_of_shards_is_the_norm_of_the_whole():
