@@ -400,6 +400,9 @@ class ModelSpec:
     context_parallel: bool = False
     """Its attention modules call ``self.attend`` and its top-level module has a ``seq_chunk`` (models/attention.py):
     context parallel (``cp.size``) can split its sequence."""
+    cp_check: Callable[[Any, int, int], Problems] | None = None
+    """``fn(model, cp, seq_len)``: what the architecture's attention needs for ``cp.size`` at ``data.seq_len``
+    beyond whole heads per rank (the Hugging Face backend: no sliding window shorter than the sequence)."""
     moe: MoESpec | None = None
     """A mixture of experts' expert FQN patterns, ``n_experts`` and ``top_k`` (expert parallel, the planner);
     ``None``: a dense model."""

@@ -238,14 +238,15 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
 }
 
 
-def save_architecture(model_type: str, folder: Path, *, seed: int = 0) -> Path:
+def save_architecture(model_type: str, folder: Path, *, seed: int = 0, **changes: Any) -> Path:
     """A random tiny ``model_type`` written by transformers (``save_pretrained``, nothing downloaded), its norm
-    weights and biases random too (at 1 and 0 a misplaced one would go unnoticed)."""
+    weights and biases random too (at 1 and 0 a misplaced one would go unnoticed); ``changes`` over its config
+    keywords (``sliding_window=None``)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    config = AutoConfig.for_model(model_type, **{**ARCH_BASE, **ARCHITECTURES[model_type]})
+    config = AutoConfig.for_model(model_type, **{**ARCH_BASE, **ARCHITECTURES[model_type], **changes})
     model = AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -14,14 +14,23 @@ are transformers' without the base model's prefix (``layers.0.self_attn.q_proj.w
 where the rotary module takes one, Gemma 3), each layer called as its base model calls it, the final norm, the head
 and the config's logit transforms (Granite's ``logits_scaling``, Gemma's ``final_logit_softcapping``). A later
 pipeline stage gets the hidden states and rebuilds positions, rotary tables and masks itself.
+
+Context parallel (``parallel/techniques/cp.py``) wraps each attention module's ``attend`` (causal SDPA over
+``(b, t, heads, d)`` at the module's own ``scaling``) in Ulysses' all-to-alls; the first forward after that routes
+those modules through transformers' ``AttentionInterface`` entry ``meshtrain_ulysses`` (on a copy of their config, so
+the masks keep the configured kernel's), which hands transformers' q, k, v to ``attend``. The mask of the local chunk
+is dropped: the kernel is causal over the whole sequence (packed documents and sliding windows are refused under
+cp, ``spec.py``); positions start at the chunk's first token (``seq_chunk``), so the rotary tables are global.
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from models.attention import chunk_start
@@ -31,6 +40,35 @@ from models.hf_transformers.experts import install as install_experts
 from models.spec import config_or_fields
 
 FULL, SLIDING = "full_attention", "sliding_attention"
+ULYSSES = "meshtrain_ulysses"
+
+
+def causal_scaled(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scaling: float | None = None, dropout: float = 0.0, **_: Any
+) -> torch.Tensor:
+    """Causal SDPA of (b, t, heads, d) queries over (b, t, kv_heads, d) keys and values at transformers' ``scaling``
+    (the attention module's): the kernel context parallel wraps. Returns (b, t, heads, d)."""
+    q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+    gqa = q.shape[1] != k.shape[1]
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout, scale=scaling, enable_gqa=gqa)
+    return y.transpose(1, 2)
+
+
+def ulysses_interface(
+    module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any, **kwargs: Any
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention function under context parallel: its (b, heads, t, d) of this rank's chunk to the
+    module's ``attend`` (the all-to-alls around ``causal_scaled``); the chunk's mask is not used (causal over the
+    whole sequence). Returns (b, t, heads, d) as transformers' kernels do."""
+    q, k, v = (x.transpose(1, 2) for x in (query, key, value))
+    keep = {name: kwargs[name] for name in ("scaling", "dropout") if name in kwargs}
+    return module.attend(q, k, v, **keep), None
+
+
+def register_ulysses() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ULYSSES, ulysses_interface)
 
 
 def load_hf_config(config: Any) -> Any:
@@ -83,6 +121,9 @@ class HFCausalLM(nn.Module):
         shell.config = hf
         object.__setattr__(self, "_hf_init", shell)
         self.seq_chunk = 0  # which contiguous chunk of the sequence the inputs are (context parallel sets it)
+        for layer in self.layers.values():  # the kernel context parallel wraps (used only then)
+            if isinstance(getattr(layer, "self_attn", None), nn.Module):
+                layer.self_attn.attend = causal_scaled
 
     # ---- forward ---------------------------------------------------------------------------------
 
@@ -101,6 +142,7 @@ class HFCausalLM(nn.Module):
         if positions is None:
             start = chunk_start(self.seq_chunk, h.shape[1])
             positions = torch.arange(start, start + h.shape[1], device=h.device).unsqueeze(0)
+        self._route_context_parallel()
         kinds = {self.layer_types[int(k)] for k in self.layers}
         masks = {kind: self._mask(kind, h, packed) for kind in kinds}
         rotary = {kind: self._rotary(kind, h, positions) for kind in kinds}
@@ -113,6 +155,16 @@ class HFCausalLM(nn.Module):
         if self.lm_head is not None:
             h = self._logits(self.lm_head(h))
         return h
+
+    def _route_context_parallel(self) -> None:
+        """Attention modules whose ``attend`` context parallel wrapped (it keeps the kernel as ``inner``) run through
+        ``ULYSSES``, on their own copy of the config (the masks are built from the model's, unchanged)."""
+        for layer in self.layers.values():
+            attn = getattr(layer, "self_attn", None)
+            if hasattr(getattr(attn, "attend", None), "inner") and attn.config._attn_implementation != ULYSSES:
+                register_ulysses()
+                attn.config = copy.copy(attn.config)
+                attn.config._attn_implementation = ULYSSES
 
     def _mask(self, kind: str, h: torch.Tensor, positions: torch.Tensor | None) -> Any:
         """transformers' mask for ``kind``: from the documents' positions when a batch is packed; else None where the

@@ -112,6 +112,35 @@ def tp_plan(hf: dict[str, Any]) -> dict[str, str]:
     return dict(getattr(cls, "base_model_tp_plan", None) or {})
 
 
+#: model types whose attention is more than causal softmax attention at a scale (gpt-oss: attention sinks)
+CP_REFUSED = {"gpt_oss": "its attention sinks"}
+
+
+def cp_problems(model: Any, cp: int, seq_len: int) -> list[str]:
+    """Context parallel runs causal SDPA at the module's scaling over the whole sequence
+    (``models/hf_transformers/model.py``): refused where a layer's attention is more (a sliding window shorter than
+    the sequence, logit softcapping, attention sinks)."""
+    hf = hf_json(model)
+    kind = hf.get("model_type")
+    n = int(hf["num_hidden_layers"])
+    window = hf.get("sliding_window")
+    sliding = "sliding_attention" in (hf.get("layer_types") or ["sliding_attention"] * n)[:n]
+    out = []
+    if window and sliding and int(window) < seq_len:
+        out.append(
+            f"cp.size={cp} with model_type={kind!r}: its sliding-window layers (sliding_window={window} < "
+            f"data.seq_len={seq_len}) attend within a window that context parallel's causal kernel over the whole "
+            f"sequence does not apply; use cp.size=1, or data.seq_len<={window}"
+        )
+    extra = CP_REFUSED.get(str(kind)) or ("its attention logit softcapping" if hf.get("attn_logit_softcapping") else "")
+    if extra:
+        out.append(
+            f"cp.size={cp} with model_type={kind!r}: {extra}: not in context parallel's causal kernel; use "
+            "cp.size=1 (tp.size or pp.size split it instead)"
+        )
+    return out
+
+
 SPEC = ModelSpec.of(
     HFTransformersConfig,
     takes_config=True,
@@ -121,6 +150,8 @@ SPEC = ModelSpec.of(
     parallelize="models.hf_transformers.tensor_parallel:parallelize_hf",
     tp_check=tp_problems,
     sequence_parallel=False,
+    context_parallel=True,  # transformers' attention through AttentionInterface's meshtrain_ulysses (model.py)
+    cp_check=cp_problems,
     check=hf_problems,
     shape=hf_shape,
     hf_adapter="models.hf_transformers.hf_adapter:ADAPTER",

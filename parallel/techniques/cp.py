@@ -201,8 +201,10 @@ def problems(run: RunSpec, strategy: Any = None) -> list[str]:
         return [
             f"cp.size={cp} with model.name={name}: the model family '{spec.family}' has no context-parallel "
             "attention (ModelSpec.context_parallel: attention through self.attend and positions from seq_chunk, "
-            "models/attention.py; gpt, llama, qwen3 and qwen3_moe have it); use cp.size=1"
+            "models/attention.py; gpt, llama, qwen3, qwen3_moe, deepseek_v3 and hf have it); use cp.size=1"
         ]
+    if spec.cp_check is not None and (refused := list(spec.cp_check(model, cp, run.batch.seq_len))):
+        return refused
     if int(model.get("mtp_depth", 0) or 0):  # models/mtp.py: depth k reads targets k places on, across the chunks
         return [
             f"cp.size={cp} with model.mtp_depth={model.mtp_depth}: multi-token prediction reads the targets beyond "

@@ -14,7 +14,9 @@ policy (``trainer.activation_checkpointing``), reproduce its losses and gradient
 ``model=hf model.config_dir=DIR`` pretrains from config.json alone (the architecture's ``_init_weights``; in
 bf16-mixed); a hybrid
 run of each exports to a folder transformers loads with meshtrain's logits (fp32 and bf16; DeepSeek-V3's experts
-per expert as its checkpoints hold them)."""
+per expert as its checkpoints hold them). Context parallel (dp2 x cp2, Ulysses through transformers'
+``AttentionInterface``) reproduces the single run of a tiny Mistral without a sliding window (one with a window
+shorter than the sequence is refused under cp) to 1e-6 relative."""
 
 from __future__ import annotations
 
@@ -53,6 +55,8 @@ MODELS = {
 }
 #: the architectures a native family reads too: the backend taken by model.backend=transformers
 NATIVE = ("deepseek_v3",)
+#: context parallel's cases: a Mistral without a sliding window, single and dp2 x cp2
+CP_CASES = {"mistral_full_single": LAYOUTS["single"], "mistral_full_dp_cp": {**HYBRID, "cp": {"size": 2}}}
 COMPARED = [f"{name}_{layout}" for name, (layouts, _) in MODELS.items() for layout in layouts]
 
 
@@ -64,6 +68,7 @@ def folders(tmp_path_factory):
     scratch.mkdir()
     shutil.copy(out["mistral"] / "config.json", scratch / "config.json")  # config.json alone: no weights
     out["scratch"] = scratch
+    out["mistral_full"] = save_architecture("mistral", base / "mistral_full", sliding_window=None)
     return out
 
 
@@ -74,6 +79,8 @@ def runs(tmp_path_factory, folders):
         for layout in ("single", *layouts):
             model = {"init_from": str(folders[name])} | ({"backend": "transformers"} if name in NATIVE else {})
             cases[f"{name}_{layout}"] = {**LAYOUTS[layout], "model": model}
+    for case, layout in CP_CASES.items():
+        cases[case] = {**layout, "model": {"init_from": str(folders["mistral_full"])}}
     cases["scratch"] = {  # in bf16-mixed: the backend's modules under autocast
         "defaults": [{"override /parallel": "single"}, {"override /model": "hf"}],
         "model": {"config_dir": str(folders["scratch"])},
@@ -116,6 +123,16 @@ def test_layouts_match_single(runs, case):
         assert_losses_close([m[key] for m in got], [m[key] for m in ref], rel=1e-6)
     if case.endswith("dp_ep"):  # the experts were split: tokens went to them by all-to-all
         assert all(m["ep_a2a_time_s"] > 0 and m["ep_a2a_calls"] > 0 for m in got)
+
+
+def test_context_parallel_matches_single(runs):
+    ref, got = metrics(runs["mistral_full_single"]), metrics(runs["mistral_full_dp_cp"])
+    assert len(got) == STEPS
+    for key in ("loss", "grad_norm"):
+        worst = max(abs(a[key] - r[key]) / r[key] for a, r in zip(got, ref))
+        print(f"mistral_full_dp_cp: max relative {key} difference {worst:.1e}")
+        assert_losses_close([m[key] for m in got], [m[key] for m in ref], rel=1e-6)
+    assert all(m["cp_collectives"] > 0 for m in got)  # the attention went by all-to-all
 
 
 def test_config_json_alone_pretrains(runs):

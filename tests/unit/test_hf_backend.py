@@ -137,6 +137,18 @@ def test_what_an_architecture_cannot_do_is_refused_before_spawn(compose_cfg, fol
     assert "keeps the residual stream replicated (ModelSpec.sequence_parallel); set tp.sequence_parallel=false" in msg
 
 
+def test_context_parallel_is_refused_where_attention_is_more_than_causal(compose_cfg, folders):
+    from trainer.validate import validate
+
+    gpt_oss, mistral = (f"model.config_dir={folders[n]}" for n in ("gpt_oss", "mistral"))
+    cp = ("parallel=hybrid", "dp.size=1", "tp.size=1", "pp.size=1", "cp.size=2", "model=hf")
+    validate(compose_cfg(*cp, mistral, "data.seq_len=8"))  # the window (8) covers the sequence: plain causal
+    msg = refusal(compose_cfg, *cp, mistral, "data.seq_len=32")
+    assert "its sliding-window layers (sliding_window=8 < data.seq_len=32)" in msg and "use cp.size=1" in msg
+    msg = refusal(compose_cfg, *cp, gpt_oss, "data.seq_len=8")
+    assert "its attention sinks: not in context parallel's causal kernel" in msg
+
+
 @pytest.mark.parametrize("name", list(ARCHITECTURES))
 def test_planner_shape_counts_the_built_model(folders, name):
     """The ModelShape from config.json (the planner's, the dry run's, the memory check's) holds exactly the built
