@@ -34,7 +34,7 @@ from trainer.sweeps.jobs import read_sweep
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-STEPS = 30
+STEPS = 10
 # the same job on Slurm and locally: DDP on 2 ranks, GPT on the text corpus, fp32
 JOB = ("parallel=ddp", f"trainer.max_steps={STEPS}", *FAST)
 WANDB = tuple(o for o in JOB if not o.startswith("logger=")) + ("logger=wandb",)
