@@ -120,8 +120,10 @@ def model_shape(model: Any) -> ModelShape:
         )
     rowwise = tuple(s.rowwise for s in spec.tp_plan.sub_blocks) if spec.tp_plan is not None else ()
     shape = spec.shape(model)
-    # MTP modules read targets past a rank's chunk of the sequence: validation refuses context parallel with them
-    splits_sequences = spec.context_parallel and not shape.mtp_depth
+    # MTP modules read targets past a rank's chunk of the sequence: validation refuses context parallel with them;
+    # so does the family's cp_check (at the model's context length: the planner proposes no layout it would refuse)
+    refused = spec.cp_check is not None and bool(spec.cp_check(model, 2, shape.max_seq_len))
+    splits_sequences = spec.context_parallel and not shape.mtp_depth and not refused
     shape = replace(shape, context_parallel=splits_sequences, rowwise_linears=rowwise)
     lora = model.get("lora")
     rank = int(lora.get("rank") or 0) if lora else 0
