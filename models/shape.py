@@ -61,9 +61,11 @@ def per_block(method: Callable[..., T]) -> Callable[..., T]:
     planner asks each block's parameters, FLOPs and activations for tens of thousands of candidates, the same
     question each time (a frozen shape's answers never change)."""
 
+    name = method.__name__  # the key by name: a shape pickles (to spawned processes) with what it remembers
+
     @functools.wraps(method)
     def remembered(self: ModelShape, *args: Any) -> T:
-        return self.remember((method, *args), lambda: method(self, *args))
+        return self.remember((name, *args), lambda: method(self, *args))
 
     return remembered
 
@@ -169,6 +171,14 @@ class ModelShape:
             elif len(value) != self.n_layers + self.mtp_depth:
                 raise PlanError(f"{len(value)} {what} for model.n_layers={self.n_layers}")
         object.__setattr__(self, "_memo", {})  # answers of per_block methods and remember (not a field)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (to a spawned process) without what it remembered: the answers are recomputed there."""
+        return {k: v for k, v in self.__dict__.items() if k != "_memo"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        object.__setattr__(self, "_memo", {})
 
     def remember(self, key: Hashable, compute: Callable[[], T]) -> T:
         """``compute()``, computed once per shape and ``key`` (a function of the shape and hashable arguments):

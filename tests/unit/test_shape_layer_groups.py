@@ -46,3 +46,17 @@ def test_grouped_sums_equal_the_block_by_block_sums():
             emb = MIXED.embedding_params if 0 in layers else 0
             head_norm = MIXED.norm_params * MIXED.d_model if 6 in layers else 0
             assert params == (split + head - head_norm) / 2 + whole + emb + head_norm
+
+
+def test_a_shape_that_remembered_answers_pickles_and_answers_the_same():
+    """The calibration's spawned processes receive the shape by pickle: what it remembered (per_block answers,
+    the cost model's per-block terms) is left behind and recomputed there, to the same values."""
+    import pickle
+
+    shape = ModelShape(**{f: getattr(MIXED, f) for f in ("name", "n_layers", "d_model", "n_heads", "vocab_size",
+                                                          "max_seq_len", "layer_d_ff", "sparse", "n_experts",
+                                                          "top_k", "moe_d_ff", "gated_mlp")})  # fmt: skip
+    asked = [shape.layer_params(i) for i in range(7)] + [shape.remember(("a term", 3), lambda: 3.5)]
+    copy = pickle.loads(pickle.dumps(shape))
+    assert copy == shape and copy.block_kinds(range(7)) == shape.block_kinds(range(7))
+    assert [copy.layer_params(i) for i in range(7)] + [copy.remember(("a term", 3), lambda: 3.5)] == asked
