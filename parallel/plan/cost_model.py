@@ -756,11 +756,10 @@ def memory_budget(hardware: HardwareSpec, workload: Workload) -> float:
     return hardware.memory_bytes * workload.memory_fraction
 
 
-def fullest_rank_memory(candidate: Candidate, *, model: ModelShape, workload: Workload) -> Memory:
-    """The memory of ``candidate``'s fullest rank alone (``estimate``'s ``memory``), without its time: the search
-    times only the candidates that fit."""
-    sp = _Split.of(candidate, model, workload)
-    return max((mem for mem, _ in _rank_memories(candidate, model, workload, sp)), key=lambda m: m.total)
+def rank_memories(candidate: Candidate, *, model: ModelShape, workload: Workload) -> list[tuple[Memory, float]]:
+    """Each pipeline rank's (memory, saved activation bytes per micro-batch), without the step's time: the search
+    decides on memory first and hands these to ``estimate`` for the candidates that fit (computed once)."""
+    return _rank_memories(candidate, model, workload, _Split.of(candidate, model, workload))
 
 
 @dataclass(frozen=True)
@@ -979,13 +978,21 @@ def elementwise_optimizer_s(
     return moved / hardware.memory_bytes_per_s
 
 
-def estimate(candidate: Candidate, *, model: ModelShape, hardware: HardwareSpec, workload: Workload) -> Estimate:
+def estimate(
+    candidate: Candidate,
+    *,
+    model: ModelShape,
+    hardware: HardwareSpec,
+    workload: Workload,
+    memories: list[tuple[Memory, float]] | None = None,
+) -> Estimate:
     """Memory of the fullest rank and time of one optimizer step for ``candidate``, term by term: each pipeline
     rank's memory, each rank's micro-batch (compute and each dimension's communication) and the pipeline over them,
-    the gradient reduction, the optimizer, and the CPU floor."""
+    the gradient reduction, the optimizer, and the CPU floor. ``memories``: ``rank_memories``' answer for this
+    candidate, when the caller has it already."""
     c = candidate
     sp = _Split.of(c, model, workload)
-    ranks = _rank_memories(c, model, workload, sp)
+    ranks = memories if memories is not None else _rank_memories(c, model, workload, sp)
     rank_memory = [mem for mem, _ in ranks]
     worst = max(rank_memory, key=lambda m: m.total)  # the first of the fullest
     # ranks sharing a node slow each other down (memory bandwidth, caches): measured, see calibrate.py

@@ -28,8 +28,8 @@ from parallel.plan.cost_model import (
     dimension_pitfalls,
     dimension_reasons,
     estimate,
-    fullest_rank_memory,
     memory_budget,
+    rank_memories,
     splits_model,
 )
 from parallel.plan.specs import GB, HardwareSpec, ModelShape, PlanError, Workload
@@ -234,9 +234,10 @@ def rank(
     for cand in enumerate_candidates(model=model, hardware=hardware, workload=workload):
         if allowed is not None and not trainable(cand, allowed):
             continue
-        total = fullest_rank_memory(cand, model=model, workload=workload).total
+        memories = rank_memories(cand, model=model, workload=workload)
+        total = max(mem.total for mem, _ in memories)
         if total <= budget:
-            fits.append(estimate(cand, model=model, hardware=hardware, workload=workload))
+            fits.append(estimate(cand, model=model, hardware=hardware, workload=workload, memories=memories))
         else:
             misses.append((total, cand))
     for d in dims.DIMENSIONS:
