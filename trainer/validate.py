@@ -22,12 +22,7 @@ from models.spec import ConfigView
 from parallel.assembly.registry import STRATEGIES, checks_for, strategy_spec
 from parallel.foundation import dims
 from parallel.foundation.dims import nearest_multiples as _nearest_multiples
-from parallel.foundation.layout import (
-    ParallelLayout,
-    dp_needs_fsdp,
-    factorizations,
-    why_dp_needs_fsdp,
-)
+from parallel.foundation.layout import ParallelLayout, dp_needs_fsdp, why_dp_needs_fsdp
 from trainer.checks.compute import check_precision
 from trainer.checks.data import check_data
 from trainer.checks.findings import Check, ConfigError, Findings
@@ -35,7 +30,7 @@ from trainer.checks.keys import check_keys
 from trainer.checks.lora import check_lora
 from trainer.checks.optim import check_optim
 from trainer.checks.run import check_callbacks, check_trainer
-from trainer.checks.suggest import layout_words, runnable
+from trainer.checks.suggest import layout_words, layouts_that_fit, runnable
 from trainer.checks.topology import check_backend, check_cores, check_topology
 from trainer.hf.checks import check_init_from
 from trainer.launch.environment import ExternalLaunch, detect_external_launch
@@ -212,15 +207,6 @@ def check_external(cfg: DictConfig, layout: ParallelLayout, external: ExternalLa
         f"ranks. {layouts_that_fit(cfg, layout, f, external.world_size)}"
     )
     return True
-
-
-def layouts_that_fit(cfg: DictConfig, layout: ParallelLayout, f: Findings, workers: int) -> str:
-    """``Layouts that fit N workers: A; B.``: the factorizations of ``workers`` that pass validation for this run."""
-    candidates = (layout_words(dict(zip(dims.names(), t)), current=layout.sizes) for t in factorizations(workers))
-    fits = runnable(cfg, f, candidates)
-    if fits:
-        return f"Layouts that fit {workers} workers and pass validation for this run: {'; '.join(fits)}."
-    return f"No layout of {workers} workers passes validation for this run."
 
 
 def check_batch(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:

@@ -43,3 +43,10 @@ def model_state_bytes(params: list[Any], optimizer: Any) -> dict[str, int]:
     }
     out["model_state"] = out["params"] + out["grads"] + out["optimizer"]
     return out
+
+
+def held_state_bytes(params: list[Any], optimizer: Any, *, reference_copy: bool) -> dict[str, int]:
+    """``model_state_bytes`` and ``reference``: a frozen reference's copy of ``params`` as the trainer takes it
+    (``frozen_copy``), measured when the run holds one (``reference_copy``), else 0."""
+    reference = local_bytes(frozen_copy(params)) if reference_copy else 0
+    return {**model_state_bytes(params, optimizer), "reference": reference}

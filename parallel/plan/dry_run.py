@@ -29,7 +29,7 @@ from parallel.assembly.compose import Composition, PipelinePlan, compose
 from parallel.foundation import dims
 from parallel.foundation.precision import PLANNER_PRECISIONS
 from parallel.foundation.run import ComposeSettings
-from parallel.foundation.state_bytes import frozen_copy, local_bytes, model_state_bytes
+from parallel.foundation.state_bytes import held_state_bytes
 from parallel.pipeline.stages import build_stage_module
 from parallel.plan.cost_model import Candidate, estimate
 from parallel.plan.specs import HardwareSpec, ModelShape, Workload
@@ -359,9 +359,8 @@ def _state_bytes(composed, *, workload: Workload, model: ModelShape, on_step) ->
     on_step("optimizer")
     params = [p for part in composed.parts for p in part.module.parameters()]
     opt = _optimizer_with_state(composed.parts, workload)
-    held = workload.reference_copy and model.lora_rank == 0
-    reference = local_bytes(frozen_copy(params)) if held else 0
-    return {**{k: float(v) for k, v in model_state_bytes(params, opt).items()}, "reference": float(reference)}
+    held = held_state_bytes(params, opt, reference_copy=workload.reference_copy and model.lora_rank == 0)
+    return {k: float(v) for k, v in held.items()}
 
 
 def dry_run(

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from parallel.assembly.registry import strategy_for
 from parallel.foundation import dims
+from parallel.foundation.layout import ParallelLayout, factorizations
 from trainer.checks.findings import Findings
 
 
@@ -65,3 +66,12 @@ def runnable(cfg: DictConfig, f: Findings, candidates: Iterable[Sequence[str]], 
             if len(out) == limit:
                 break
     return out
+
+
+def layouts_that_fit(cfg: DictConfig, layout: ParallelLayout, f: Findings, workers: int) -> str:
+    """``Layouts that fit N workers: A; B.``: the factorizations of ``workers`` that pass validation for this run."""
+    candidates = (layout_words(dict(zip(dims.names(), t)), current=layout.sizes) for t in factorizations(workers))
+    fits = runnable(cfg, f, candidates)
+    if fits:
+        return f"Layouts that fit {workers} workers and pass validation for this run: {'; '.join(fits)}."
+    return f"No layout of {workers} workers passes validation for this run."

@@ -32,7 +32,7 @@ from parallel.foundation.state_bytes import model_state_bytes
 from trainer.data.prefetch import Prefetcher
 from trainer.loop.callbacks import build_callbacks, call
 from trainer.loop.optim import build_optimization
-from trainer.loop.reference import FrozenReference, attach_reference, wants_copy
+from trainer.loop.reference import attach_reference, held_reference
 from trainer.observe.expert_load_figure import announce_expert_load
 from trainer.observe.memory import peak_memory_bytes
 from trainer.observe.metrics import StepStats, read_metrics
@@ -190,7 +190,7 @@ class Trainer:
         self.last_pairs: dict[str, float] = {}
         self.reference: dict[str, Any] | None = None
         lora = int(self.cfg.model.get("lora", {}).get("rank", 0) or 0) > 0
-        self.frozen_reference = FrozenReference(engine=engine, lora=lora) if wants_copy(self.cfg) else None
+        self.frozen_reference = held_reference(self.cfg, engine=engine, lora=lora)
         """``trainer.preference.reference=copy``: the reference run on every batch (``resume`` copies the initial
         weights)."""
 

@@ -230,3 +230,9 @@ class FrozenReference:
             values[ids] = lps
         loss.collected = []
         return torch.cat([y[:, :-1], reference_column(values).to(y.device)[:, None]], dim=1)
+
+
+def held_reference(cfg: Any, *, engine: Any, lora: bool) -> FrozenReference | None:
+    """The reference this rank holds and runs on every batch when the run's objective asks for one on the ranks
+    (``wants_copy``); None otherwise."""
+    return FrozenReference(engine=engine, lora=lora) if wants_copy(cfg) else None
