@@ -21,7 +21,7 @@ from models.objectives import OBJECTIVES as PREFERENCE_OBJECTIVES
 from trainer.observe.durable import write_json
 from trainer.observe.startup import STARTED_KEY, StartClock
 from trainer.sweeps.jobs import sweep_name
-from trainer.typed.run_spec import planner_inputs, run_spec
+from trainer.typed.run_spec import planner_request, run_spec
 from trainer.validate import ConfigError, ValidatedRun, resolved_container, validate
 
 log = logging.getLogger("meshtrain")
@@ -153,12 +153,11 @@ def dry_run_layout(cfg: DictConfig, layout, *, run_dir: Path) -> dict:
     from parallel.plan.specs import PlanError
     from parallel.plan.tables import print_dry_run
 
-    try:
-        inputs = planner_inputs(cfg, calibrate=False)
-    except PlanError as exc:
-        raise ConfigError([f"trainer.dry_run=true: {exc}"]) from None
     ranks = None if layout.world_size > 16 else list(range(layout.world_size))  # every rank, or a sample
-    report = dry_run_for(run_spec(cfg, layout), inputs, ranks=ranks)
+    try:
+        report = dry_run_for(run_spec(cfg, layout), planner_request(cfg), ranks=ranks)
+    except PlanError as exc:  # a model the planner cannot describe
+        raise ConfigError([f"trainer.dry_run=true: {exc}"]) from None
     print_dry_run(report)
     run_dir.mkdir(parents=True, exist_ok=True)
     summary = {"status": "dry_run", "dry_run": report.to_dict()}
@@ -193,13 +192,8 @@ def checked(cfg: DictConfig) -> ValidatedRun:
 def planner_warnings(cfg: DictConfig, layout) -> list[str]:
     """The seed's pitfalls for the layout this run uses (none for models the planner cannot describe)."""
     from parallel.plan.api import layout_warnings
-    from parallel.plan.specs import PlanError
 
-    try:
-        inputs = planner_inputs(cfg, calibrate=False)
-    except PlanError:
-        return []
-    return layout_warnings(run_spec(cfg, layout), inputs)
+    return layout_warnings(run_spec(cfg, layout), planner_request(cfg))
 
 
 def preflight(cfg: DictConfig, *, run_dir: Path, clock: StartClock) -> tuple[ValidatedRun, dict]:

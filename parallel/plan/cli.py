@@ -27,7 +27,7 @@ from models.registry import UnknownModel, hf_model, typed_model
 from models.spec import hydra_schema, make_config
 from parallel.config import PlannerConfig, TopologyConfig
 from parallel.foundation import dims
-from parallel.plan.api import CONF, Inputs, planner_inputs
+from parallel.plan.api import CONF, Inputs, PlannerRequest, planner_inputs
 from parallel.plan.cost_model import DISPATCHES, Candidate, estimate
 from parallel.plan.search import plan
 from parallel.plan.specs import PlanError
@@ -131,18 +131,18 @@ def specs_from_cfg(cfg: Any, *, calibrate: bool | None = None) -> Inputs:
     """Model, hardware (measured when ``topology.calibrate``) and workload of a composed config."""
     data = cfg.get("data") or {}
     trainer = cfg.get("trainer")
-    return planner_inputs(
-        typed_model(plain(cfg.model)),
+    request = PlannerRequest(
+        model_config=typed_model(plain(cfg.model)),
         topology=typed_section(TopologyConfig, cfg.topology),
         planner=typed_section(PlannerConfig, cfg.planner),
         global_batch_size=int(data.get("global_batch_size") or 0),
         seq_len=int(data.get("seq_len") or 0),
         trainer_precision=str(trainer.precision) if trainer is not None else None,
         optim=plain(cfg.optim) if cfg.get("optim") is not None else None,
-        calibrate=calibrate,
         reference_copy=trainer is not None
         and holds_reference(str(trainer.objective), str(trainer.preference.reference)),
     )
+    return planner_inputs(request, calibrate=calibrate)
 
 
 def layout_candidate(text: str) -> Candidate:

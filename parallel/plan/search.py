@@ -13,16 +13,14 @@ import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from parallel.assembly.registry import TRAINABLE_RECOMPUTE, TRAINABLE_ZERO_STAGES, plannable, strategy_for
 from parallel.foundation import dims
 from parallel.foundation.checkpointing_modes import AC_MODES
 from parallel.foundation.layout import factorizations
-from parallel.foundation.precision import planner_precision
 from parallel.pipeline.schedules import SCHEDULES
 from parallel.plan.cost_model import (
-    MODELED_SCHEDULES,
     Candidate,
     Estimate,
     dimension_pitfalls,
@@ -33,9 +31,6 @@ from parallel.plan.cost_model import (
     splits_model,
 )
 from parallel.plan.specs import GB, HardwareSpec, ModelShape, PlanError, Workload
-
-if TYPE_CHECKING:
-    from parallel.foundation.run import ComposeSettings, RunSpec
 
 DEEP_LAYERS = 50
 """The seed's "deep" threshold: from about 50 layers, pipeline stages beat splitting each layer."""
@@ -323,39 +318,7 @@ def seed_reason(
     return "; ".join(parts) + "; " + tail
 
 
-# ---- from the typed run ----------------------------------------------------------------------
-
-
-def candidate_of(run: RunSpec) -> Candidate:
-    """The layout a run asks for (its typed ``RunSpec``), in the cost model's terms."""
-    layout = run.layout
-    if layout.schedule is not None:
-        m, schedule = layout.micro_batches, layout.schedule
-    else:
-        m, schedule = run.batch.accumulation_steps(layout.dp), "none"
-    return Candidate(
-        sizes=layout.sizes,
-        micro_batches=max(1, m),
-        schedule=schedule if layout.pp > 1 else "none",
-        stages_per_rank=layout.stages_per_rank,
-        zero_stage=3 if layout.dp_shard else 0,
-        sequence_parallel=run.compose.sequence_parallel,
-        split_points=layout.split_points,
-        recompute=recompute_of(run.compose),
-    )
-
-
-def recompute_of(settings: ComposeSettings) -> str:
-    """The planner's name for the run's trainer.activation_checkpointing (every k-th block counts as none)."""
-    mode = settings.activation_checkpointing
-    if mode == "selective" and settings.ac_every > 1:
-        return "none"
-    return mode if mode in TRAINER_AC else "none"
-
-
-def unresolved_auto(**_: Any) -> None:
-    """``_target_`` of conf/parallel/auto.yaml: the launcher replaces it before anything is built."""
-    raise PlanError("parallel=auto reached a worker unresolved: run it through train.py, which plans it first")
+# ---- the seed's pitfalls -------------------------------------------------------------------
 
 
 def pitfalls(
@@ -404,13 +367,9 @@ def pitfalls(
     return out
 
 
-def run_warnings(run: RunSpec, *, model: ModelShape, hardware: HardwareSpec, workload: Workload) -> list[str]:
-    """The seed's pitfalls for the layout this run uses (``model``, ``hardware``, ``workload``: the planner's
-    view of the same config, from ``parallel/plan/cli.py``'s ``specs_from_cfg``)."""
-    workload = replace(workload, precision=planner_precision(run.precision))  # what this run trains in
-    c = candidate_of(run)
-    if c.pp > 1 and c.schedule not in MODELED_SCHEDULES:  # e.g. dualpipev: estimate it as 1F1B
-        c = replace(c, schedule="1f1b")
-    hardware = replace(hardware, nnodes=run.layout.nnodes)
-    est = estimate(c, model=model, hardware=hardware, workload=workload)
-    return pitfalls(c, est, model=model, hardware=hardware, workload=workload)
+# ---- parallel=auto unresolved ---------------------------------------------------------------
+
+
+def unresolved_auto(**_: Any) -> None:
+    """``_target_`` of conf/parallel/auto.yaml: the launcher replaces it before anything is built."""
+    raise PlanError("parallel=auto reached a worker unresolved: run it through train.py, which plans it first")

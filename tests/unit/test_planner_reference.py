@@ -18,12 +18,13 @@ DPO = ("trainer.objective=dpo", "data.seq_len=64", "data.global_batch_size=8", "
 
 
 def test_the_key_reaches_the_workload(compose_cfg):
-    from trainer.typed.run_spec import planner_inputs  # what parallel=auto and trainer.dry_run plan with
+    from parallel.plan.api import planner_inputs
+    from trainer.typed.run_spec import planner_request  # what parallel=auto and trainer.dry_run plan with
 
     for extra, held in ((("trainer.preference.reference=copy",), True), ((), False)):
         cfg = compose_cfg("model=llama_debug", *DPO, *extra)
         assert specs_from_cfg(cfg, calibrate=False)[2].reference_copy is held
-        assert planner_inputs(cfg, calibrate=False)[2].reference_copy is held
+        assert planner_inputs(planner_request(cfg), calibrate=False)[2].reference_copy is held
     cfg = compose_cfg("model=llama_debug", "trainer.objective=simpo", "trainer.preference.reference=copy")
     assert specs_from_cfg(cfg, calibrate=False)[2].reference_copy is False  # SimPO has no reference
 

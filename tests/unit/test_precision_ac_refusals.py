@@ -95,8 +95,9 @@ def test_activation_checkpointing_same_gradients_less_memory():
 
 
 def test_plan_choice_sets_precision_and_checkpointing(compose_cfg):
+    from parallel.plan.api import candidate_of
     from parallel.plan.cost_model import Candidate
-    from parallel.plan.search import available_strategies, candidate_of, trainable
+    from parallel.plan.search import available_strategies, trainable
     from tests.helpers import CONF
     from trainer.launch.auto import apply_candidate
     from trainer.typed.run_spec import run_spec

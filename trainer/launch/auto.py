@@ -5,7 +5,7 @@ exists, FSDP as the only sharding). The config is rewritten in place (``apply_ca
 layout, the workers and summary.json all see the chosen layout as if the user had typed it, together with the
 precision and activation recomputation the plan assumed (``trainer.precision``, ``trainer.activation_checkpointing``).
 The planner itself reads only typed objects (``parallel/plan/api.py``); ``trainer/typed/run_spec.py``'s
-``planner_inputs`` makes them.
+``planner_request`` makes them.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from parallel.plan.cost_model import Candidate
 from parallel.plan.search import TRAINER_AC, describe, strategy_of
 from parallel.plan.specs import PlanError
 from parallel.plan.tables import print_table
-from trainer.typed.run_spec import planner_inputs
+from trainer.typed.run_spec import planner_request
 
 log = logging.getLogger("meshtrain")
 
@@ -63,11 +63,10 @@ def resolve_auto(cfg: DictConfig) -> None:
     ``cfg`` to ask for the first choice. Raises ``PlanError`` when nothing fits."""
     t0 = time.perf_counter()
     try:
-        inputs = planner_inputs(cfg)
-        result, strategies = choose_layout(inputs)
+        result, strategies = choose_layout(planner_request(cfg))
     except PlanError as exc:
         raise PlanError(f"parallel=auto: {exc}") from None
-    best, workload = result.best, inputs[2]
+    best, workload = result.best, result.workload
     buf = io.StringIO()
     print_table(result, top=int(cfg.planner.top), elapsed_s=time.perf_counter() - t0, file=buf)
     print(buf.getvalue(), end="", file=sys.stdout, flush=True)

@@ -127,13 +127,12 @@ def planner_prediction(config: dict[str, Any]) -> float | None:
 
     from parallel.plan.api import predicted_step_time
     from parallel.plan.specs import PlanError
-    from trainer.typed.run_spec import planner_inputs, run_spec
+    from trainer.typed.run_spec import planner_request, run_spec
     from trainer.validate import ConfigError, build_layout
 
     try:
         cfg = OmegaConf.create(config)
-        inputs = planner_inputs(cfg, calibrate=False)
-        return predicted_step_time(run_spec(cfg, build_layout(cfg)), inputs)
+        return predicted_step_time(run_spec(cfg, build_layout(cfg)), planner_request(cfg))
     except (PlanError, ConfigError, OmegaConfBaseException, KeyError, TypeError, ValueError):
         return None
 

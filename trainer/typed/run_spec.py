@@ -22,8 +22,7 @@ from parallel.foundation import dims
 from parallel.foundation.layout import ParallelLayout
 from parallel.foundation.memory import rank_budget_bytes
 from parallel.foundation.run import BatchSpec, ComposeSettings, DDPSettings, Float8Settings, PipelineOptions, RunSpec
-from parallel.plan import api as plan_api
-from parallel.plan.api import Inputs
+from parallel.plan.api import PlannerRequest
 
 
 def plain_values(node: DictConfig) -> dict[str, Any]:
@@ -40,18 +39,17 @@ def model_config(cfg: DictConfig) -> Any:
     return typed_model(plain_values(cfg.model))
 
 
-def planner_inputs(cfg: DictConfig, *, calibrate: bool | None = None) -> Inputs:
-    """What the planner reads of this config (``parallel/plan/api.py``): the typed model, topology and planner
-    sections, the batch, the sequence and the precision."""
-    return plan_api.planner_inputs(
-        model_config(cfg),
+def planner_request(cfg: DictConfig) -> PlannerRequest:
+    """What the planner reads of this config (``parallel/plan/api.py``), typed: the model, topology and planner
+    sections, the batch, the sequence, the precision, the optimizer and the reference the ranks hold."""
+    return PlannerRequest(
+        model_config=model_config(cfg),
         topology=make_config(TopologyConfig, plain_values(cfg.topology)),
         planner=make_config(PlannerConfig, plain_values(cfg.planner)),
         global_batch_size=int(cfg.data.global_batch_size or 0),
         seq_len=int(cfg.data.seq_len or 0),
         trainer_precision=str(cfg.trainer.precision),
         optim=plain_values(cfg.optim) if cfg.get("optim") is not None else None,
-        calibrate=calibrate,
         reference_copy=holds_reference(str(cfg.trainer.objective), str(cfg.trainer.preference.reference)),
     )
 
