@@ -39,8 +39,10 @@ class DPConfig:
     """Data-parallel degree (replicas)."""
     shard: bool = False
     """Shard parameters, gradients and optimizer state over the dp dimension (FSDP2 ``fully_shard``)."""
-    bucket_cap_mb: float = 25.0
-    """DDP gradient bucket size: on few cores, bucket size decides how much all-reduce overlaps backward."""
+    bucket_cap_mb: Optional[float] = None
+    """DDP gradient bucket size in MiB. null: torch's default, 25 MiB buckets after a first one of 1 MiB (the last
+    layers' gradients, whose all-reduce then runs while the backward goes on); a number sizes every bucket, the first
+    included. On few cores, bucket size decides how much all-reduce overlaps backward."""
     sync_batchnorm: bool = False
     """Convert BatchNorm layers to SyncBatchNorm so statistics span the global batch."""
     find_unused_parameters: bool = False

@@ -45,7 +45,7 @@ SPACE: dict[str, tuple[list, list]] = {
     "tp.size": ([1, 2], [0, 3]),
     "pp.size": ([1, 2], [-1, 3]),
     "dp.shard": (["true", "false"], ["maybe"]),
-    "dp.bucket_cap_mb": ([25, 0.5], [0, -1, "nan", "big"]),
+    "dp.bucket_cap_mb": (["null", 25, 0.5], [0, -1, "nan", "big"]),
     "tp.sequence_parallel": (["true", "false"], []),
     "tp.loss_parallel": (["true", "false"], []),
     "topology.nproc_per_node": (["null"], [1, 3, 0]),

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 class DDPSettings:
     """``dp.*`` as DDP reads it."""
 
-    bucket_cap_mb: float = 25.0
+    bucket_cap_mb: float | None = None
+    """None: torch's default buckets (25 MiB, the first 1 MiB)."""
     find_unused_parameters: bool = False
     sync_batchnorm: bool = False
 

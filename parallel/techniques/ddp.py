@@ -64,14 +64,17 @@ def wrap_ddp(
     *,
     dp_mesh: DeviceMesh,
     device: torch.device,
-    bucket_cap_mb: float = 25.0,
+    bucket_cap_mb: float | None = None,
     find_unused_parameters: bool = False,
     sync_batchnorm: bool = False,
     measure_comm: bool = True,
 ) -> tuple[DDP, ReducerCommMeter | None]:
     """DDP over ``dp_mesh`` (the gradient-reduction mesh, ``parallel/foundation/meshes.py``: dp, and cp once it is a
     dimension), SyncBatchNorm if asked, its reducer timing the logged steps unless
-    ``measure_comm`` is off (``dp.measure_comm=false``)."""
+    ``measure_comm`` is off (``dp.measure_comm=false``). ``bucket_cap_mb`` None keeps torch's default buckets: 25 MiB
+    after a first of 1 MiB, whose all-reduce overlaps the rest of the backward. Any number, 25 included, makes the
+    first bucket that size too (torch's rule): gpt_small's 3.5 MB of gradients then went in one all-reduce after the
+    whole backward (docs/benchmarks.md)."""
     group = dp_mesh.get_group()
     if sync_batchnorm:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group=group)
@@ -79,7 +82,7 @@ def wrap_ddp(
         model,
         process_group=group,
         device_ids=[device.index] if device.type == "cuda" else None,
-        bucket_cap_mb=float(bucket_cap_mb),
+        bucket_cap_mb=None if bucket_cap_mb is None else float(bucket_cap_mb),
         find_unused_parameters=bool(find_unused_parameters),
     )
     if not measure_comm:

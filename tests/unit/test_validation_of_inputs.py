@@ -127,7 +127,7 @@ def test_unknown_model_option_is_named(tmp_path):
         ("model=cnn_bn", "model=cnn_bn with data=text: the model reads images, the data are token sequences"),
         ("data=images", "model=gpt_small with data=images: the model reads token sequences"),
         ("trainer.grad_clip=nan", "trainer.grad_clip=nan: must be a number"),
-        ("dp.bucket_cap_mb=0", "dp.bucket_cap_mb=0.0: must be a number of MiB > 0"),
+        ("dp.bucket_cap_mb=0", "dp.bucket_cap_mb=0.0: must be null (torch's default) or a number of MiB > 0"),
         ("model.layer_d_ff=[64,64]", "model.layer_d_ff=[64, 64]: 2 width(s) for model.n_layers=4"),
         ("trainer.objective=loss", "trainer.objective=loss: not a summary.json number; use one of tokens_per_s"),
         ("topology.node_rank=5", "topology.node_rank=5 with topology.nnodes=1: node ranks run 0..0"),

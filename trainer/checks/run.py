@@ -59,8 +59,13 @@ def check_trainer(cfg: DictConfig, layout: object, f: Findings) -> None:
     if resume not in ("auto", "never") and not resume.strip():
         f.error("trainer.resume='': use auto, never, or a checkpoint folder")
     bucket = cfg.dp.bucket_cap_mb
-    ok = finite(bucket) and number(bucket) > 0
-    f.require("dp.bucket_cap_mb", bucket, ok, "must be a number of MiB > 0 (DDP's gradient bucket size, e.g. 25)")
+    ok = bucket is None or (finite(bucket) and number(bucket) > 0)
+    f.require(
+        "dp.bucket_cap_mb",
+        bucket,
+        ok,
+        "must be null (torch's default) or a number of MiB > 0 (DDP's bucket size, e.g. 25)",
+    )
     w = cfg.logger.wandb
     f.require("logger.wandb.init_timeout", w.init_timeout, float(w.init_timeout) > 0, "must be > 0 seconds")
     # the schema also takes auto, which W&B's console capture does not

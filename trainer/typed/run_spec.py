@@ -85,7 +85,7 @@ def compose_settings(cfg: DictConfig, model: Any) -> ComposeSettings:
         loss_parallel=bool(tp.loss_parallel),
         options=dimension_options(cfg),
         ddp=DDPSettings(
-            bucket_cap_mb=float(dp.bucket_cap_mb),
+            bucket_cap_mb=None if dp.bucket_cap_mb is None else float(dp.bucket_cap_mb),
             find_unused_parameters=bool(dp.find_unused_parameters),
             sync_batchnorm=bool(dp.sync_batchnorm),
         ),
