@@ -13,12 +13,15 @@ logits gathered, or left vocabulary-sharded under loss parallel).
 | mla_kv_a_proj                  | DeepSeek's latent projection, replicated (the column-wise ``kv_b_proj`` after it sums its input gradient) |
 | embedding_rowwise              | the embedding split over the vocabulary, the partial lookups summed             |
 
-A tied embedding is split as the head (``Shard(0)`` of one matrix) and the head takes its Parameter again, as the
-native decoders do (``models/tensor_parallel.py``). Sequence parallel is not offered: where each architecture's
-norms sit relative to its projections differs (OLMo 2's after them), so the residual stream stays replicated;
-validation refuses ``tp.sequence_parallel=true`` with this family before spawn. What the plan needs of the sizes
-(heads, key/value heads, widths divisible by tp) and a plan that splits no attention are refused before spawn too
-(``models/hf_transformers/spec.py``).
+LoRA's adapters (``model.lora.targets``: transformers' layer names) follow their layer's split as on the native
+decoders (``models/lora.py: attach_adapters``): a column-wise layer's ``B`` split by rows (the gathered styles too:
+the sum is gathered with the base output), a row-wise one's ``A`` by columns; a layer the plan leaves whole keeps
+its adapters whole. A tied embedding is split as the head (``Shard(0)`` of one matrix) and the head takes its
+Parameter again, as the native decoders do (``models/tensor_parallel.py``). Sequence parallel is not offered: where
+each architecture's norms sit relative to its projections differs (OLMo 2's after them), so the residual stream
+stays replicated; validation refuses ``tp.sequence_parallel=true`` with this family before spawn. What the plan
+needs of the sizes (heads, key/value heads, widths divisible by tp) and a plan that splits no attention are refused
+before spawn too (``models/hf_transformers/spec.py``).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from models.hf_transformers.spec import TP_STYLES
+from models.lora import attach_adapters, detach_adapters
 
 
 def torch_style(name: str) -> Any:
@@ -92,10 +96,18 @@ def parallelize_hf(
             use_local_output=not loss_parallel,
         )
     frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
+    adapters = detach_adapters(model)  # LoRA: the base weights split first, then their adapters to match
     parallelize_module(model, tp_mesh, by_name)
     for name, p in model.named_parameters():  # torch's SequenceParallel makes every weight it replicates trainable
         if name in frozen:
             p.requires_grad_(False)
+    if adapters:
+        split = {name: parts for name, parts in adapters.items() if name in by_name}
+        colwise = [name for name, style in by_name.items() if isinstance(style, ColwiseParallel)]
+        attach_adapters(model, split, tp_mesh=tp_mesh, colwise=colwise)
+        for name in adapters.keys() - split.keys():  # a layer the plan leaves whole keeps its adapters whole
+            module = model.get_submodule(name)
+            module.lora_A, module.lora_B, module.lora_dropout = adapters[name]
     if tied and embedding is not None and head is not None:
         head.weight = embedding.weight  # one Parameter again (each module's weight was distributed on its own)
     return model
