@@ -260,7 +260,7 @@ PLANS: dict[str, Run | Compose | Covered | Skip] = {
         INTEGRATION + "test_launch_paths.py::test_two_nodes_on_localhost_join_one_rendezvous"
     ),
     "python train.py --help": Covered(
-        "tests/unit/test_hydra_help_and_choices.py::test_help_is_meshtrains_own_and_fits_one_screen"
+        "tests/integration/test_command_line_processes.py::test_help_is_meshtrains_own_and_fits_one_screen"
     ),
     "python train.py --cfg job [--resolve]": Compose(),
     "python train.py logger=tensorboard": Covered(

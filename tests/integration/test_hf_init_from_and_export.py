@@ -17,7 +17,7 @@ import json
 import pytest
 import torch
 
-from tests.helpers import FAST, assert_losses_close, case_multirun
+from tests.helpers import FAST, assert_losses_close, case_multirun, run_train
 from tests.hf_helpers import hf_model, max_logit_difference, save_folder
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -147,3 +147,19 @@ def test_lm_eval_runs_on_an_export_with_no_extra_arguments(compose_cfg, tmp_path
     done = run_lm_eval(out, tmp_path / "tasks")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "meshtrain_tiny_mc" in done.stdout and "acc" in done.stdout
+
+
+def test_a_run_from_a_folder_alone_takes_its_model(tmp_path):
+    """``python train.py model.init_from=DIR`` alone trains the folder's model (what decides it, in process:
+    tests/unit/test_hf_init_from_alone.py)."""
+    from omegaconf import OmegaConf
+
+    folder = save_folder(hf_model("qwen3", vocab_size=256, num_key_value_heads=2, head_dim=32), tmp_path / "tiny-qwen3")
+    run = run_train(
+        f"model.init_from={folder}", "parallel=single", "trainer.max_steps=1", *FAST, run_dir=tmp_path / "r"
+    )
+    assert "the qwen3 model its config.json describes (vocab_size=256, n_layers=2, d_model=64" in run.output
+    saved = OmegaConf.load(tmp_path / "r" / ".hydra" / "config.yaml").model
+    assert (saved.family, saved.n_layers, saved.d_model, saved.n_kv_heads, saved.head_dim) == ("qwen3", 2, 64, 2, 32)
+    assert saved.name == "tiny-qwen3" and OmegaConf.to_container(saved)["max_seq_len"] == "${data.seq_len}"
+    assert "weights read from" in run.output

@@ -2,7 +2,9 @@
 offline) serves three tests: while it trains, its listening sockets are read from /proc (all loopback) and
 a second job naming its folder is refused; once it is done, copies of its folder with every product-written
 file cut at seeded random offsets resume, in one multirun, to its final loss, and the report reads them.
-The readers themselves are cut at many more offsets in-process: tests/unit/test_torn_files.py."""
+The readers themselves are cut at many more offsets in-process: tests/unit/test_torn_files.py. The lock against a
+helper process holding it (a held folder refused naming its holder, freed when that process is killed outright; a
+second process refused while this one holds it, re-entrant within one) is here too: tests/unit/test_run_folder_lock.py holds it in process."""
 
 from __future__ import annotations
 
@@ -11,9 +13,11 @@ import os
 import random
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -22,6 +26,7 @@ import pytest
 from tests.faults import WaitAt, inject
 from tests.helpers import FAST, ROOT
 from tests.listeners import listeners_of, process_tree
+from trainer.launch.ownership import LOCK_FILE, FolderBusy, hold, read_holder, release
 from trainer.observe.durable import write_json
 
 pytestmark = pytest.mark.slow
@@ -210,3 +215,56 @@ def test_copies_cut_at_random_offsets_resume_to_the_final_loss(held, tmp_path):
     assert f"{COPIES} jobs: {COPIES} completed" in report.stdout
     assert "requeues.json line" in report.stderr or "status.json line" in report.stderr  # torn, read, warned
     assert (sweep / "report.md").exists()
+
+
+# ---- the lock against another process (the lock itself in process: tests/unit/test_run_folder_lock.py) ----------
+
+
+def holder_process(folder) -> subprocess.Popen:
+    """Another process that takes ``folder`` and keeps it until killed."""
+    code = textwrap.dedent(
+        f"""
+        import sys, time
+        from trainer.launch.ownership import hold
+        hold({str(folder)!r}, fix="hydra.run.dir")
+        print("held", flush=True)
+        time.sleep(600)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_held_folder_is_refused_naming_its_holder_and_freed_when_it_is_killed(tmp_path):
+    folder = tmp_path / "run"
+    other = holder_process(folder)
+    try:
+        with pytest.raises(FolderBusy) as err:
+            hold(folder, fix="hydra.run.dir")
+        message = str(err.value)
+        assert f"pid {other.pid} on host {socket.gethostname()}, started " in message
+        assert f"kill {other.pid}" in message and "hydra.run.dir=<another folder>" in message
+        assert read_holder(folder)["pid"] == other.pid
+    finally:
+        other.send_signal(signal.SIGKILL)  # no cleanup runs: the kernel drops the lock with the process
+        other.wait()
+    hold(folder, fix="hydra.run.dir")
+    try:
+        assert read_holder(folder)["pid"] == os.getpid()  # the holder's record is rewritten, not stale
+    finally:
+        release(folder)
+    assert (folder / LOCK_FILE).exists()  # the file stays; the lock does not
+
+
+def test_hold_is_reentrant_and_the_last_release_frees_the_folder(tmp_path):
+    folder = tmp_path / "run"
+    hold(folder, fix="hydra.run.dir")
+    hold(folder / ".", fix="hydra.run.dir")  # the callback, then the task: one process, one lock
+    release(folder)
+    code = f"from trainer.launch.ownership import hold; hold({str(folder)!r}, fix='x')"
+    still = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert still.returncode != 0 and "FolderBusy" in still.stderr and f"pid {os.getpid()}" in still.stderr
+    release(folder)
+    free = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert free.returncode == 0, free.stderr

@@ -518,8 +518,13 @@ def _marked_slow(node: ast.AST) -> bool:
     return any("slow" in ast.unparse(d) for d in getattr(node, "decorator_list", []))
 
 
+#: what starts a Python interpreter (``python train.py``, ``python -m ...``, ``python -c``, ``make train``)
+STARTS_PYTHON = re.compile(r"\bsys\.executable\b|\b(?:run_train|make_train|refused_before_torch)\(")
+
+
 def test_tests_are_grouped_by_kind():
-    """tests/unit: in-process, never marked slow; tests/integration: start workers, every test marked slow."""
+    """tests/unit: in-process (no Python process started), never marked slow; tests/integration: start workers or
+    processes, every test marked slow."""
     loose = sorted(p.name for p in (ROOT / "tests").glob("test_*.py"))
     assert not loose, f"put these in tests/unit (in-process) or tests/integration (start workers): {loose}"
     names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
@@ -540,6 +545,9 @@ def test_tests_are_grouped_by_kind():
                 bad.append(
                     f"tests/unit/{path.name}: marked slow (starts workers? move it to tests/integration): {slow}"
                 )
+            starts = sorted(set(STARTS_PYTHON.findall(path.read_text())))
+            if kind == "unit" and starts:
+                bad.append(f"tests/unit/{path.name}: starts a Python process ({starts}): move it to tests/integration")
             if kind == "integration" and len(slow) != len(tests):
                 fast = sorted({n.name for n in tests} - set(slow))
                 bad.append(f"tests/integration/{path.name}: not marked slow (in-process? move to tests/unit): {fast}")

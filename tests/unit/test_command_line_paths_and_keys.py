@@ -1,18 +1,16 @@
 """The command line as a user types it in bash: ``key=~/path`` and relative paths work, a key nothing reads is refused
-with the nearest one (``+paralel=fsdp``), and a refused command leaves no run folder behind."""
+with the nearest one (``+paralel=fsdp``), every printed command parses, refusals suggest what runs. In process; the
+same through ``python train.py`` (exit 2, no run folder left behind): tests/integration/test_command_line_processes.py."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from conf.command_line import shell_expanded
-from tests.helpers import ROOT, refused_before_torch
+from tests.helpers import ROOT
 from trainer.validate import ConfigError, validate
 
 
@@ -20,14 +18,6 @@ def problems(cfg) -> str:
     with pytest.raises(ConfigError) as err:
         validate(cfg, environ={})
     return str(err.value)
-
-
-def train_py(*args: str, cwd: Path, home: Path) -> subprocess.CompletedProcess:
-    """``python train.py ARGS`` as bash starts it from ``cwd`` (no ``hydra.run.dir``: the default outputs/ folder)."""
-    env = {**os.environ, "HOME": str(home), "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"}
-    return subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=120
-    )
 
 
 # ---- ~ and relative paths ---------------------------------------------------------------------------------------
@@ -43,15 +33,6 @@ def test_tilde_in_a_value_is_expanded_as_bash_expands_a_path(monkeypatch):
     assert shell_expanded(["+data.path=~/a,~/b"]) == ["+data.path=/users/me/a,/users/me/b"]  # each sweep value
     kept = ["~model.lora", "parallel=fsdp", "'data.path=~/x'", "x=[~/a]", "data.path=~nobody_by_that_name/x"]
     assert shell_expanded(kept) == kept  # Hydra's delete, no ~, quoted or structured values, an unknown user
-
-
-def test_tilde_paths_reach_the_config_from_train_py_unquoted(tmp_path):
-    """``python train.py model.init_from=~/models/X`` composes (Hydra's grammar alone refuses the ~)."""
-    out = train_py(
-        "model.init_from=~/models/X", "data=tokens", "data.path=~/data/x", "--cfg", "job", cwd=tmp_path, home=tmp_path
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert f"init_from: {tmp_path}/models/X" in out.stdout and f"path: {tmp_path}/data/x" in out.stdout
 
 
 def test_relative_paths_are_read_against_the_users_folder_when_the_job_moves(compose_cfg, tmp_path):
@@ -111,40 +92,7 @@ def test_keys_something_reads_are_accepted(compose_cfg, overrides):
     assert unread_keys(compose_cfg(*overrides)) == {}
 
 
-def test_hydra_append_hint_says_whether_the_key_exists(tmp_path):
-    """Hydra refuses ``paralel=fsdp`` with "To append to your config use +paralel=fsdp"; meshtrain adds that no such
-    key exists and names the nearest (exit 2, before torch), and ``+paralel=fsdp`` is refused too, leaving no folder."""
-    run = refused_before_torch("paralel=fsdp", run_dir=tmp_path / "run")
-    assert "To append to your config use +paralel=fsdp" in run.output
-    assert (
-        "meshtrain: no key 'paralel' exists, and +paralel=fsdp would add a key nothing reads (refused); " in run.output
-    )
-    assert "did you mean parallel=fsdp?" in run.output
-    run = refused_before_torch("model=cnn_bn", "data=images", "model.n_layers=3", run_dir=tmp_path / "run")
-    assert "'model.n_layers' is a key of other model= options, not of this run's" in run.output
-    run = refused_before_torch("+paralel=fsdp", run_dir=tmp_path / "run")
-    assert "did you mean parallel=fsdp?" in run.output and not (tmp_path / "run").exists()
-
-
 # ---- a refusal leaves nothing behind --------------------------------------------------------------------------------
-
-
-def test_a_refused_run_leaves_no_run_folder(tmp_path):
-    """A refused command's outputs/<date>/<time> is taken away again (and outputs/ when it made it), so the newest
-    folder under outputs/ stays the last run that ran; a folder the user named that existed is kept."""
-    earlier = tmp_path / "outputs" / "2026-01-01" / "00-00-00"
-    earlier.mkdir(parents=True)
-    out = train_py("dp.size=3", cwd=tmp_path, home=tmp_path)
-    assert out.returncode == 2 and "dp.size=3" in out.stderr, out.stderr[-2000:]
-    assert [p.relative_to(tmp_path) for p in sorted((tmp_path / "outputs").glob("*/*"))] == [
-        earlier.relative_to(tmp_path)
-    ]
-    out = train_py("dp.size=3", cwd=earlier.parent, home=tmp_path)
-    assert out.returncode == 2 and sorted(p.name for p in earlier.parent.iterdir()) == ["00-00-00"]  # outputs/ too
-    mine = tmp_path / "mine"
-    mine.mkdir()
-    out = train_py("dp.size=3", f"hydra.run.dir={mine}", cwd=tmp_path, home=tmp_path)
-    assert out.returncode == 2 and mine.is_dir()  # the user's own folder is not this run's to remove
 
 
 # ---- python -m parallel.plan model.init_from=DIR ----------------------------------------------------------------

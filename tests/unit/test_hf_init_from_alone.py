@@ -1,14 +1,13 @@
 """``python train.py model.init_from=DIR`` alone: the family and every size come from DIR's config.json (typed as
 that family's schema, saved in the run's .hydra/config.yaml), GPT-2's dropout is carried over, the command line's
 other ``model.*`` overrides still apply, an explicit ``model=`` still wins (and a mismatch is still refused), and
-a base dropout the run does not keep is named in a warning."""
+a base dropout the run does not keep is named in a warning. In process; the run it makes, through train.py:
+tests/integration/test_hf_init_from_and_export.py."""
 
 from __future__ import annotations
 
 import pytest
-from omegaconf import OmegaConf
 
-from tests.helpers import FAST, run_train
 from tests.hf_helpers import hf_model, save_folder
 from trainer.hf.start import InitFromError, adopt, chose_model, default_model_choice
 from trainer.validate import validate
@@ -20,17 +19,6 @@ def folders(tmp_path_factory):
     qwen3 = hf_model("qwen3", vocab_size=256, num_key_value_heads=2, head_dim=32)
     gpt2 = hf_model("gpt", vocab_size=256, resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1)
     return {"qwen3": save_folder(qwen3, base / "tiny-qwen3"), "gpt": save_folder(gpt2, base / "tiny-gpt2")}
-
-
-def test_a_run_from_a_folder_alone_takes_its_model(folders, tmp_path):
-    run = run_train(
-        f"model.init_from={folders['qwen3']}", "parallel=single", "trainer.max_steps=1", *FAST, run_dir=tmp_path / "r"
-    )
-    assert "the qwen3 model its config.json describes (vocab_size=256, n_layers=2, d_model=64" in run.output
-    saved = OmegaConf.load(tmp_path / "r" / ".hydra" / "config.yaml").model
-    assert (saved.family, saved.n_layers, saved.d_model, saved.n_kv_heads, saved.head_dim) == ("qwen3", 2, 64, 2, 32)
-    assert saved.name == "tiny-qwen3" and OmegaConf.to_container(saved)["max_seq_len"] == "${data.seq_len}"
-    assert "weights read from" in run.output
 
 
 def test_adopted_model_is_typed_and_keeps_command_line_overrides(compose_cfg, folders):

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -111,30 +109,13 @@ def test_plan_json_contract(capsys):
     assert [c["step_time_s"] for c in cands] == sorted(c["step_time_s"] for c in cands)
 
 
-def test_plan_cli_is_torch_free_and_refuses_clearly():
-    code = (
-        "import sys, parallel.plan.cli as p; rc = p.main(['model=gpt_small', '--top', '3']); "
-        "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    assert "reason:" in proc.stdout and "ddp" in proc.stdout
-    bad = subprocess.run(
-        [sys.executable, "-m", "parallel.plan", "model=cnn_bn", "data=images"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-    )
-    assert bad.returncode == 2 and "has no parameter/FLOP formulas" in bad.stderr
-    tiny = subprocess.run(
-        [sys.executable, "-m", "parallel.plan", "model=gpt_175b", "topology=gpu_node"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-    )
-    assert tiny.returncode == 2 and "no layout of model=gpt_175b fits" in tiny.stderr
+def test_plan_cli_refuses_clearly(capsys):
+    """``python -m parallel.plan`` exits with ``main``'s code: 2 and the reason on stderr (the command as a process,
+    torch-free: tests/integration/test_command_line_processes.py)."""
+    assert main(["model=cnn_bn", "data=images"]) == 2
+    assert "has no parameter/FLOP formulas" in capsys.readouterr().err
+    assert main(["model=gpt_175b", "topology=gpu_node"]) == 2
+    assert "no layout of model=gpt_175b fits" in capsys.readouterr().err
 
 
 def test_planner_only_models_are_refused_by_validation(compose_cfg):

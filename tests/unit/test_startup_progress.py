@@ -126,26 +126,6 @@ def test_more_ranks_than_cores_is_a_warning_before_spawn(compose_cfg, monkeypatc
     assert not [w for w in validate(compose_cfg(), environ={}).warnings if "CPU core" in w]  # the default: 2 on 2
 
 
-def test_torchao_kernel_library_warnings_alone_are_filtered():
-    """transformers, peft and lm-eval import torchao whenever it is installed; on a CPU build its import logs a
-    'Failed to load .../torchao/_C_....so' warning per CUDA kernel library. Those records alone are dropped."""
-    import subprocess
-    import sys
-
-    from tests.helpers import ROOT
-
-    code = (
-        "import trainer, logging, torchao\n"
-        "logging.getLogger('torchao').warning('Failed to load /x/torchao/_C_mxfp8.abi3.so: no CUDA')\n"
-        "logging.getLogger('torchao').warning('another torchao warning')\n"
-        "logging.getLogger('torch.utils._pytree').warning('another pytree warning')\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "Failed to load" not in out.stderr and "KernelPreference" not in out.stderr, out.stderr[-2000:]
-    assert "another torchao warning" in out.stderr and "another pytree warning" in out.stderr
-
-
 def test_a_preparation_says_its_start_progress_and_end():
     from trainer.observe.startup import PREPARATION_EVERY_S, Steps
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import run_train
 from trainer.validate import ConfigError, validate
 
 
@@ -82,22 +81,6 @@ def test_ddp_with_tp_or_pp_becomes_fsdp_with_its_reason(compose_cfg):
         environ={},
     )
     assert not plain.layout.dp_shard and plain.layout.schedule is None  # pp=1: DDP, no pipeline
-
-
-def test_refused_on_the_command_line_without_workers(tmp_path):
-    run = run_train(
-        "parallel=hybrid",
-        "model.n_heads=3",
-        "model.d_model=96",
-        "logger=none",
-        run_dir=tmp_path / "run",
-        expect_ok=False,
-        timeout=120,
-    )
-    assert run.proc.returncode == 2
-    assert "model.n_heads=3 is not divisible by tp.size=2" in run.output
-    assert "no worker was started" in run.output
-    assert not (run.run_dir / "logs").exists()
 
 
 def test_each_strategy_lists_the_checks_of_the_dimensions_it_uses():
