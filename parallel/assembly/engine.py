@@ -72,8 +72,8 @@ class Engine(ABC):
         sl = slice(dp_rank * n, (dp_rank + 1) * n)
         x, y = inputs[sl], targets[sl]
         extra = int(getattr(ctx.loss_fn(), "extra_columns", 0)) if self.sample_shares else 0
-        tail = y[..., y.shape[-1] - extra :]  # a loss's per-row columns after the tokens (a preference reference)
-        y = y[..., : y.shape[-1] - extra]
+        if extra:  # a loss's per-row columns after the tokens (a preference reference), kept whole
+            tail, y = y[..., y.shape[-1] - extra :], y[..., : y.shape[-1] - extra]
         for share in self.sample_shares:
             x, y = share(x), share(y)
         y = torch.cat([y, tail], dim=-1) if extra else y

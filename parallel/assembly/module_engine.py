@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from models.losses import token_cross_entropy
-from models.moe import set_aux_loss_scale
+from models.moe import moe_layers, set_aux_loss_scale
 from models.mtp import mtp_metrics, mtp_modules
 from parallel.assembly.engine import Engine
 from parallel.foundation.expert_load import ExpertLoad
@@ -60,6 +60,9 @@ class ModuleEngine(Engine):
         self.meters = list(meters or ())
         self.rank_map = rank_map or {}
         self._step_start = time.perf_counter()
+        # looked for once: the module tree is built, and walking it after every step is host time (docs/benchmarks.md)
+        self.moe = bool(moe_layers(module))
+        self.mtp = bool(mtp_modules([module]))
         set_aux_loss_scale(module, 1.0 / accumulation)  # a MoE's auxiliary loss scaled as the LM loss (loss / n)
 
     def _loss_context(self, stack: ExitStack) -> None:
@@ -78,7 +81,7 @@ class ModuleEngine(Engine):
             self.metered(stack)
             if self.dp_timer is not None:
                 stack.enter_context(self.dp_timer.step(self.measure_step))
-            for i, (x, y) in enumerate(zip(inputs.chunk(n), targets.chunk(n))):
+            for i, (x, y) in enumerate(micro_batches(inputs, targets, n)):
                 with self.no_sync() if i < n - 1 else nullcontext():
                     loss = self.loss(self.module(x), y)
                     loss.backward()
@@ -92,14 +95,16 @@ class ModuleEngine(Engine):
         with ExitStack() as stack:
             self._loss_context(stack)
             self.loss.start(targets)
-            for x, y in zip(inputs.chunk(n), targets.chunk(n)):
+            for x, y in micro_batches(inputs, targets, n):
                 total += self.loss(self.module(x), y)
         return total
 
     def step_metrics(self) -> dict[str, Any]:
         elapsed = max(time.perf_counter() - self._step_start, 1e-9)  # the loop's step: forward/backward, clip, update
-        out = {**self.meter_metrics(elapsed), **self.expert_load.take(self.module, reduce=self._sum_over_data_ranks)}
-        if mtp_modules([self.module]):  # every data-parallel rank holds the same modules
+        out = self.meter_metrics(elapsed)
+        if self.moe:
+            out.update(self.expert_load.take(self.module, reduce=self._sum_over_data_ranks))
+        if self.mtp:  # every data-parallel rank holds the same modules
             out.update(
                 mtp_metrics(
                     [self.module], device=next(self.module.parameters()).device, reduce=self._sum_over_data_ranks
@@ -124,3 +129,8 @@ class ModuleEngine(Engine):
     def close(self) -> None:
         self.module = None  # type: ignore[assignment]
         super().close()
+
+
+def micro_batches(inputs: torch.Tensor, targets: torch.Tensor, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The step's ``n`` accumulation chunks of (inputs, targets); the batch itself when ``n`` is 1 (no split ops)."""
+    return [(inputs, targets)] if n == 1 else list(zip(inputs.chunk(n), targets.chunk(n)))

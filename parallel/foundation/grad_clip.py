@@ -63,6 +63,8 @@ def _local_squares(tensors: list[torch.Tensor]) -> torch.Tensor:
     by_device: dict[torch.device, list[torch.Tensor]] = {}
     for t in tensors:
         by_device.setdefault(t.device, []).append(t)
+    if len(by_device) == 1:  # the usual case: the norms are on ``device`` already, no move per tensor
+        return torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float64)).square().sum()
     norms = [n.to(device) for ts in by_device.values() for n in torch._foreach_norm(ts, 2, dtype=torch.float64)]
     return torch.stack(norms).square().sum()
 

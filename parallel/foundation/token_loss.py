@@ -34,23 +34,30 @@ class TokenMean:
         self.replicas = loss_mesh.size() if spans else 1
         self.divisor: torch.Tensor | None = None
         self.count: torch.Tensor | None = None
+        self._summing: Any = None
+        """The count's all-reduce in flight (``start``), waited for by the step's first micro-batch's term."""
 
     def start(self, targets: torch.Tensor) -> torch.Tensor:
         """Count this rank's targets for the step (or evaluation batch) about to run, all-reduced over the loss
-        mesh: every rank of that mesh calls it with its own targets. Returns the global count."""
+        mesh: every rank of that mesh calls it with its own targets. The all-reduce runs while the forward does (the
+        first term waits for it, after its own loss): the start of a step is no point where the ranks wait for each
+        other. Returns the count tensor, the global count once the first term is taken (at once without a mesh)."""
         count = getattr(self.loss_fn, "count", count_targets)(targets)  # a loss over pairs counts pairs
-        if self.group is not None:
-            dist.all_reduce(count, group=self.group)
-        self.count = count
-        # a batch without any target (every token masked) gives a loss of 0 and no gradient, not 0 / 0
-        self.divisor = count.clamp(min=1).to(torch.float32) / self.replicas
+        self._summing = dist.all_reduce(count, group=self.group, async_op=True) if self.group is not None else None
+        self.count, self.divisor = count, None
         return count
 
     def __call__(self, output: Any, targets: torch.Tensor) -> torch.Tensor:
         """One micro-batch's term: its summed token losses over the step's divisor (``start`` first)."""
-        if self.divisor is None:
+        if self.count is None:
             raise RuntimeError("TokenMean called before start(targets) counted the step's targets")
         loss = self.loss_fn(output, targets, reduction="sum")
         if isinstance(loss, DTensor):  # vocabulary-sharded logits (tp.loss_parallel): a replicated scalar
             loss = loss.full_tensor()
+        if self.divisor is None:
+            if self._summing is not None:
+                self._summing.wait()
+                self._summing = None
+            # a batch without any target (every token masked) gives a loss of 0 and no gradient, not 0 / 0
+            self.divisor = self.count.clamp(min=1).to(torch.float32) / self.replicas
         return loss / self.divisor.to(loss.device)
