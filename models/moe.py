@@ -217,10 +217,17 @@ class GroupedExperts(nn.Module):
             h = F.silu(torch._grouped_mm(rows, w1.transpose(-2, -1), offs=offs))
             h = h * torch._grouped_mm(rows, w3.transpose(-2, -1), offs=offs)
             return torch._grouped_mm(h, w2.transpose(-2, -1), offs=offs)
-        sizes = counts.tolist() if has_values(counts) else even_split(rows.shape[0], counts.shape[0])
-        parts = rows.split(sizes)
-        out = [F.linear(F.silu(F.linear(p, w1[e])) * F.linear(p, w3[e]), w2[e]) for e, p in enumerate(parts)]
-        return torch.cat(out) if out else rows[:0]
+        return _looped_experts(rows, counts, w1, w2, w3)
+
+
+@torch.compiler.disable
+def _looped_experts(rows: torch.Tensor, counts: torch.Tensor, w1, w2, w3) -> torch.Tensor:
+    """One SwiGLU per expert over its rows, run eagerly also inside a compiled block: the rows per expert are host
+    values (``counts.tolist()``), which dynamo would trace as a graph break, then recompile for every new count."""
+    sizes = counts.tolist() if has_values(counts) else even_split(rows.shape[0], counts.shape[0])
+    parts = rows.split(sizes)
+    out = [F.linear(F.silu(F.linear(p, w1[e])) * F.linear(p, w3[e]), w2[e]) for e, p in enumerate(parts)]
+    return torch.cat(out) if out else rows[:0]
 
 
 class _AttachAuxLoss(torch.autograd.Function):
@@ -294,8 +301,8 @@ def sequence_balance_loss(
     picks = idx.reshape(batch, -1)
     counts = probs.new_zeros(batch, n_experts).scatter_add_(1, picks, probs.new_ones(picks.shape))
     seq_len = per_seq
-    if group is not None and has_values(counts):
-        counts, seq_len = _summed(counts, group), per_seq * dist.get_world_size(group)
+    if group is not None:
+        counts, seq_len = _over_group(counts, group, seq_len=per_seq)
     f = counts * (n_experts / (k * seq_len))
     p = (probs / probs.sum(dim=-1, keepdim=True)).view(batch, per_seq, n_experts).mean(dim=1)
     return (f * p).sum(dim=-1).mean()
@@ -389,29 +396,36 @@ class MoE(nn.Module):
             y = y + self.shared(flat)
         counts = expert_counts(idx, self.n_experts).detach()
         aux = self._balance_loss(probs, idx, counts, batch=shape[0] if len(shape) == 3 else 1)
-        self.last_stats = {"aux_loss": aux.detach(), "tokens_per_expert": counts, "dropped": routed.dropped}
-        counted = self.training and not _in_backward()  # activation checkpointing's recompute counts nothing twice
-        if counted:
-            row = torch.cat([torch.stack([aux.detach().double(), aux.new_ones((), dtype=torch.float64),
-                                          routed.dropped.double()]), counts.double()])  # fmt: skip
-            self.step_stats = row if self.step_stats is None else self.step_stats + row
-        if counted and self.router.expert_bias is not None:
-            self.tokens_per_expert = counts if self.tokens_per_expert is None else self.tokens_per_expert + counts
+        self._count(aux.detach(), counts, routed.dropped)
         if self.training and self.aux_loss_coef and torch.is_grad_enabled():
             y = _attach_aux_loss(y, aux, self.aux_loss_coef * self.aux_loss_scale)
         return y.reshape(shape)
+
+    @torch.compiler.disable
+    def _count(self, aux: torch.Tensor, counts: torch.Tensor, dropped: torch.Tensor) -> None:
+        """The forward's balance into the step's counters, run eagerly also inside a compiled block (bookkeeping on
+        the module's attributes, and a test of autograd's state that dynamo cannot trace)."""
+        self.last_stats = {"aux_loss": aux, "tokens_per_expert": counts, "dropped": dropped}
+        counted = self.training and not _in_backward()  # activation checkpointing's recompute counts nothing twice
+        if counted:
+            row = torch.cat([torch.stack([aux.double(), aux.new_ones((), dtype=torch.float64), dropped.double()]),
+                             counts.double()])  # fmt: skip
+            self.step_stats = row if self.step_stats is None else self.step_stats + row
+        if counted and self.router.expert_bias is not None:
+            self.tokens_per_expert = counts if self.tokens_per_expert is None else self.tokens_per_expert + counts
 
     def _balance_loss(self, probs: torch.Tensor, idx: torch.Tensor, counts: torch.Tensor, *, batch: int):
         if self.aux_loss == "sequence":
             return sequence_balance_loss(probs, idx, batch=batch, group=self.sequence_group)
         return load_balancing_loss(probs, idx, **self._whole_forward(counts, tokens=probs.shape[0]))
 
+    @torch.compiler.disable
     def _whole_forward(self, counts: torch.Tensor, *, tokens: int) -> dict:
         """The expert counts and token count the balance covers, summed over ``balance_group`` (nothing to sum
         without one, or on the dry run's shapes). With the loss off (``aux_loss_coef`` 0) it is only reported, over
         this rank's tokens: no collective (the sum was one all-reduce per MoE layer in the middle of every forward, 4
         per step on benchmarks/vs_torchtitan.py's qwen3 MoE under dp2 x ep2, where torchtitan, balancing off, counts
-        nothing)."""
+        nothing). Run eagerly also inside a compiled block (a collective and host tests)."""
         if self.balance_group is None or not self.aux_loss_coef or not has_values(counts):
             return {}
         return {
@@ -420,7 +434,16 @@ class MoE(nn.Module):
         }
 
 
-@torch._dynamo.disable
+@torch.compiler.disable
+def _over_group(counts: torch.Tensor, group: dist.ProcessGroup, *, seq_len: int) -> tuple[torch.Tensor, int]:
+    """Per-sequence counts and length summed over the ranks holding the sequences' other parts, run eagerly also
+    inside a compiled block (nothing to sum on the dry run's shapes)."""
+    if not has_values(counts):
+        return counts, seq_len
+    return _summed(counts, group), seq_len * dist.get_world_size(group)
+
+
+@torch.compiler.disable
 def _summed(counts: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     """``counts`` all-reduced over ``group`` (E integers), run eagerly also inside a compiled block."""
     whole = counts.clone()

@@ -102,6 +102,10 @@ class AllToAllDispatch(LocalDispatch):
         self.local_experts = n_experts // self.ep
         self.meter = meter
 
+    # dispatch and combine run eagerly also inside a compiled block: the rows each rank sends are host values
+    # (``tolist``) and the exchanges are timed, which dynamo would trace as a dozen graph breaks per block, then
+    # recompile for every new row count
+    @torch.compiler.disable
     def dispatch(self, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> EPRouted:
         routed = super().dispatch(x, idx, weights)
         ep, local = self.ep, self.local_experts
@@ -133,6 +137,7 @@ class AllToAllDispatch(LocalDispatch):
             order=order,
         )
 
+    @torch.compiler.disable
     def combine(self, y: torch.Tensor, routed: EPRouted, tokens: int) -> torch.Tensor:
         back = torch.empty_like(routed.order).index_copy_(
             0, routed.order, torch.arange(routed.order.numel(), device=routed.order.device)
