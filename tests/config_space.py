@@ -13,8 +13,6 @@ import contextlib
 import re
 from pathlib import Path
 
-from hypothesis import strategies as st
-
 from tests.composing import Composer
 from tests.helpers import CONF
 
@@ -116,10 +114,19 @@ def tweaks_for(*choices: str) -> list[str]:
     return [k for k, (good, _) in SPACE.items() if good and k not in GROUPS and k not in foreign]
 
 
-@st.composite
-def overrides(draw) -> list[str]:
+def overrides():
+    """The hypothesis strategy of ``_draw`` (hypothesis is imported here, not when tests/ modules are collected: the
+    unit tier's other worker never needs its 1-2 s import)."""
+    from hypothesis import strategies as st
+
+    return st.composite(_draw)()
+
+
+def _draw(draw) -> list[str]:
     """A coherent layout and model/data pair (usually), a few tweaks from the values that may work,
     and 0-2 values of the kinds a worker or the schema would reject."""
+    from hypothesis import strategies as st
+
     pair, optim = draw(st.sampled_from(PAIRS)), draw(st.sampled_from(OPTIMS))
     out = [*draw(st.sampled_from(LAYOUTS)), *pair, optim]
     choices = [o.split("=")[1] for o in (*pair, optim)]

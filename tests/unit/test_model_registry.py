@@ -46,14 +46,19 @@ def test_llama3_sizes_are_the_published_ones(compose_cfg):
 
 
 def test_planner_plans_llama3_70b_with_whole_kv_heads_per_tp_rank(compose_cfg):
+    """On H100 nodes of 16 devices (32 in all: the search is a third of 1024's), tp=16 stays inside a node and splits
+    the 64 query heads, not the 8 key/value heads: the planner ranks tp 1, 2, 4 and 8 only, at the published batch."""
     from parallel.plan.cli import specs_from_cfg
     from parallel.plan.search import plan
 
-    cfg = compose_cfg("model=llama3_70b", "topology=cluster_1024xh100", "planner.recompute=any")
+    nodes_of_16 = ("topology.nnodes=2", "topology.nproc_per_node=16", "topology.devices_per_node=16")
+    cfg = compose_cfg("model=llama3_70b", "topology=cluster_1024xh100", *nodes_of_16, "planner.recompute=any")
     model, hardware, workload = specs_from_cfg(cfg)
     assert (workload.global_batch_size, workload.seq_len) == (2048, 8192)
+    assert hardware.devices_per_node == 16 and model.n_heads % 16 == 0 and not model.tp_divides(16)
     best = plan(model=model, hardware=hardware, workload=workload)
     assert best.ranked and all(8 % e.candidate.tp == 0 for e in best.ranked)
+    assert {e.candidate.tp for e in best.ranked} == {1, 2, 4, 8}
 
 
 def test_kv_heads_must_divide_heads_and_tp(compose_cfg):
