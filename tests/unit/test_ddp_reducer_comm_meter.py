@@ -54,3 +54,24 @@ def test_engine_reports_ddp_comm_with_accumulation(gloo_one_rank):
         metrics = engine.step_metrics()
         assert metrics["comm_buckets"] >= (1 if step == 1 else 2), metrics
         assert 0 < metrics["comm_time_s"] and 0 < metrics["comm_fraction"] <= 1, metrics
+
+
+class _WorldMesh:
+    """What wrap_ddp reads of a mesh: its process group (here the one-rank world)."""
+
+    def get_group(self):
+        import torch.distributed as dist
+
+        return dist.group.WORLD
+
+
+def test_ddp_keeps_torchs_first_small_bucket_unless_a_size_is_given(gloo_one_rank):
+    """dp.bucket_cap_mb null (the default): torch's buckets, a first one of 1 MiB whose all-reduce overlaps the rest
+    of the backward; any number sizes the first bucket too (torch's rule: gpt_small's 3.5 MB of gradients then went
+    in one all-reduce after the whole backward)."""
+    from parallel.techniques.ddp import wrap_ddp
+
+    default, _ = wrap_ddp(_model(), dp_mesh=_WorldMesh(), device=torch.device("cpu"))
+    sized, _ = wrap_ddp(_model(), dp_mesh=_WorldMesh(), device=torch.device("cpu"), bucket_cap_mb=25.0)
+    assert default.bucket_bytes_cap_default and default.bucket_bytes_cap == 25 * 2**20
+    assert not sized.bucket_bytes_cap_default and sized.bucket_bytes_cap == 25 * 2**20
