@@ -15,8 +15,9 @@ decoder layers) and dp2 x cp2 (Ulysses through transformers' ``AttentionInterfac
 window shorter than the sequence is refused under cp), the fsdp run with whole layers recomputed and the pipelined
 ones with the selective policy (``trainer.activation_checkpointing``), reproduce its losses and gradient norms to
 1e-6 relative over 2 steps; ``model=hf model.config_dir=DIR`` pretrains from config.json alone (the architecture's
-``_init_weights``; in bf16-mixed); a hybrid run of each exports to a folder transformers loads with meshtrain's
-logits (fp32 and bf16; DeepSeek-V3's and Mixtral's experts per expert as their checkpoints hold them). LoRA on the
+``_init_weights``; in bf16-mixed); a hybrid run of each (but Phi-3 and OLMo 2, whose names are Mistral's kind)
+exports to a folder transformers loads with meshtrain's logits (fp32 and bf16; DeepSeek-V3's and Mixtral's experts
+per expert as their checkpoints hold them). LoRA on the
 Phi-3 (``model.lora.targets=[qkv_proj,o_proj]``, transformers' names: a fused layer split column-wise and gathered,
 a row-wise one) under dp2 x tp2 reproduces its own single run (which starts at the base model's loss) to 1e-6, and
 its PEFT adapter export, loaded by peft over the folder, gives meshtrain's logits."""
