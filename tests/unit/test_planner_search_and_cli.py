@@ -22,13 +22,35 @@ from trainer.validate import ConfigError, validate
 ROOT = CONF.parent
 
 
+@pytest.fixture(scope="module")
+def searched():
+    """The plans this module's searches made, by their inputs: gpt_175b on 1024 H100s is searched once for the test
+    that ranks it and the command line's JSON (``planned``; ``main`` through ``remembering``)."""
+    return {}
+
+
+def planned(searched: dict, **inputs):
+    key = repr(inputs)
+    if key not in searched:
+        searched[key] = plan(**inputs)
+    return searched[key]
+
+
+@pytest.fixture
+def remembering(searched, monkeypatch):
+    """``python -m parallel.plan``'s ``main`` searching through ``planned``."""
+    from parallel.plan import cli
+
+    monkeypatch.setattr(cli, "plan", lambda **inputs: planned(searched, **inputs))
+
+
 @pytest.mark.parametrize(
     "model,topology", [("gpt_175b", "cluster_1024xh100"), ("gpt_70b", "cluster_1024xh100"), ("gpt_7b", "gpu_node")]
 )
-def test_big_model_plans_fast_and_fits(compose_cfg, model, topology):
+def test_big_model_plans_fast_and_fits(compose_cfg, searched, model, topology):
     cfg = compose_cfg(f"model={model}", f"topology={topology}")
     m, hw, w = specs_from_cfg(cfg)
-    p = plan(model=m, hardware=hw, workload=w)
+    p = planned(searched, model=m, hardware=hw, workload=w)
     best = p.best
     assert best.fits and best.memory.total <= hw.memory_bytes * w.memory_fraction
     assert best.candidate.world_size == hw.world_size
@@ -84,7 +106,7 @@ def test_the_reason_names_what_its_numbers_are_and_the_header_counts_like_people
     assert f"reason: {p.reason[:40]}" in out
 
 
-def test_plan_json_contract(capsys):
+def test_plan_json_contract(capsys, remembering):
     assert main(["model=gpt_175b", "topology=cluster_1024xh100", "--json", "--top", "5"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["model"]["params"] > 1.7e11 and out["model"]["flops_per_token"] > 6 * out["model"]["params"]
