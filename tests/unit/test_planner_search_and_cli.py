@@ -63,7 +63,8 @@ def test_big_model_plans_fast_and_fits(compose_cfg, searched, model, topology):
 def test_one_gbe_keeps_dp_off_the_inter_node_link(compose_cfg):
     cfg = compose_cfg("model=gpt_7b", "topology=cluster_1gbe", "planner.global_batch_size=128")
     m, hw, w = specs_from_cfg(cfg)
-    best = plan(model=m, hardware=hw, workload=w).best.candidate
+    p = plan(model=m, hardware=hw, workload=w)
+    best = p.best.candidate
     assert not hw.crosses_nodes(span=best.dp, stride=best.stride("dp"))
     assert hw.crosses_nodes(span=best.pp, stride=best.stride("pp"))
     # the same model and batch on InfiniBand-class links may run dp across nodes
@@ -74,9 +75,10 @@ def test_one_gbe_keeps_dp_off_the_inter_node_link(compose_cfg):
         "topology.inter_node_gbps=3200",
         "topology.devices_per_nic=1",
     )
-    m, hw2, w = specs_from_cfg(fast)
-    p2 = plan(model=m, hardware=hw2, workload=w)
-    assert p2.best.step_time_s < plan(model=m, hardware=hw, workload=w).best.step_time_s
+    m2, hw2, w2 = specs_from_cfg(fast)
+    assert (repr(m2), repr(w2)) == (repr(m), repr(w))  # only the links differ
+    p2 = plan(model=m2, hardware=hw2, workload=w2)
+    assert p2.best.step_time_s < p.best.step_time_s
 
 
 def test_small_model_on_local_cpu_follows_the_seed(compose_cfg):
