@@ -138,6 +138,11 @@ class _SumGradOverTP(torch.autograd.Function):
         return grad, None
 
 
+def sum_grad_over_tp(x: torch.Tensor, group) -> torch.Tensor:
+    """``x`` unchanged; its gradient summed over the tp ``group`` in backward (a tensor every rank's heads read)."""
+    return _SumGradOverTP.apply(x, group)
+
+
 def share_over_tp(model: nn.Module, plan: TPPlan, tp_mesh: DeviceMesh) -> int:
     """Every ``SubBlockTP.shared`` module of ``model``'s blocks gets a forward hook passing its output through
     ``_SumGradOverTP``; returns how many."""
@@ -146,7 +151,7 @@ def share_over_tp(model: nn.Module, plan: TPPlan, tp_mesh: DeviceMesh) -> int:
         for sub in plan.sub_blocks:
             for name in sub.shared:
                 module = model.get_submodule(f"layers.{key}.{sub.module}.{name}")
-                module.register_forward_hook(lambda mod, args, out: _SumGradOverTP.apply(out, group))
+                module.register_forward_hook(lambda mod, args, out: sum_grad_over_tp(out, group))
                 hooked += 1
     return hooked
 

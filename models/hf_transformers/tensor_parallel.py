@@ -10,7 +10,7 @@ logits gathered, or left vocabulary-sharded under loss parallel).
 | colwise_gather_output          | ``ColwiseParallel(output_layouts=Replicate())`` (OLMo 2, Phi-3: a norm or a split over the whole width follows) |
 | rowwise_split_input            | ``RowwiseParallel(input_layouts=Replicate())``                                  |
 | replicated_with_grad_allreduce | per-head norms on a tp rank's own heads: weights replicated, gradients summed over tp |
-| mla_kv_a_proj                  | DeepSeek's latent projection, replicated (the column-wise ``kv_b_proj`` after it sums its input gradient) |
+| mla_kv_a_proj                  | DeepSeek's latent projection, replicated: the column-wise ``kv_b_proj`` after it sums its input's gradient, and the rotary key's columns, which every head reads and no projection follows, have theirs summed over tp (``share_rotary_key``) |
 | embedding_rowwise              | the embedding split over the vocabulary, the partial lookups summed             |
 
 LoRA's adapters (``model.lora.targets``: transformers' layer names) follow their layer's split as on the native
@@ -29,6 +29,7 @@ from __future__ import annotations
 import fnmatch
 from typing import Any
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
@@ -41,6 +42,7 @@ from torch.distributed.tensor.parallel import (
 
 from models.hf_transformers.spec import TP_STYLES
 from models.lora import attach_adapters, detach_adapters
+from models.tensor_parallel import sum_grad_over_tp
 
 
 def torch_style(name: str) -> Any:
@@ -76,6 +78,23 @@ def plan_for(model: nn.Module, plan: dict[str, str]) -> dict[str, Any]:
     return out
 
 
+def share_rotary_key(model: nn.Module, plan: dict[str, str], tp_mesh: DeviceMesh) -> int:
+    """The ``mla_kv_a_proj`` modules' outputs (the latent, then ``qk_rope_head_dim`` rotary key channels): the rotary
+    key goes to every head's attention as it is, so a tp rank's heads give only their share of its gradient, summed
+    over tp here in backward (transformers' ``MlaKvAProjParallel``); returns how many modules."""
+    present = [name for name, _ in model.named_modules()]
+    names = [n for pattern, style in plan.items() if style == "mla_kv_a_proj" for n in fnmatch.filter(present, pattern)]
+    rope, group = int(getattr(model.hf_config, "qk_rope_head_dim", 0) or 0), tp_mesh.get_group()
+
+    def hook(module: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:
+        latent, key = out.split([out.shape[-1] - rope, rope], dim=-1)
+        return torch.cat([latent, sum_grad_over_tp(key, group)], dim=-1)
+
+    for name in names:
+        model.get_submodule(name).register_forward_hook(hook)
+    return len(names)
+
+
 def parallelize_hf(
     model: nn.Module, *, tp_mesh: DeviceMesh, sequence_parallel: bool = False, loss_parallel: bool = False, **_: Any
 ) -> nn.Module:
@@ -84,7 +103,8 @@ def parallelize_hf(
         return model
     if sequence_parallel:
         raise ValueError("tp.sequence_parallel=true: the Hugging Face backend keeps the residual stream replicated")
-    by_name = plan_for(model, dict(model.hf_config.base_model_tp_plan or {}))
+    plan = dict(model.hf_config.base_model_tp_plan or {})
+    by_name = plan_for(model, plan)
     tied = bool(getattr(model.hf_config, "tie_word_embeddings", False))
     embedding, head = model.embed_tokens, model.lm_head
     if tied and embedding is not None:
@@ -98,6 +118,7 @@ def parallelize_hf(
     frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
     adapters = detach_adapters(model)  # LoRA: the base weights split first, then their adapters to match
     parallelize_module(model, tp_mesh, by_name)
+    share_rotary_key(model, plan, tp_mesh)
     for name, p in model.named_parameters():  # torch's SequenceParallel makes every weight it replicates trainable
         if name in frozen:
             p.requires_grad_(False)

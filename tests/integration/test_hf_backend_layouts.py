@@ -18,9 +18,9 @@ ones with the selective policy (``trainer.activation_checkpointing``), reproduce
 ``_init_weights``; in bf16-mixed); a hybrid run of each (but Phi-3 and OLMo 2, whose names are Mistral's kind)
 exports to a folder transformers loads with meshtrain's logits (fp32 and bf16; DeepSeek-V3's and Mixtral's experts
 per expert as their checkpoints hold them). LoRA on the
-Phi-3 (``model.lora.targets=[qkv_proj,o_proj]``, transformers' names: a fused layer split column-wise and gathered,
-a row-wise one) under dp2 x tp2 reproduces its own single run (which starts at the base model's loss) to 1e-6, and
-its PEFT adapter export, loaded by peft over the folder, gives meshtrain's logits."""
+DeepSeek-V3 (``model.lora.targets=[kv_a_proj_with_mqa,kv_b_proj,o_proj]``, transformers' names: a layer the plan keeps
+whole, a column-wise and a row-wise one) under dp2 x tp2 reproduces its own single run (which starts at the base
+model's loss) to 1e-6, and its PEFT adapter export, loaded by peft over the folder, gives meshtrain's logits."""
 
 from __future__ import annotations
 
@@ -66,10 +66,10 @@ MODELS = {
 SMALLER = {name: {"num_hidden_layers": 2} for name in ("phi3", "olmo2", "mixtral")}
 #: the architectures a native family reads too: the backend taken by model.backend=transformers
 NATIVE = ("deepseek_v3",)
-#: LoRA on the backend, trained under dp2 x tp2: adapters on Phi-3's fused qkv_proj (its plan's gathered column-wise
-#: style) and o_proj (row-wise with a replicated input), by transformers' names
-LORA = {"rank": 4, "targets": ["qkv_proj", "o_proj"]}
-LORA_CASES = {"phi3_lora_single": "single", "phi3_lora_dp_tp": "dp_tp"}
+#: LoRA on the backend, trained under dp2 x tp2, by transformers' names: adapters on DeepSeek-V3's latent projection
+#: (which the plan keeps whole; its rotary key's gradient summed over tp), kv_b_proj (column-wise) and o_proj (row-wise)
+LORA = {"rank": 4, "targets": ["kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]}
+LORA_CASES = {"deepseek_v3_lora_single": "single", "deepseek_v3_lora_dp_tp": "dp_tp"}
 COMPARED = [f"{name}_{layout}" for name, (layouts, _) in MODELS.items() for layout in layouts]
 
 
@@ -92,7 +92,8 @@ def runs(tmp_path_factory, folders):
             model = {"init_from": str(folders[name])} | ({"backend": "transformers"} if name in NATIVE else {})
             cases[f"{name}_{layout}"] = {**LAYOUTS[layout], "model": model}
     for case, layout in LORA_CASES.items():
-        cases[case] = {**LAYOUTS[layout], "model": {"init_from": str(folders["phi3"]), "lora": LORA}}
+        model = {"init_from": str(folders["deepseek_v3"]), "backend": "transformers", "lora": LORA}
+        cases[case] = {**LAYOUTS[layout], "model": model}
     cases["scratch"] = {  # in bf16-mixed: the backend's modules under autocast
         "defaults": [{"override /parallel": "single"}, {"override /model": "hf"}],
         "model": {"config_dir": str(folders["scratch"])},
@@ -186,23 +187,23 @@ def test_lora_under_tp_matches_single_and_exports_a_peft_adapter(runs, folders, 
     from trainer.checkpoint.files import read_marker
     from trainer.export import export, find_checkpoint, full_state
 
-    (single, split), base = (metrics(runs[case]) for case in LORA_CASES), metrics(runs["phi3_single"])
+    (single, split), base = (metrics(runs[case]) for case in LORA_CASES), metrics(runs["deepseek_v3_single"])
     assert len(split) == STEPS
     assert_losses_close([single[0]["loss"]], [base[0]["loss"]], rel=1e-6)
     for key in ("loss", "grad_norm"):
         worst = max(abs(a[key] - r[key]) / r[key] for a, r in zip(split, single))
-        print(f"phi3_lora_dp_tp: max relative {key} difference {worst:.1e}")
+        print(f"deepseek_v3_lora_dp_tp: max relative {key} difference {worst:.1e}")
         assert_losses_close([m[key] for m in split], [m[key] for m in single], rel=1e-6)
-    job = runs["phi3_lora_dp_tp"]
+    job = runs["deepseek_v3_lora_dp_tp"]
     checkpoint = find_checkpoint(job)
     model_cfg = read_marker(checkpoint)["model"]
     module = instantiate(builder_kwargs(model_cfg)).eval()
-    assert len(apply_lora(module, LoRA.of(model_cfg))) == 2 * 2  # qkv_proj and o_proj of 2 layers
+    assert len(apply_lora(module, LoRA.of(model_cfg))) == 3 * 4  # 3 in each of 4 layers
     module.load_state_dict(full_state(checkpoint))
     out = export(job, tmp_path / "adapter")
-    tuned = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(folders["phi3"]), out).eval()
+    tuned = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(folders["deepseek_v3"]), out).eval()
     tokens = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         diff = max_logit_difference(module(tokens), tuned(tokens).logits)
-    print(f"phi3_lora_dp_tp: PEFT adapter after {STEPS} steps, max |logit difference| in peft {diff:.2e}")
+    print(f"deepseek_v3_lora_dp_tp: PEFT adapter after {STEPS} steps, max |logit difference| in peft {diff:.2e}")
     assert diff <= 1e-5
