@@ -5,6 +5,7 @@ DeviceMesh."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pickle
 from dataclasses import dataclass, fields, make_dataclass, replace
@@ -172,26 +173,34 @@ DIMENSION_SECTION = "## Where each dimension is named today, file by file"
 def files_naming(dim: str, root: Path = ROOT) -> set[str]:
     """Product files whose code names ``dim``: a name ``dim``, ``dim_...``, ``..._dim`` or ``..._dim_...``, or a
     string constant ``dim``, ``dim.size``, ``dim_...`` (comments and docstrings are not code)."""
-    import ast
-    import io
     import re
-    import tokenize
 
     name = re.compile(rf"(\w+_)?{dim}(_\w+)?")
     string = re.compile(rf"{dim}([._]\w+)?")
     found = set()
     for package in ("conf", "models", "parallel", "trainer"):
         for path in sorted((root / package).rglob("*.py")):
-            source = path.read_text()
-            tokens = tokenize.generate_tokens(io.StringIO(source).readline)
-            names = any(t.type == tokenize.NAME and name.fullmatch(t.string) for t in tokens)
-            strings = any(
-                isinstance(n, ast.Constant) and isinstance(n.value, str) and string.fullmatch(n.value)
-                for n in ast.walk(ast.parse(source))
-            )
-            if names or strings:
+            names, strings = code_words(path, path.stat().st_mtime_ns)
+            if any(name.fullmatch(n) for n in names) or any(string.fullmatch(s) for s in strings):
                 found.add(path.relative_to(root).as_posix())
     return found
+
+
+@functools.cache
+def code_words(path: Path, mtime_ns: int) -> tuple[frozenset[str], frozenset[str]]:
+    """The names (tokens) and string constants of a file's code, read once per version of the file (each dimension's
+    check reads every product file)."""
+    import ast
+    import io
+    import tokenize
+
+    source = path.read_text()
+    tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+    names = frozenset(t.string for t in tokens if t.type == tokenize.NAME)
+    strings = frozenset(
+        n.value for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    )
+    return names, strings
 
 
 def documented_files(dim: str) -> set[str]:
