@@ -120,6 +120,9 @@ def _elastic(cfg: DictConfig, cfg_dict: dict, *, layout: ParallelLayout, run_dir
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from trainer.launch import worker
+    from trainer.launch.rendezvous_events import name_events_cheaply
+
+    name_events_cheaply()
 
     topo = cfg.topology
     clock = StartClock.from_meta(run_meta)

@@ -202,10 +202,13 @@ class Trainer:
         warn_small_batchnorm(self.engine, self.ctx)
         self.engine.train()
         self.sinks, self.preemption = list(sinks or []), preemption
-        # What was built before the loop (imports, configs, the model, the launcher's objects a forked worker
-        # inherited) lives as long as the run: left out of later collections, whose full passes otherwise
-        # scan it and pause this rank while the others wait at the next collective (docs/benchmarks.md).
-        gc.freeze()
+        # What was built before the loop (imports, configs, the launcher's objects a forked worker inherited) lives
+        # as long as the run: left out of later collections, whose full passes otherwise scan it and pause this
+        # rank while the others wait at the next collective (docs/benchmarks.md). A worker froze its imports
+        # already and keeps them frozen to its end (the model, a few thousand objects, stays collectable).
+        freezes = gc.get_freeze_count() == 0
+        if freezes:
+            gc.freeze()
         self.started_at = time.perf_counter()
         status, step = "completed", start_step
         if start_step > 0 and self.ctx.is_rank0:  # a resumed run's best validation loss counts earlier evaluations
@@ -238,7 +241,8 @@ class Trainer:
             raise timeout from None
         finally:
             self._prefetch.close()
-            gc.unfreeze()  # the run's objects collectable again: the worker frees the model before the group goes
+            if freezes:
+                gc.unfreeze()  # the run's objects collectable again
         if self._checkpointer is not None:  # a background save still running: its marker comes now
             self._checkpointer.wait()
         summary = self._summary(wall=time.perf_counter() - self.started_at)
