@@ -11,7 +11,7 @@ was measured:
 - point-to-point: ping-pong between the same two processes; t = α + bytes/β one way;
 - four fixed costs the FLOPs and the links do not explain, each from a whole training step (forward,
   backward, clipping, AdamW) of the configured model (or its proxy) run by the two processes as meshtrain runs
-  it: DDP with 25 MiB buckets and no comm hook, as the trainer runs it (``ddp_bucket_us``: the reducer's hooks and bucket
+  it: DDP with torch's default buckets and no comm hook, as the trainer runs it (``ddp_bucket_us``: the reducer's hooks and bucket
   copies, and the all-reduce left exposed after the backward while gloo's thread competes with the other
   rank's compute), GPipe over two stages with 4 micro-batches (``pipeline_action_ms``: the schedule's bookkeeping,
   posting send/recv, waking the peer), the family's TP plan (``tp_collective_us``: DTensor's dispatch of the
@@ -47,7 +47,7 @@ from dataclasses import replace
 from typing import Any
 
 from models.registry import model_shape
-from parallel.plan.cost_model import DDP_BUCKET_BYTES, Candidate, estimate
+from parallel.plan.cost_model import Candidate, estimate
 from parallel.plan.specs import HardwareSpec, Link, PlanError, Workload
 
 MAX_BUILD_PARAMS = 50_000_000
@@ -294,12 +294,12 @@ def _comm_worker(rank: int, port: int, out_path: str, sizes: tuple[int, ...], bu
 
 
 def _ddp_step(model: Any, x: Any, loss: Callable[[Any, Any], Any]) -> Callable[[], None]:
-    """One training step of ``model`` under DDP as ``parallel=ddp`` builds it (25 MiB buckets, DDP's own C++
+    """One training step of ``model`` under DDP as ``parallel=ddp`` builds it (torch's default buckets, DDP's own C++
     all-reduce: the trainer reads DDP's timer on logged steps only) over the two processes: forward, backward
     with the bucket all-reduce, clipping, AdamW."""
     from torch.nn.parallel import DistributedDataParallel
 
-    return _next_token_step(DistributedDataParallel(model, bucket_cap_mb=DDP_BUCKET_BYTES / 2**20), x, loss)
+    return _next_token_step(DistributedDataParallel(model), x, loss)
 
 
 def _pipeline_step(

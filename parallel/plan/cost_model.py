@@ -22,7 +22,16 @@ from parallel.plan.specs import HardwareSpec, Link, ModelShape, Workload
 
 #: schedules the cost model knows (their bubble and in-flight rules are on ``ScheduleSpec``)
 MODELED_SCHEDULES = tuple(name for name, spec in SCHEDULES.items() if spec.modeled)
+#: torch's default DDP buckets (``dp.bucket_cap_mb`` null, as the trainer builds DDP): the first 1 MiB
+#: (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``), then 25 MiB each (DDP's ``bucket_cap_mb`` default)
+DDP_FIRST_BUCKET_BYTES = 2**20
 DDP_BUCKET_BYTES = 25 * 2**20
+
+
+def ddp_buckets(grad_bytes: float) -> int:
+    """Gradient buckets DDP all-reduces for ``grad_bytes`` of gradients with torch's default sizes."""
+    rest = max(0.0, grad_bytes - DDP_FIRST_BUCKET_BYTES)
+    return 1 + math.ceil(rest / DDP_BUCKET_BYTES)
 
 
 @with_dim_kwargs
@@ -914,7 +923,7 @@ def _dp_comm(
         volume = 0.5 * grad_bytes + worst.params * data
     # the gradient reduction spans dp x cp (cp inside dp in the mesh: its stride is the group's innermost)
     dp_link = hardware.link_for(span=data, stride=c.stride("cp" if c.cp > 1 else "dp"))
-    buckets = max(1, math.ceil(grad_bytes / DDP_BUCKET_BYTES))
+    buckets = ddp_buckets(grad_bytes)
     dp_total = ring_allreduce_s(volume, n=data, link=dp_link, messages=buckets)
     expert_link = hardware.link_for(span=data // c.ep, stride=c.ep * ep_stride(c))
     dp_total += ring_allreduce_s(expert_local * gathered, n=data // c.ep, link=expert_link)

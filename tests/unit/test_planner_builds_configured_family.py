@@ -71,17 +71,19 @@ def test_a_ddp_bucket_is_charged_to_ddp_only_and_solved_back_from_a_whole_step()
 
     from parallel.plan.calibrate import FIXED_COST_LAYOUTS, solve_fixed_costs
     from parallel.plan.cli import specs_from_cfg
-    from parallel.plan.cost_model import Candidate, estimate
+    from parallel.plan.cost_model import Candidate, ddp_buckets, estimate
     from parallel.plan.specs import Workload
 
     cfg = compose(["model=gpt_small", "data.seq_len=64", "data.global_batch_size=16"])
     shape, hardware, workload = specs_from_cfg(cfg, calibrate=False)
     hardware = replace(hardware, devices_per_node=2, ddp_bucket_s=0.0)
     with_cost = replace(hardware, ddp_bucket_s=0.009)
-    for c, charged in ((Candidate(dp=2), 0.009), (Candidate(dp=2, zero_stage=3), 0.0), (Candidate(), 0.0)):
+    # gpt_small's 3.6 MB of gradients: torch's default buckets, a first of 1 MiB and one of 25 MiB
+    assert ddp_buckets(shape.params * 4) == 2 and ddp_buckets(2**20) == 1 and ddp_buckets(2**20 + 25 * 2**20 + 1) == 3
+    for c, charged in ((Candidate(dp=2), 2 * 0.009), (Candidate(dp=2, zero_stage=3), 0.0), (Candidate(), 0.0)):
         t0 = estimate(c, model=shape, hardware=hardware, workload=workload).step_time_s
         t1 = estimate(c, model=shape, hardware=with_cost, workload=workload).step_time_s
-        assert t1 - t0 == pytest.approx(charged), c  # gpt_small's 3.6 MB of gradients: one 25 MiB bucket
+        assert t1 - t0 == pytest.approx(charged), c
     # a measured DDP step 9 ms above the model's step without the cost solves back to 9 ms per bucket
     candidate, batches = FIXED_COST_LAYOUTS["ddp_bucket_s"]
     compute = {"shape": shape, "proxy_overhead_s": hardware.microbatch_overhead_s, "seq_len": 64}
