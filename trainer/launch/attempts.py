@@ -24,6 +24,9 @@ def _folder(run_dir: Path, attempt: int) -> Path:
 
 
 def write_exit_record(run_dir: Path, rank: int, *, error: BaseException | None) -> None:
+    """Written first as a worker leaves ``run``, while its SIGTERM handler is still installed: when one rank fails,
+    the agent signals the others, and a rank whose handler was already gone ended before its record (seen: rank 0
+    logged its peer's closed connection and left none)."""
     folder = _folder(run_dir, restart_count())
     folder.mkdir(parents=True, exist_ok=True)
     record = {"rank": rank, "time": time.time(), "error": f"{type(error).__name__}: {error}" if error else None}
@@ -35,12 +38,7 @@ def previous_attempt_report(run_dir: Path, world_size: int) -> str | None:
     attempt = restart_count()
     if attempt == 0:
         return None
-    folder = _folder(run_dir, attempt - 1)
-    records = {}
-    for r in range(world_size):
-        record = read_json(folder / f"rank{r}.json")  # a torn record counts as none: the rank died writing it
-        if isinstance(record, dict) and {"rank", "time", "error"} <= record.keys():
-            records[r] = record
+    records = _records(_folder(run_dir, attempt - 1), range(world_size))
     missing = [r for r in range(world_size) if r not in records]
     if missing:
         cause = f"rank(s) {missing} died without an exit record (killed by a signal, OOM or a crash)"
@@ -48,3 +46,26 @@ def previous_attempt_report(run_dir: Path, world_size: int) -> str | None:
         failed = sorted((rec for rec in records.values() if rec["error"]), key=lambda rec: rec["time"])
         cause = f"rank {failed[0]['rank']} failed first: {failed[0]['error']}" if failed else "unknown cause"
     return f"elastic restart {attempt}: {cause}"
+
+
+def _records(folder: Path, ranks) -> dict[int, dict]:
+    records = {}
+    for r in ranks:
+        record = read_json(folder / f"rank{r}.json")  # a torn record counts as none: the rank died writing it
+        if isinstance(record, dict) and {"rank", "time", "error"} <= record.keys():
+            records[r] = record
+    return records
+
+
+def first_failed(run_dir: Path, ranks) -> int | None:
+    """Of ``ranks``, the one whose exit record of the last attempt holds the earliest error, or None without one.
+
+    A rank writes its record as its exception leaves ``run``, before its process group goes; a peer's error
+    (the connection it had to the failed rank closed) comes after that, so the records order cause before
+    effect. torch's own order (``get_first_failure``: when each error file was written, as ``main`` returned)
+    does not: the failed rank's teardown can outlast its peer's."""
+    attempts = [int(p.name) for p in (run_dir / "logs" / "attempts").glob("*") if p.name.isdigit()]
+    if not attempts:
+        return None
+    failed = [rec for rec in _records(_folder(run_dir, max(attempts)), ranks).values() if rec["error"]]
+    return min(failed, key=lambda rec: rec["time"])["rank"] if failed else None

@@ -21,6 +21,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from parallel.foundation.layout import ParallelLayout
+from trainer.launch.attempts import first_failed
 from trainer.launch.environment import ExternalLaunch
 from trainer.launch.loopback import local_only_env, local_rendezvous
 from trainer.launch.preemption import forward_to_children, warning_signals
@@ -174,7 +175,7 @@ def _elastic(cfg: DictConfig, cfg_dict: dict, *, layout: ParallelLayout, run_dir
         # SIGTERM/SIGINT to this process: the agent passed it on to the workers, which checkpoint and stop
         raise Preempted(_preempted_message(run_dir) + f" (signal {signal.Signals(exc.sigval).name})") from None
     except ChildFailedError as exc:
-        raise _worker_failure(exc, run_dir) from None
+        raise _worker_failure(exc, run_dir, single_node=layout.nnodes == 1) from None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -203,9 +204,14 @@ def _announce_node(topo: DictConfig, *, nnodes: int, port: int, wait_s: int) -> 
     )
 
 
-def _worker_failure(exc: Exception, run_dir: Path) -> WorkerFailure:
-    """The first failed worker of a ``ChildFailedError``: its rank, exit code and one-line message."""
+def _worker_failure(exc: Exception, run_dir: Path, *, single_node: bool) -> WorkerFailure:
+    """The first failed worker of a ``ChildFailedError``: its rank, exit code and one-line message. On one node the
+    exit records say which rank failed first (``attempts.first_failed``; across nodes a record's rank is meshtrain's
+    numbering, not the agent's)."""
     rank, failure = exc.get_first_failure()
+    first = first_failed(run_dir, exc.failures) if single_node else None
+    if first is not None and first in exc.failures:
+        rank, failure = first, exc.failures[first]
     message = failure.message
     if isinstance(message, dict):
         message = message.get("message", str(message))

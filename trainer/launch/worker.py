@@ -288,8 +288,8 @@ def run(
         logging.getLogger(TRACE_LOGGER_NAME).exception("rank %d traceback", env.rank)
         raise
     finally:
+        write_exit_record(run_dir, env.rank, error=error)  # before uninstall: the agent's SIGTERM would end us
         preemption.uninstall()
-        write_exit_record(run_dir, env.rank, error=error)
         if sinks is not None:
             finish_sinks(sinks, summary, exit_code=exit_code, log=log)
             if summary is not None:  # the listing now includes summary.json
