@@ -43,8 +43,8 @@ def previous_attempt_report(run_dir: Path, world_size: int) -> str | None:
     if missing:
         cause = f"rank(s) {missing} died without an exit record (killed by a signal, OOM or a crash)"
     else:
-        failed = sorted((rec for rec in records.values() if rec["error"]), key=lambda rec: rec["time"])
-        cause = f"rank {failed[0]['rank']} failed first: {failed[0]['error']}" if failed else "unknown cause"
+        first = _first_error(records)
+        cause = f"rank {first['rank']} failed first: {first['error']}" if first else "unknown cause"
     return f"elastic restart {attempt}: {cause}"
 
 
@@ -67,5 +67,11 @@ def first_failed(run_dir: Path, ranks) -> int | None:
     attempts = [int(p.name) for p in (run_dir / "logs" / "attempts").glob("*") if p.name.isdigit()]
     if not attempts:
         return None
-    failed = [rec for rec in _records(_folder(run_dir, max(attempts)), ranks).values() if rec["error"]]
-    return min(failed, key=lambda rec: rec["time"])["rank"] if failed else None
+    first = _first_error(_records(_folder(run_dir, max(attempts)), ranks))
+    return first["rank"] if first else None
+
+
+def _first_error(records: dict[int, dict]) -> dict | None:
+    """The record with the earliest error, or None when no rank recorded one."""
+    failed = [rec for rec in records.values() if rec["error"]]
+    return min(failed, key=lambda rec: rec["time"]) if failed else None
