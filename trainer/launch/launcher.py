@@ -21,7 +21,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from parallel.foundation.layout import ParallelLayout
-from trainer.launch.attempts import first_failed
+from trainer.launch.attempts import first_failure
 from trainer.launch.environment import ExternalLaunch
 from trainer.launch.loopback import local_only_env, local_rendezvous
 from trainer.launch.preemption import forward_to_children, warning_signals
@@ -175,7 +175,7 @@ def _elastic(cfg: DictConfig, cfg_dict: dict, *, layout: ParallelLayout, run_dir
         # SIGTERM/SIGINT to this process: the agent passed it on to the workers, which checkpoint and stop
         raise Preempted(_preempted_message(run_dir) + f" (signal {signal.Signals(exc.sigval).name})") from None
     except ChildFailedError as exc:
-        raise _worker_failure(exc, run_dir, single_node=layout.nnodes == 1) from None
+        raise _worker_failure(exc, run_dir, node_ranks=range(nproc) if not multi_node else None) from None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -204,22 +204,24 @@ def _announce_node(topo: DictConfig, *, nnodes: int, port: int, wait_s: int) -> 
     )
 
 
-def _worker_failure(exc: Exception, run_dir: Path, *, single_node: bool) -> WorkerFailure:
-    """The first failed worker of a ``ChildFailedError``: its rank, exit code and one-line message. On one node the
-    exit records say which rank failed first (``attempts.first_failed``; across nodes a record's rank is meshtrain's
-    numbering, not the agent's)."""
+def _worker_failure(exc: Exception, run_dir: Path, *, node_ranks: range | None) -> WorkerFailure:
+    """The first failed worker of a ``ChildFailedError``: its rank, exit code and one-line message. On one node
+    (``node_ranks``) the exit records say which rank failed first (``attempts.first_failure``), even one the agent
+    stopped while it was still tearing down and so left out of ``exc.failures``; across nodes a record's rank is
+    meshtrain's numbering, not the agent's."""
     rank, failure = exc.get_first_failure()
-    first = first_failed(run_dir, exc.failures) if single_node else None
-    if first is not None and first in exc.failures:
-        rank, failure = first, exc.failures[first]
-    message = failure.message
+    message, exit_code = failure.message, failure.exitcode
     if isinstance(message, dict):
         message = message.get("message", str(message))
     if not message or message == "<N/A>":
-        message = f"exited with code {failure.exitcode} (signal or crash); see {run_dir}/logs/rank{rank}.log"
+        message = f"exited with code {exit_code} (signal or crash); see {run_dir}/logs/rank{rank}.log"
+    record = first_failure(run_dir, node_ranks) if node_ranks is not None else None
+    if record is not None and record["rank"] != rank:
+        rank, message = record["rank"], record["error"]
+        exit_code = exc.failures[rank].exitcode if rank in exc.failures else None
+    code = f" (exit code {exit_code})" if exit_code is not None else ""
     return WorkerFailure(
-        f"worker rank {rank} failed (exit code {failure.exitcode}): {message} "
-        f"(traceback in {run_dir}/logs/rank{rank}.log)",
+        f"worker rank {rank} failed{code}: {message} (traceback in {run_dir}/logs/rank{rank}.log)",
         rank=rank,
-        exit_code=failure.exitcode,
+        exit_code=exit_code,
     )
