@@ -39,8 +39,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("llama_debug", "qwen3_moe_debug")
 #: each optimizer's grid; a smoke run (10 steps) kept the largest of the earlier 1e-3..1e-2 and 5e-3..5e-2, so both
-#: reach one step further up (a diverged lr stops its job, which the sweep records as nan and never keeps)
-SWEEP = {"adamw": (1e-3, 3e-3, 1e-2, 3e-2), "muon": (1e-2, 2e-2, 5e-2, 1e-1)}
+#: reach one step further up, and Muon two more after the 2026-12-06 run kept its top (1e-1) on both models (a
+#: diverged lr stops its job, which the sweep records as nan and never keeps)
+SWEEP = {"adamw": (1e-3, 3e-3, 1e-2, 3e-2), "muon": (1e-2, 2e-2, 5e-2, 1e-1, 2e-1, 4e-1)}
 COMMON = ("parallel=single", "logger=none", "trainer.checkpoint_every=0", "trainer.log_every=1")
 
 
