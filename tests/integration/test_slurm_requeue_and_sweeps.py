@@ -7,9 +7,10 @@ from 2 tasks. Time limits are not waited for: the warning is sent with ``scancel
 which is what Slurm sends at ``--signal=USR2@signal_delay_s`` (and what submitit's own test helper sends). The
 Slurm jobs hold before step 4 until a signal arrives (``WAIT``: tests/faults.py's ``WaitAt``), so the signal lands at a point
 the job waits for, never raced against its last steps. The last test lets slurmctld send the warning itself
-(``--signal=USR2@30`` before a 2-minute limit, Slurm's shortest whole-minute limit that leaves the job a minute to
-reach step 4: its periodic check sends it 30 to 60 s before the limit) to a job that holds before step 4 until it
-comes, so the real time-limit path is tested at a point the job waits for too.
+(``--signal=USR2@120``) to a job that holds before step 4 until it comes: once the job waits there, the test shortens
+its time limit (``scontrol update TimeLimit=``, as an admin does) so that slurmctld's next periodic check (every 30 s)
+finds the warning due, with a minute left before the limit; the real time-limit path is tested at a point the job
+waits for too, without waiting out a whole-minute limit from the job's start.
 Every cluster hands out its own block of job ids (benchmarks/slurm_cluster.py ``first_job_id``): a job's rendezvous
 port comes from its id, and two clusters that both started at job 1 (a suite beside a rerun of this module) gave
 their jobs the same port.
@@ -65,9 +66,9 @@ def _start(cluster, out_dir: Path, *overrides: str) -> subprocess.Popen:
     return proc
 
 
-def _signal_when_training(cluster, proc: subprocess.Popen, job_dir: Path, signal_name: str, task: str) -> str:
-    """Send ``signal_name`` to array task ``task`` once it has logged 3 steps (it then holds before step 4 until
-    the signal comes: ``WAIT``); returns its Slurm job id."""
+def _when_training(cluster, proc: subprocess.Popen, job_dir: Path, task: str) -> str:
+    """The Slurm job id of array task ``task`` (``""``: the cluster's only running job, a sweep of one job is no
+    array) once it has logged 3 steps (it then holds before step 4 until a signal comes: ``WAIT``)."""
     deadline = time.monotonic() + 400
     metrics = job_dir / "metrics.jsonl"
     while time.monotonic() < deadline:
@@ -78,12 +79,28 @@ def _signal_when_training(cluster, proc: subprocess.Popen, job_dir: Path, signal
         if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
             running = cluster.run("squeue", "-h", "-t", "RUNNING", "-o", "%i").stdout.split()
             (job_id,) = [j for j in running if j.endswith(task)]
-            # to the job's step, as Slurm's --signal=USR2@... does (Slurm 22.05 refuses to signal an array
-            # task as a job while the array's other tasks pend: "Job can not be altered now")
-            cluster.run("scancel", f"--signal={signal_name}", f"{job_id}.0")
             return job_id
         time.sleep(0.2)
     raise AssertionError(f"job {job_dir.name} did not start training within 400 s")
+
+
+def _signal_when_training(cluster, proc: subprocess.Popen, job_dir: Path, signal_name: str, task: str) -> str:
+    """Send ``signal_name`` to array task ``task`` once it holds before step 4; returns its Slurm job id."""
+    job_id = _when_training(cluster, proc, job_dir, task)
+    # to the job's step, as Slurm's --signal=USR2@... does (Slurm 22.05 refuses to signal an array
+    # task as a job while the array's other tasks pend: "Job can not be altered now")
+    cluster.run("scancel", f"--signal={signal_name}", f"{job_id}.0")
+    return job_id
+
+
+def _seconds_run(cluster, job_id: str) -> int:
+    """How long the job has run, from squeue's ``%M`` (``[days-][hours:]minutes:seconds``)."""
+    used = cluster.run("squeue", "-h", "-j", job_id, "-o", "%M").stdout.strip()
+    days, _, clock = used.rpartition("-")
+    seconds = 0
+    for part in clock.split(":"):
+        seconds = seconds * 60 + int(part)
+    return seconds + 86400 * int(days or 0)
 
 
 def _finish(proc: subprocess.Popen, timeout: float = 600) -> str:
@@ -205,17 +222,19 @@ def test_a_job_whose_task_count_does_not_match_the_layout_is_refused_before_trai
 
 
 def test_slurmctlds_own_time_limit_warning_stops_the_job_where_it_waits(slurm_cluster, tmp_path):
-    """The real path: slurmctld's periodic check sends ``--signal=USR2@30`` (30 to 60 s before the 2-minute limit)
-    to a one-task job holding before step 4; it checkpoints there and ends preempted (max_num_timeout=0: no
-    requeue)."""
+    """The real path: a one-task job (``--signal=USR2@120``, a 10-minute limit) holds before step 4; the test then
+    shortens its limit to the whole minutes that leave it 90 to 150 s, so slurmctld's next periodic check (30 s
+    apart; it warns when the limit is within the signal's lead plus 30 s) sends the warning itself, a minute or
+    more before the limit. The job checkpoints there and ends preempted (max_num_timeout=0: no requeue)."""
     from submitit.core.job_environment import JobEnvironment
 
+    lead_s = 120
     one_task = tuple(o for o in SLURM if not o.startswith("hydra.launcher.tasks_per_node="))
     limit = (
         *one_task,
         "hydra.launcher.tasks_per_node=1",
-        "hydra.launcher.timeout_min=2",
-        "hydra.launcher.signal_delay_s=30",
+        "hydra.launcher.timeout_min=10",
+        f"hydra.launcher.signal_delay_s={lead_s}",
     )
     proc = _start(
         slurm_cluster,
@@ -228,6 +247,11 @@ def test_slurmctlds_own_time_limit_warning_stops_the_job_where_it_waits(slurm_cl
         "hydra.launcher.max_num_timeout=0",
     )
     try:
+        job_id = _when_training(slurm_cluster, proc, tmp_path / "limit" / "0", "")
+        # the limit 90 to 150 s past now: the warning is due at once (limit <= run + lead + 30 s) and the next
+        # check (at most 30 s away) leaves the job at least 60 s to save its checkpoint and end
+        minutes = -(-(_seconds_run(slurm_cluster, job_id) + 90) // 60)
+        slurm_cluster.run("scontrol", "update", f"JobId={job_id}", f"TimeLimit={minutes}")
         proc.wait(timeout=600)  # no job completed: the sweep's exit code is not 0 (a preempted job is not done)
         out = proc.console.read_text()
     finally:
