@@ -1,7 +1,7 @@
 """``python train.py ARGS`` without paying the interpreter's imports each time: a warm runner for the tests.
 
 A zygote process (``python -m tests.warm_runner``) imports what every run imports (Hydra, the configs, torch,
-torch.distributed, ``torch._dynamo``, the trainer) once, then forks one child per request. The child is the
+torch.distributed, ``torch._dynamo``, the trainer, matplotlib for the figures) once, then forks one child per request. The child is the
 ``train.py`` process a user would start: it takes the request's folder, environment, argv and output files and
 runs train.py as ``__main__`` (``runpy``), so Hydra composes, validates and launches exactly as on the command
 line; its workers fork from it in turn (``topology.start_method=auto``). What it skips is only the ~6 s of
@@ -51,6 +51,9 @@ PRELOAD = (
     "parallel.strategies",
     "models.gpt.model",
     "models.llama.model",
+    # the run's figures (rank map, pipeline timeline, expert load) are drawn by rank 0 at the end: importing
+    # matplotlib there cost ~0.6 s CPU per run (a worker forked from a job that never drew one imports it anew)
+    "matplotlib.pyplot",
 )
 
 
@@ -97,6 +100,9 @@ def serve() -> None:
     """Read one JSON request per line on stdin; answer ``{"pid": ...}`` then ``{"returncode": ...}``."""
     import importlib
 
+    import matplotlib
+
+    matplotlib.use("Agg")  # what the figures' code selects before importing pyplot (no display here)
     for name in PRELOAD:
         importlib.import_module(name)
     reply = sys.stdout
