@@ -16,7 +16,11 @@ from trainer.observe.wandb_read import read_run
 pytestmark = pytest.mark.slow
 
 
-def test_torchrun_gives_one_output_folder(tmp_path):
+@pytest.fixture(scope="module")
+def torchrun_job(tmp_path_factory):
+    """``torchrun --nproc_per_node=2 train.py``, 6 steps, run once for the module: its run folder (named by the
+    time it started, as ``${mt_stamp:...}`` in hydra.run.dir gives each rank if they disagree)."""
+    tmp_path = tmp_path_factory.mktemp("torchrun")
     out = tmp_path / "outputs"
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
     cmd = [
@@ -31,7 +35,11 @@ def test_torchrun_gives_one_output_folder(tmp_path):
         cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, "WANDB_SILENT": "true"}
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    folders = list(out.iterdir())
+    return out
+
+
+def test_torchrun_gives_one_output_folder(torchrun_job):
+    folders = list(torchrun_job.iterdir())
     assert len(folders) == 1, f"one folder per rank: {folders}"
     d = folders[0]
     assert (d / "logs" / "rank0.log").exists() and (d / "logs" / "rank1.log").exists()
@@ -39,23 +47,14 @@ def test_torchrun_gives_one_output_folder(tmp_path):
     assert len(lines) == 6, "metrics written by more than one rank"
 
 
-def test_torchrun_matches_builtin_launcher(tmp_path):
+def test_torchrun_matches_builtin_launcher(tmp_path, torchrun_job):
     """The built-in launcher here spawns its workers (the start method CUDA runs use; CPU runs fork)."""
     builtin = run_train(*FAST, "trainer.max_steps=6", "topology.start_method=spawn", run_dir=tmp_path / "builtin")
     assert "started: spawn" in (tmp_path / "builtin" / "logs" / "rank0.log").read_text()
-    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
-    cmd = [
-        torchrun,
-        "--nproc_per_node=2",
-        str(ROOT / "train.py"),
-        *FAST,
-        "trainer.max_steps=6",
-        f"hydra.run.dir={tmp_path / 'torchrun'}",
-    ]
-    subprocess.run(cmd, check=True, capture_output=True, timeout=300, cwd=tmp_path)
     import json
 
-    losses = [json.loads(x)["loss"] for x in (tmp_path / "torchrun" / "metrics.jsonl").read_text().splitlines()]
+    (folder,) = torchrun_job.iterdir()
+    losses = [json.loads(x)["loss"] for x in (folder / "metrics.jsonl").read_text().splitlines()]
     assert_losses_close(losses, builtin.losses(), rel=1e-6)
 
 
