@@ -36,12 +36,29 @@ def straight(tmp_path_factory):
 LAYOUTS = {
     "single": ("parallel=single",),
     "ddp": ("parallel=ddp",),
-    "pp": ("parallel=pp", "pp.schedule=1f1b", "pp.micro_batches=2"),
+    "pp": ("parallel=pp", "pp.schedule=1f1b", "pp.micro_batches=2", "pp.trace_step=0"),
     "hybrid": ("parallel=hybrid", "dp.size=1", "tp.size=2", "pp.size=2", "pp.micro_batches=2", "pp.trace_step=0"),
 }
 
 
 CRASH = ("trainer.max_steps=20", inject(FailAt, step=11))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """``uninterrupted(layout)``: the layout's 20 steps without a checkpoint (which changes no loss), run once per
+    module: the reference of the exact-resume and the SIGKILL tests of that layout."""
+    runs = {}
+
+    def get(layout: tuple[str, ...]):
+        if layout not in runs:
+            run_dir = tmp_path_factory.mktemp("uninterrupted") / "run"
+            runs[layout] = run_train(
+                *layout, *FAST, "trainer.checkpoint_every=0", "trainer.max_steps=20", run_dir=run_dir
+            )
+        return runs[layout]
+
+    return get
 
 
 @pytest.fixture(scope="module")
@@ -69,14 +86,10 @@ def crashed(tmp_path_factory):
 
 @pytest.mark.parametrize("strategy", list(LAYOUTS))
 @pytest.mark.timeout(400)
-def test_exact_resume_after_crash(tmp_path, strategy, crashed, straight):
+def test_exact_resume_after_crash(strategy, crashed, straight, uninterrupted):
     layout = LAYOUTS[strategy]
     # single's uninterrupted run is the module's reference run (the same command line)
-    ref = (
-        straight
-        if strategy == "single"
-        else run_train(*layout, *FAST, *CKPT, "trainer.max_steps=20", run_dir=tmp_path / "ref")
-    )
+    ref = straight if strategy == "single" else uninterrupted(layout)
     run_dir, _ = crashed(strategy)
     resumed = run_train(*layout, *FAST, *CKPT, "trainer.max_steps=20", run_dir=run_dir)
     assert "resumed from" in resumed.output and "continuing at step 11 of 20" in resumed.output
@@ -134,8 +147,8 @@ def test_resumed_run_measures_comm_on_the_steps_it_logs(tmp_path, crashed):
 
 
 CHAOS = {
-    "ddp": ("parallel=ddp",),
-    "pp_1f1b": ("parallel=pp", "pp.schedule=1f1b", "pp.micro_batches=2", "pp.trace_step=0"),
+    "ddp": LAYOUTS["ddp"],
+    "pp_1f1b": LAYOUTS["pp"],
     "hybrid_dp2_pp2": (
         "parallel=hybrid",
         "dp.size=2",
@@ -148,16 +161,17 @@ CHAOS = {
 
 
 @pytest.mark.parametrize("layout", list(CHAOS))
-def test_sigkill_of_one_worker_at_a_random_step_recovers(tmp_path, layout):
+def test_sigkill_of_one_worker_at_a_random_step_recovers(tmp_path, layout, uninterrupted):
     """Chaos: SIGKILL one worker at a random step (seeded by the layout's name, printed) with
     topology.max_restarts=1. The elastic agent restarts the group, it resumes from the last checkpoint,
-    and its losses after the restart and final loss equal the uninterrupted run's, bit for bit."""
+    and its losses after the restart and final loss equal the uninterrupted run's (the exact-resume test's
+    reference where the layout is the same), bit for bit."""
     import random
     import zlib
 
     rng = random.Random(zlib.crc32(layout.encode()))
-    job = (*CHAOS[layout], *FAST, "trainer.checkpoint_every=4", "trainer.max_steps=12")
-    ref = run_train(*job, run_dir=tmp_path / "ref")
+    job = (*CHAOS[layout], *FAST, "trainer.checkpoint_every=4", "trainer.max_steps=20")
+    ref = uninterrupted(CHAOS[layout])
     world = len(ref.summary()["layout"]["rank_map"])
     step, rank = rng.randint(5, 11), rng.randrange(world)
     print(f"{layout}: SIGKILL rank {rank} of {world} at step {step}")
@@ -175,10 +189,10 @@ def test_sigkill_of_one_worker_at_a_random_step_recovers(tmp_path, layout):
     last_ckpt = (step - 1) // 4 * 4
     assert f"step_{last_ckpt:07d} at step {last_ckpt}" in run.output
     summary = run.summary()
-    assert summary["restarts"] == 1 and summary["last_step"] == 12
+    assert summary["restarts"] == 1 and summary["last_step"] == 20
     assert summary["final_loss"] == ref.summary()["final_loss"]
     got = {m["step"]: m["loss"] for m in run.metrics()}
-    assert [got[s] for s in range(last_ckpt + 1, 13)] == [m["loss"] for m in ref.metrics()[last_ckpt:]]
+    assert [got[s] for s in range(last_ckpt + 1, 21)] == [m["loss"] for m in ref.metrics()[last_ckpt:]]
 
 
 def test_preemption_saves_and_resumes(tmp_path):
