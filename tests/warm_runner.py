@@ -1,11 +1,11 @@
 """``python train.py ARGS`` without paying the interpreter's imports each time: a warm runner for the tests.
 
 A zygote process (``python -m tests.warm_runner``) imports what every run imports (Hydra, the configs, torch,
-torch.distributed, ``torch._dynamo``, the trainer, matplotlib for the figures) once, then forks one child per request. The child is the
-``train.py`` process a user would start: it takes the request's folder, environment, argv and output files and
-runs train.py as ``__main__`` (``runpy``), so Hydra composes, validates and launches exactly as on the command
-line; its workers fork from it in turn (``topology.start_method=auto``). What it skips is only the ~6 s of
-imports per run that make up most of a short test run on 2 cores.
+torch.distributed, ``torch._dynamo`` and inductor, the trainer, matplotlib for the figures) once, then forks one
+child per request. The child is the ``train.py`` process a user would start: it takes the request's folder,
+environment, argv and output files and runs train.py as ``__main__`` (``runpy``), so Hydra composes, validates and
+launches exactly as on the command line; its workers fork from it in turn (``topology.start_method=auto``). What
+it skips is only the ~6 s of imports per run that make up most of a short test run on 2 cores.
 
 The zygote runs no torch kernel (a forked child would inherit a used OpenMP pool) and holds no thread. Tests that
 start ``python train.py`` cold (the user-facing paths: make, torchrun, the ``meshtrain`` command, Slurm,
@@ -42,6 +42,9 @@ PRELOAD = (
     "torch.distributed.elastic.multiprocessing",
     "torch.distributed.launcher.api",
     "torch._dynamo",
+    # what the first torch.compile(...) call imports (~1.3 s CPU per rank of a trainer.compile=true run); no pool
+    # or thread is started by the import
+    "torch._inductor.compile_fx",
     "hydra",
     "conf.schema",
     "trainer.task",
