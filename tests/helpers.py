@@ -45,7 +45,7 @@ RUN_TIME_ENV = ("WANDB_", "HYDRA_FULL_ERROR", "MESHTRAIN_")
 
 def run_train(
     *overrides: str,
-    run_dir: Path,
+    run_dir: Path | None,
     expect_ok: bool = True,
     timeout: float = 600,
     env: dict[str, str] | None = None,
@@ -54,13 +54,13 @@ def run_train(
     cold: bool = False,
     interpreter_args: tuple[str, ...] = (),
 ) -> TrainRun:
-    """``python train.py OVERRIDES`` with its output folder under ``run_dir``.
+    """``python train.py OVERRIDES`` with its output folder under ``run_dir`` (``None``: Hydra's own, under ``cwd``).
 
     By default the run forks from the warm runner (tests/warm_runner.py: the same train.py, argv, folder and
     environment, with torch and Hydra already imported); ``cold=True`` (or MESHTRAIN_TESTS_COLD=1) starts a new
     interpreter as a user's shell does."""
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-    args = [*(["-m"] if multirun else []), *overrides, f"{key}={run_dir}"]
+    args = [*(["-m"] if multirun else []), *overrides, *([f"{key}={run_dir}"] if run_dir is not None else [])]
     full_env = {**os.environ, "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1", **(env or {})}
     warm = not cold and os.environ.get("MESHTRAIN_TESTS_COLD") != "1"
     if warm and not interpreter_args and all(k.startswith(RUN_TIME_ENV) for k in env or {}):

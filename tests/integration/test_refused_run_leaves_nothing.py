@@ -4,13 +4,9 @@ newest folder under outputs/ is still the good run, which exports and resumes (t
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
-from tests.helpers import FAST, ROOT, run_train
+from tests.helpers import FAST, run_train
 
 pytestmark = pytest.mark.slow
 
@@ -21,12 +17,10 @@ def test_after_a_refused_run_the_newest_run_folder_is_the_last_good_run(tmp_path
 
     good = tmp_path / "outputs" / "2026-01-01" / "00-00-00"  # sorts before any folder made today
     run_train("parallel=single", *FAST, "trainer.max_steps=2", run_dir=good, cwd=tmp_path)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"}
     for typo in (["+paralel=fsdp"], ["dp.size=3"], ["paralel=fsdp"]):  # a key nothing reads, a layout, Hydra's own
-        refused = subprocess.run(
-            [sys.executable, str(ROOT / "train.py"), *typo], capture_output=True, text=True, cwd=tmp_path, env=env
-        )
-        assert refused.returncode == 2, refused.stderr[-2000:]
+        # as typed: no hydra.run.dir, so Hydra would make its own outputs/<date>/<time> under the folder
+        refused = run_train(*typo, run_dir=None, cwd=tmp_path, env={"WANDB_MODE": "disabled"}, expect_ok=False)
+        assert refused.proc.returncode == 2, refused.proc.stderr[-2000:]
     newest = sorted((tmp_path / "outputs").glob("*/*"))[-1]
     assert newest == good, sorted((tmp_path / "outputs").glob("*/*"))
     assert export([str(newest), "--hf", str(tmp_path / "exported")]) == 0
