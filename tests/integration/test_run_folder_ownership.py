@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults import WaitAt, inject
-from tests.helpers import FAST, ROOT
+from tests.helpers import FAST, ROOT, run_train
 from tests.listeners import listeners_of, process_tree
 from trainer.launch.ownership import LOCK_FILE, FolderBusy, hold, read_holder, release
 from trainer.observe.durable import write_json
@@ -91,16 +91,10 @@ def held(tmp_path_factory):
             waiting = workers_of(a.pid)
             seen |= listeners_of(process_tree(a.pid))
             t0 = time.perf_counter()
-            b = subprocess.run(
-                train_cmd(*JOB, "trainer.max_steps=7", f"hydra.run.dir={run_dir}"),
-                capture_output=True,
-                text=True,
-                cwd=ROOT,
-                env=ENV,
-                timeout=120,
-            )
+            # train.py forked from the warm runner: the refusal is train.py's, not the interpreter start's
+            b = run_train(*JOB, "trainer.max_steps=7", run_dir=run_dir, expect_ok=False, timeout=120).proc
             b_seconds = time.perf_counter() - t0
-            print(f"\nsecond job refused after {b_seconds:.2f} s (wall clock, process start to exit)")
+            print(f"\nsecond job refused after {b_seconds:.2f} s (wall clock, warm-runner fork to exit)")
             go.touch()
         time.sleep(0.1)
     a.wait(timeout=60)
@@ -173,20 +167,15 @@ def test_copies_cut_at_random_offsets_resume_to_the_final_loss(held, tmp_path):
                 id_spared[k] = offset >= text.index(f'"{ref_id}"') + len(ref_id) + 3  # the id, its quote and comma
         cut(job / "checkpoints" / "step_0000004" / "meshtrain.json", rng)  # auto falls back to step 2
 
-    resumed = subprocess.run(
+    resumed = run_train(
         # one job per copy; only the first opens W&B (and so reads wandb_run.json): W&B costs seconds per job
-        train_cmd(
-            "-m",
-            *(o for o in JOB if not o.startswith("logger.wandb.mode=")),
-            f"logger.wandb.mode=offline{',disabled' * (COPIES - 1)}",
-            f"hydra.sweep.dir={sweep}",
-        ),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=ENV,
+        *(o for o in JOB if not o.startswith("logger.wandb.mode=")),
+        f"logger.wandb.mode=offline{',disabled' * (COPIES - 1)}",
+        run_dir=sweep,
+        multirun=True,
+        expect_ok=False,
         timeout=600,
-    )
+    ).proc
     out = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0 and f"{COPIES} jobs: {COPIES} completed" in out, out[-5000:]
     for k in range(COPIES):
