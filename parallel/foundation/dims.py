@@ -228,10 +228,11 @@ def spanned(over: Iterable[str], sizes: Mapping[str, int]) -> tuple[str, ...]:
 
 def full_sizes(given: Mapping[str, int]) -> dict[str, int]:
     """Every dimension's size in written order, 1 where ``given`` has none; a name not in the table is refused."""
-    unknown = [k for k in given if k not in names()]
+    known = names()
+    unknown = [k for k in given if k not in known]
     if unknown:
-        raise TypeError(f"unknown mesh dimension(s) {unknown}; the dimensions are {', '.join(names())}")
-    return {n: int(given.get(n, 1)) for n in names()}
+        raise TypeError(f"unknown mesh dimension(s) {unknown}; the dimensions are {', '.join(known)}")
+    return {n: int(given.get(n, 1)) for n in known}
 
 
 def world_size(sizes: Mapping[str, int]) -> int:

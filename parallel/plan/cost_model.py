@@ -10,6 +10,7 @@ cluster on a laptop.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -660,10 +661,45 @@ def p2p_s(nbytes: float, *, link: Link) -> float:
 
 
 @dataclass(frozen=True)
+class _Placement:
+    """Where a pipeline's blocks sit, a function of the model and of (pp, v, schedule, split points) alone, so it is
+    computed once per model for all the candidates that share them: each rank's blocks (the MTP modules on the last
+    stage's rank), the rank holding the last stage, and the kinds of rank for the memory terms: (its kinds of blocks,
+    or with LoRA, whose targets may name blocks, the blocks themselves; first; last), each rank's kind (an index)."""
+
+    layers_of: tuple[tuple[int, ...], ...]
+    last: int
+    kinds: tuple[tuple, ...]
+    """The distinct kinds, in the order of the first rank of each (``kind_rank``)."""
+    kind_rank: tuple[int, ...]
+    kind_of: tuple[int, ...]
+
+    @classmethod
+    def of(cls, c: Candidate, model: ModelShape) -> _Placement:
+        v = c.stages_per_rank if c.pp > 1 else 1
+        return model.remember(("placement", c.pp, v, c.schedule, c.split_points), lambda: cls._computed(c, model, v))
+
+    @classmethod
+    def _computed(cls, c: Candidate, model: ModelShape, v: int) -> _Placement:
+        last = last_chunk_rank(pp=c.pp, schedule=c.schedule, stages_per_rank=v)
+        layers_of = rank_layers(
+            model.n_layers, pp=c.pp, stages_per_rank=v, schedule=c.schedule, split_points=c.split_points
+        )
+        layers_of[last] = [*layers_of[last], *model.mtp_layers]  # the MTP modules sit on the last stage
+        index: dict[tuple, int] = {}
+        kind_of = []
+        for r, layers in enumerate(layers_of):
+            kind = (tuple(layers) if model.lora_rank > 0 else model.block_kinds(layers), r == 0, r == last)
+            kind_of.append(index.setdefault(kind, len(index)))
+        kind_rank = tuple(kind_of.index(k) for k in range(len(index)))
+        return cls(tuple(tuple(layers) for layers in layers_of), last, tuple(index), kind_rank, tuple(kind_of))
+
+
+@dataclass(frozen=True)
 class _Split:
     """How a candidate cuts the workload, read by every term: tokens per sample on a rank (``s``; ``s_full``
     unsplit), virtual stages per rank, activation bytes per element, samples per micro-batch, the ranks that see
-    different tokens (dp x cp), each pipeline rank's layers and the rank holding the last one."""
+    different tokens (dp x cp), each pipeline rank's layers and the rank holding the last one (``placement``)."""
 
     s_full: int
     s: float
@@ -671,50 +707,84 @@ class _Split:
     e: int
     b: float
     data: int
-    layers_of: list[list[int]]
-    last: int
+    placement: _Placement
     meshtrain: bool
     reference: int = 0
     """Forwards of a reference held on the ranks per micro-batch (``Workload.reference_copy``): 0 or 1."""
 
+    @property
+    def layers_of(self) -> tuple[tuple[int, ...], ...]:
+        return self.placement.layers_of
+
+    @property
+    def last(self) -> int:
+        return self.placement.last
+
     @classmethod
     def of(cls, c: Candidate, model: ModelShape, workload: Workload) -> _Split:
-        v = c.stages_per_rank if c.pp > 1 else 1
-        last = last_chunk_rank(pp=c.pp, schedule=c.schedule, stages_per_rank=v)
-        layers_of = rank_layers(
-            model.n_layers, pp=c.pp, stages_per_rank=v, schedule=c.schedule, split_points=c.split_points
-        )
-        layers_of[last] = [*layers_of[last], *model.mtp_layers]  # the MTP modules sit on the last stage
         return cls(
             s_full=workload.seq_len,
             s=workload.seq_len / c.cp,  # context parallel splits the sequence
-            v=v,
+            v=c.stages_per_rank if c.pp > 1 else 1,
             e=workload.activation_bytes,
             b=workload.global_batch_size / (c.dp * c.micro_batches),
             data=c.dp * c.cp,  # FSDP shards and gradients reduce over dp x cp
-            layers_of=layers_of,
-            last=last,
+            placement=_Placement.of(c, model),
             meshtrain=workload.implementation == "meshtrain",
             reference=int(workload.reference_copy),
         )
 
 
-def _rank_footprint(
-    c: Candidate, model: ModelShape, workload: Workload, sp: _Split, layers: list[int], *, first: bool, last: bool
-) -> tuple[Memory, float]:
-    """A pipeline rank's states (weights, gradients, optimizer; its activations left at 0) and its saved activation
-    bytes per micro-batch: what its blocks and its ends of the model (embedding, head) hold."""
-    meshtrain = sp.meshtrain
-    layer_bytes = saved_layer_activation_bytes if meshtrain else layer_activation_bytes
+def _rank_states(
+    c: Candidate, model: ModelShape, workload: Workload, layers: tuple[int, ...], *, first: bool, last: bool
+) -> Memory:
+    """A pipeline rank's states (weights, gradients, optimizer, a held reference; its activations left at 0): what its
+    blocks and its ends of the model (embedding, head) hold, for ``c``'s degrees and ZeRO stage (all it reads)."""
+    meshtrain = workload.implementation == "meshtrain"
     params = rank_params(model, layers, first=first, last=last, tp=c.tp, meshtrain=meshtrain)
     w, g, o = rank_state_bytes(model, layers, params=params, c=c, workload=workload, meshtrain=meshtrain)
     if model.lora_rank > 0:  # frozen weights held in full; the adapters alone have gradients and states
         trainable = rank_trainable_params(model, layers, last=last, tp=c.tp, meshtrain=meshtrain)
         adapters, g, o = model_state_bytes(
-            trainable, bytes_per_param=workload.bytes_per_param, zero_stage=c.zero_stage, dp=sp.data
+            trainable, bytes_per_param=workload.bytes_per_param, zero_stage=c.zero_stage, dp=c.dp * c.cp
         )
         w += adapters
     reference = w if workload.reference_copy and model.lora_rank == 0 else 0.0  # LoRA: the base, adapters off
+    return Memory(params=w, grads=g, optimizer=o, activations=0.0, reference=reference)
+
+
+def _rank_saved_bytes(
+    model: ModelShape, workload: Workload, case: ActivationCase, layers: tuple[int, ...], *, v: int, last: bool
+) -> float:
+    """A pipeline rank's saved activation bytes per micro-batch: its blocks' (``case``: the micro-batch's shape,
+    tp, sequence parallel, recomputation), its stages' rotary tables and, on the last rank, the loss's."""
+    meshtrain = workload.implementation == "meshtrain"
+    layer_bytes = saved_layer_activation_bytes if meshtrain else layer_activation_bytes
+    per_mb = sum(
+        n * model.remember((layer_bytes, i, case), lambda i=i: layer_bytes(model, i, case))
+        for i, n in model.layer_groups(layers)
+    )
+    if meshtrain and layers and model.block_saved_bytes is None:  # each of the rank's stages keeps its own table
+        per_mb += v * rotary_table_saved_bytes(model, seq_len=workload.seq_len)
+    if last:  # the loss's, once for the main head and once per MTP module
+        per_mb += (1 + model.mtp_depth) * (
+            head_saved_bytes(model, case)
+            if meshtrain
+            else logits_bytes(
+                model, seq_len=case.seq_len, micro_batch=case.micro_batch, tp=case.tp, element_bytes=case.element_bytes
+            )
+        )
+    return per_mb
+
+
+def _rank_memories(c: Candidate, model: ModelShape, workload: Workload, sp: _Split) -> list[tuple[Memory, float]]:
+    """Each pipeline rank's memory (states, and the activations its micro-batches in flight hold) and its saved
+    activation bytes per micro-batch. Ranks of one kind (``_Placement.kinds``: the same kinds of blocks and ends of
+    the model) hold the same states and per-micro-batch activations, and the planner asks this for tens of thousands
+    of candidates that share most of them: the states are remembered per model, workload, degrees and ZeRO stage,
+    the activations per model, workload, ``ActivationCase`` and virtual stages, each per kind of rank."""
+    memo = model.remember(("rank_memories", workload), dict)
+    degrees = ("states", tuple(c.sizes.items()), c.zero_stage)
     case = ActivationCase(
         seq_len=sp.s,
         micro_batch=sp.b,
@@ -725,39 +795,31 @@ def _rank_footprint(
         cp=c.cp,
         ep=c.ep,
     )
-    per_mb = sum(
-        n * model.remember((layer_bytes, i, case), lambda i=i: layer_bytes(model, i, case))
-        for i, n in model.layer_groups(layers)
-    )
-    if meshtrain and layers and model.block_saved_bytes is None:  # each of the rank's stages keeps its own table
-        per_mb += sp.v * rotary_table_saved_bytes(model, seq_len=sp.s_full)
-    if last:  # the loss's, once for the main head and once per MTP module
-        per_mb += (1 + model.mtp_depth) * (
-            head_saved_bytes(model, case)
-            if meshtrain
-            else logits_bytes(model, seq_len=sp.s, micro_batch=sp.b, tp=c.tp, element_bytes=sp.e)
-        )
-    return Memory(params=w, grads=g, optimizer=o, activations=0.0, reference=reference), per_mb
-
-
-def _rank_memories(c: Candidate, model: ModelShape, workload: Workload, sp: _Split) -> list[tuple[Memory, float]]:
-    """Each pipeline rank's memory (states, and the activations its micro-batches in flight hold) and its saved
-    activation bytes per micro-batch. Ranks with the same kinds of blocks (``ModelShape.layer_groups``; with LoRA,
-    whose targets may name blocks, the same blocks) and the same ends of the model hold the same states and
-    per-micro-batch activations, computed once per kind: a 32-rank pipeline of equal stages has two or three kinds,
-    and the planner asks this for tens of thousands of candidates."""
-    kinds: dict[tuple, tuple[Memory, float]] = {}
+    held = _in_flight(c.schedule, pp=c.pp, m=c.micro_batches, v=sp.v)
+    placement = sp.placement
+    per_kind = []
+    for kind, r in zip(placement.kinds, placement.kind_rank, strict=True):
+        layers, first, last = placement.layers_of[r], kind[1], kind[2]
+        states_key, saved_key = (*degrees, kind), ("saved", case, sp.v, kind)
+        if states_key not in memo:
+            states_of = Candidate(sizes=dict(c.sizes), zero_stage=c.zero_stage)
+            memo[states_key] = _rank_states(states_of, model, workload, layers, first=first, last=last)
+        if saved_key not in memo:
+            memo[saved_key] = _rank_saved_bytes(model, workload, case, layers, v=sp.v, last=last)
+        per_kind.append((memo[states_key], memo[saved_key]))
     out = []
-    for r, layers in enumerate(sp.layers_of):
-        first, last = r == 0, r == sp.last
-        blocks = tuple(layers) if model.lora_rank > 0 else model.block_kinds(layers)
-        key = (blocks, first, last)
-        if key not in kinds:
-            kinds[key] = _rank_footprint(c, model, workload, sp, layers, first=first, last=last)
-        states, per_mb = kinds[key]
-        held = micro_batches_in_flight(c.schedule, pp=c.pp, m=c.micro_batches, v=sp.v, stage=r)
-        out.append((Memory(states.params, states.grads, states.optimizer, per_mb * held, states.reference), per_mb))
+    for k, in_flight in zip(placement.kind_of, held, strict=True):
+        states, per_mb = per_kind[k]
+        out.append(
+            (Memory(states.params, states.grads, states.optimizer, per_mb * in_flight, states.reference), per_mb)
+        )
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _in_flight(schedule: str, *, pp: int, m: int, v: int) -> tuple[float, ...]:
+    """``micro_batches_in_flight`` of each pipeline rank (a function of the schedule alone)."""
+    return tuple(micro_batches_in_flight(schedule, pp=pp, m=m, v=v, stage=r) for r in range(pp))
 
 
 def memory_budget(hardware: HardwareSpec, workload: Workload) -> float:
