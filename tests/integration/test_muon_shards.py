@@ -1,7 +1,8 @@
 """Muon over sharded matrices (parallel/optim/muon_shards.py) on 4 real gloo processes, a 2 x 2 mesh: FSDP2-like
 row shards, TP-like column shards, both at once, uneven sizes, a replicated matrix and experts sharded by expert.
 Both ways (spread over owner ranks, gathered everywhere) give, bitwise, torch.optim.Muon's update of the whole
-matrices: each matrix reaches torch's step whole, so nothing but the gather differs from one process."""
+matrices: each matrix reaches torch's step whole, so nothing but the gather differs from one process. The same 4
+processes run both ways, one after the other, each from the same start."""
 
 from __future__ import annotations
 
@@ -36,7 +37,10 @@ def _full_values(seed: int) -> dict[str, torch.Tensor]:
     return {n: torch.randn(shape, generator=g) for n, (shape, _) in CASES.items()}
 
 
-def _worker(rank: int, store: str, way: str, queue) -> None:
+WAYS = ("spread", "everywhere")
+
+
+def _worker(rank: int, store: str, queue) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import distribute_tensor
@@ -47,24 +51,25 @@ def _worker(rank: int, store: str, way: str, queue) -> None:
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=4)
         mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-        start = _full_values(0)
-        params = {
-            n: torch.nn.Parameter(distribute_tensor(start[n], mesh, _placements(c))) for n, (_, c) in CASES.items()
-        }
-        opt = Muon(list(params.items()), lr=0.05, weight_decay=0.1, muon_gather=way, implementation="for-loop")
-        for step in range(STEPS):
-            grads = _full_values(100 + step)
-            for n, p in params.items():
-                p.grad = distribute_tensor(grads[n], mesh, p.placements, src_data_rank=None)
-            opt.step()
-        # numpy arrays travel by value (torch tensors would go by shared memory, gone when the process ends)
-        out = {n: p.detach().full_tensor().numpy() for n, p in params.items()}
-        bufs = {n: opt.state[p]["momentum_buffer"].full_tensor().numpy() for n, p in params.items() if p.ndim >= 2}
-        if rank == 0:
-            queue.put(("ok", out, bufs))
+        for way in WAYS:  # each from the same start, with its own parameters and optimizer
+            start = _full_values(0)
+            params = {
+                n: torch.nn.Parameter(distribute_tensor(start[n], mesh, _placements(c))) for n, (_, c) in CASES.items()
+            }
+            opt = Muon(list(params.items()), lr=0.05, weight_decay=0.1, muon_gather=way, implementation="for-loop")
+            for step in range(STEPS):
+                grads = _full_values(100 + step)
+                for n, p in params.items():
+                    p.grad = distribute_tensor(grads[n], mesh, p.placements, src_data_rank=None)
+                opt.step()
+            # numpy arrays travel by value (torch tensors would go by shared memory, gone when the process ends)
+            out = {n: p.detach().full_tensor().numpy() for n, p in params.items()}
+            bufs = {n: opt.state[p]["momentum_buffer"].full_tensor().numpy() for n, p in params.items() if p.ndim >= 2}
+            if rank == 0:
+                queue.put(("ok", way, out, bufs))
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001 - the parent shows it
-        queue.put(("error", traceback.format_exc(), None))
+        queue.put(("error", None, traceback.format_exc(), None))
 
 
 def _reference() -> dict[str, torch.Tensor]:
@@ -88,16 +93,30 @@ def _reference() -> dict[str, torch.Tensor]:
     }
 
 
-@pytest.mark.parametrize("way", ["spread", "everywhere"])
-def test_sharded_matrices_get_torch_muons_update_bitwise(tmp_path, way):
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> dict[str, tuple]:
+    """way -> (status, the parameters, the momentum buffers) from one start of 4 processes running both ways."""
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, str(tmp_path / "store"), way, queue)) for r in range(4)]
+    store = str(tmp_path_factory.mktemp("muon_shards") / "store")
+    procs = [ctx.Process(target=_worker, args=(r, store, queue)) for r in range(4)]
     for p in procs:
         p.start()
-    status, out, bufs = queue.get(timeout=240)
+    found: dict[str, tuple] = {}
+    while len(found) < len(WAYS):
+        status, way, out, bufs = queue.get(timeout=240)
+        if status != "ok":  # every way fails with the traceback
+            found = {w: (status, out, None) for w in WAYS}
+            break
+        found[way] = (status, out, bufs)
     for p in procs:
         p.join(timeout=60)
+    return found
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_sharded_matrices_get_torch_muons_update_bitwise(results, way):
+    status, out, bufs = results[way]
     assert status == "ok", out
     want = _reference()
     out = {n: torch.from_numpy(a) for n, a in out.items()}
