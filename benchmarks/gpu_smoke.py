@@ -133,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--size {args.size}: unknown size(s) {unknown}; use {', '.join(GPU_SIZES)}")
 
-    gpus = cuda_devices()
-    on_gpu = gpus > 0 and not args.tiny
+    gpus = 0 if args.tiny else cuda_devices()  # --tiny runs on CPU wherever it runs: no child importing torch to ask
+    on_gpu = gpus > 0
     steps = 3 if args.tiny else args.steps
     sizes = sizes if on_gpu else ["debug"]
     fsdp_ranks = max(gpus, 1) if on_gpu else 2
