@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults import WaitAt, inject
-from tests.helpers import FAST, ROOT
+from tests.helpers import FAST, ROOT, run_train
 from trainer.observe.wandb_read import read_run
 from trainer.sweeps.jobs import read_sweep
 
@@ -115,8 +115,6 @@ def sweeps(slurm_cluster, tmp_path_factory):
     from submitit.core.job_environment import JobEnvironment
 
     root = tmp_path_factory.mktemp("slurm_sweeps")
-    # the local reference runs meanwhile: it fills the Slurm sweep's idle seconds (requeue hold, polls)
-    local = _start(slurm_cluster, root / "local", *JOB, "trainer.seed=1,2")
     slurm = _start(
         slurm_cluster,
         root / "slurm",
@@ -129,17 +127,16 @@ def sweeps(slurm_cluster, tmp_path_factory):
         "hydra.launcher.max_num_preemption=0",
     )
     try:
-        ids = {
-            0: _signal_when_training(slurm_cluster, slurm, root / "slurm" / "0", JobEnvironment.USR_SIG, "_0"),
-            2: _signal_when_training(slurm_cluster, slurm, root / "slurm" / "2", "TERM", "_2"),
-        }
-        _finish(local)
+        ids = {0: _signal_when_training(slurm_cluster, slurm, root / "slurm" / "0", JobEnvironment.USR_SIG, "_0")}
+        # the local reference runs meanwhile (forked from the warm runner): it fills the Slurm sweep's idle seconds
+        # (job 0's requeue hold, job 2's start); job 2 holds before step 4 until its signal comes, however late
+        run_train(*JOB, "trainer.seed=1,2", run_dir=root / "local", multirun=True)
+        ids[2] = _signal_when_training(slurm_cluster, slurm, root / "slurm" / "2", "TERM", "_2")
         yield {"out": _finish(slurm), "dir": root / "slurm", "ids": ids, "local": root / "local"}
     finally:
-        for proc in (local, slurm):  # a failed wait must not leave a sweep running
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)  # the sweep and the workers it started
-                proc.wait()
+        if slurm.poll() is None:  # a failed wait must not leave a sweep running
+            os.killpg(slurm.pid, signal.SIGKILL)  # the sweep and the workers it started
+            slurm.wait()
 
 
 def test_slurm_jobs_with_two_tasks_each_train_the_local_runs_losses(sweeps):
