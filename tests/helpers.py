@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -53,12 +54,14 @@ def run_train(
     cwd: Path = ROOT,
     cold: bool = False,
     interpreter_args: tuple[str, ...] = (),
+    max_file_bytes: int | None = None,
 ) -> TrainRun:
     """``python train.py OVERRIDES`` with its output folder under ``run_dir`` (``None``: Hydra's own, under ``cwd``).
 
     By default the run forks from the warm runner (tests/warm_runner.py: the same train.py, argv, folder and
     environment, with torch and Hydra already imported); ``cold=True`` (or MESHTRAIN_TESTS_COLD=1) starts a new
-    interpreter as a user's shell does."""
+    interpreter as a user's shell does. ``max_file_bytes``: the run's RLIMIT_FSIZE (a write past it fails with
+    EFBIG, Python ignoring SIGXFSZ: the way writes fail on a full disk)."""
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     args = [*(["-m"] if multirun else []), *overrides, *([f"{key}={run_dir}"] if run_dir is not None else [])]
     full_env = {**os.environ, "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1", **(env or {})}
@@ -68,12 +71,22 @@ def run_train(
 
         outputs = Path(tempfile.mkdtemp(prefix="warm-run-"))
         try:
-            proc = runner().run(args, cwd=cwd, env=full_env, timeout=timeout, tmp=outputs)
+            proc = runner().run(
+                args, cwd=cwd, env=full_env, timeout=timeout, tmp=outputs, max_file_bytes=max_file_bytes
+            )
         finally:
             shutil.rmtree(outputs, ignore_errors=True)
     else:
         cmd = [sys.executable, *interpreter_args, str(ROOT / "train.py"), *args]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd)
+        limit = None
+        if max_file_bytes:
+
+            def limit() -> None:
+                resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes))
+
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd, preexec_fn=limit
+        )
     run = TrainRun(proc=proc, run_dir=run_dir)
     if expect_ok and proc.returncode != 0:
         raise AssertionError(f"train.py failed ({proc.returncode}):\n{run.output[-6000:]}")

@@ -18,6 +18,7 @@ import atexit
 import io
 import json
 import os
+import resource
 import runpy
 import select
 import signal
@@ -66,6 +67,9 @@ PRELOAD = (
 def _child(request: dict) -> int:
     """In the forked child: become ``python train.py ARGS`` in the request's folder and environment."""
     os.setpgid(0, 0)  # its own group: a timed-out run is killed with its workers
+    if request.get("max_file_bytes"):  # RLIMIT_FSIZE, as a shell's ulimit -f: writes past it fail with EFBIG
+        limit = int(request["max_file_bytes"])
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -155,10 +159,20 @@ class WarmRunner:
             raise RuntimeError(f"the warm runner exited ({self.proc.poll()})")
         return json.loads(line)
 
-    def run(self, args: list[str], *, cwd: Path, env: dict[str, str], timeout: float, tmp: Path):
+    def run(
+        self,
+        args: list[str],
+        *,
+        cwd: Path,
+        env: dict[str, str],
+        timeout: float,
+        tmp: Path,
+        max_file_bytes: int | None = None,
+    ):
         tmp.mkdir(parents=True, exist_ok=True)
         stdout, stderr = tmp / "stdout.txt", tmp / "stderr.txt"
         request = {"args": args, "cwd": str(cwd), "env": env, "stdout": str(stdout), "stderr": str(stderr)}
+        request["max_file_bytes"] = max_file_bytes
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         pid = self._read(timeout=60)["pid"]

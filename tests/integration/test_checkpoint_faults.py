@@ -4,14 +4,9 @@ cleanly while the previous checkpoint stays intact and training goes on; timeout
 
 from __future__ import annotations
 
-import os
-import resource
-import subprocess
-import sys
-
 import pytest
 
-from tests.helpers import FAST, ROOT, TrainRun, run_train
+from tests.helpers import FAST, TrainRun, run_train
 from trainer.checkpoint.files import checkpoints_root, complete_checkpoints, read_marker
 
 pytestmark = pytest.mark.slow
@@ -34,14 +29,7 @@ def test_async_checkpoint_resumes_bit_exactly(tmp_path):
 def limited_run(run_dir, *overrides: str, max_file_bytes: int) -> TrainRun:
     """train.py with RLIMIT_FSIZE: any write past ``max_file_bytes`` fails with EFBIG (Python ignores
     SIGXFSZ), the way writes fail on a full disk."""
-
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes))
-
-    cmd = [sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
-    env = {**os.environ, "WANDB_SILENT": "true", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT, preexec_fn=limit)
-    return TrainRun(proc=proc, run_dir=run_dir)
+    return run_train(*overrides, run_dir=run_dir, expect_ok=False, max_file_bytes=max_file_bytes)
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
