@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import FAST, ROOT
+from tests.helpers import FAST, ROOT, run_train
 
 pytestmark = pytest.mark.slow
 
@@ -91,12 +91,25 @@ def test_separate_folders_refuse_checkpointing_with_the_fix(tmp_path):
 
 
 def test_a_lone_node_gives_up_after_the_rendezvous_timeout(tmp_path):
-    nodes = {k: node(k, free_port(), tmp_path / f"n{k}", "topology.rendezvous_timeout_s=5") for k in (0, 1)}
-    # a node that ignored rendezvous_timeout_s=5 would wait the default 600 s: communicate's 300 s catches it
-    outs = {k: p.communicate(timeout=300) for k, p in nodes.items()}
-    for k, p in nodes.items():
-        out = outs[k][0]
-        assert p.returncode == 3, out[-3000:]
+    """Node 0 alone, then node 1 alone (each on its own port), forked from the warm runner: the same train.py; the
+    interpreter's start is the other tests' (cold nodes)."""
+    for k in (0, 1):
+        # a node that ignored rendezvous_timeout_s=5 would wait the default 600 s: the 300 s timeout catches it
+        run = run_train(
+            "topology=multi_node",
+            "topology.nnodes=2",
+            "topology.nproc_per_node=1",
+            f"topology.master_port={free_port()}",
+            f"topology.node_rank={k}",
+            *FAST,
+            "trainer.max_steps=3",
+            "topology.rendezvous_timeout_s=5",
+            run_dir=tmp_path / f"n{k}",
+            expect_ok=False,
+            timeout=300,
+        )
+        out = run.output
+        assert run.proc.returncode == 3, out[-3000:]
         assert f"node {k} of 2" in out and "waiting for node(s)" in out
         assert "the rendezvous at localhost:" in out and "rendezvous_timeout_s=5" in out
         assert "Traceback" not in out and "frame #" not in out, out[-3000:]
