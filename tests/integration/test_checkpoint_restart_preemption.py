@@ -19,6 +19,9 @@ from tests.helpers import FAST, ROOT, assert_losses_close, exit_times, log_time,
 pytestmark = pytest.mark.slow
 
 CKPT = ("trainer.checkpoint_every=5",)
+#: the resume tests' runs: 12 steps, checkpoints at 5, 10 and 12; the crashed runs fail at step 7 (last checkpoint 5)
+STEPS = 12
+CRASH_AT, KEPT = 7, 5
 
 
 def _full(run) -> list[float]:
@@ -27,9 +30,13 @@ def _full(run) -> list[float]:
 
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
-    """20 uninterrupted single-process steps: the reference for resumed runs."""
+    """12 uninterrupted single-process steps: the reference for resumed runs."""
     return run_train(
-        "parallel=single", *FAST, *CKPT, "trainer.max_steps=20", run_dir=tmp_path_factory.mktemp("straight") / "run"
+        "parallel=single",
+        *FAST,
+        *CKPT,
+        f"trainer.max_steps={STEPS}",
+        run_dir=tmp_path_factory.mktemp("straight") / "run",
     )
 
 
@@ -41,12 +48,12 @@ LAYOUTS = {
 }
 
 
-CRASH = ("trainer.max_steps=20", inject(FailAt, step=11))
+CRASH = (f"trainer.max_steps={STEPS}", inject(FailAt, step=CRASH_AT))
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    """``uninterrupted(layout)``: the layout's 20 steps without a checkpoint (which changes no loss), run once per
+    """``uninterrupted(layout)``: the layout's 12 steps without a checkpoint (which changes no loss), run once per
     module: the reference of the exact-resume and the SIGKILL tests of that layout."""
     runs = {}
 
@@ -54,7 +61,7 @@ def uninterrupted(tmp_path_factory):
         if layout not in runs:
             run_dir = tmp_path_factory.mktemp("uninterrupted") / "run"
             runs[layout] = run_train(
-                *layout, *FAST, "trainer.checkpoint_every=0", "trainer.max_steps=20", run_dir=run_dir
+                *layout, *FAST, "trainer.checkpoint_every=0", f"trainer.max_steps={STEPS}", run_dir=run_dir
             )
         return runs[layout]
 
@@ -63,9 +70,9 @@ def uninterrupted(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def crashed(tmp_path_factory):
-    """``crashed(strategy)``: the layout's run crashed at step 11 (last checkpoint: step 10), run once per
-    module. The exact-resume test resumes it in place, which prunes step 10 (keep_checkpoints=2); the
-    cross-layout test continues from a copy of step 10 taken right after the crash."""
+    """``crashed(strategy)``: the layout's run crashed at step 7 (last checkpoint: step 5), run once per
+    module. The exact-resume test resumes it in place, which prunes step 5 (keep_checkpoints=2); the
+    cross-layout test continues from a copy of step 5 taken right after the crash."""
     import shutil
 
     runs = {}
@@ -75,9 +82,9 @@ def crashed(tmp_path_factory):
             run_dir = tmp_path_factory.mktemp(f"crash_{strategy}") / "run"
             run = run_train(*LAYOUTS[strategy], *FAST, *CKPT, *CRASH, run_dir=run_dir, expect_ok=False)
             assert run.proc.returncode == 1, run.output[-3000:]
-            assert (run_dir / "checkpoints" / "step_0000010" / "meshtrain.json").exists()
-            kept = run_dir.parent / "step_0000010"
-            shutil.copytree(run_dir / "checkpoints" / "step_0000010", kept)
+            assert (run_dir / "checkpoints" / f"step_{KEPT:07d}" / "meshtrain.json").exists()
+            kept = run_dir.parent / f"step_{KEPT:07d}"
+            shutil.copytree(run_dir / "checkpoints" / f"step_{KEPT:07d}", kept)
             runs[strategy] = (run_dir, kept)
         return runs[strategy]
 
@@ -91,26 +98,29 @@ def test_exact_resume_after_crash(strategy, crashed, straight, uninterrupted):
     # single's uninterrupted run is the module's reference run (the same command line)
     ref = straight if strategy == "single" else uninterrupted(layout)
     run_dir, _ = crashed(strategy)
-    resumed = run_train(*layout, *FAST, *CKPT, "trainer.max_steps=20", run_dir=run_dir)
-    assert "resumed from" in resumed.output and "continuing at step 11 of 20" in resumed.output
-    assert [m["step"] for m in resumed.metrics()] == list(range(1, 21))
+    resumed = run_train(*layout, *FAST, *CKPT, f"trainer.max_steps={STEPS}", run_dir=run_dir)
+    assert "resumed from" in resumed.output and f"continuing at step {KEPT + 1} of {STEPS}" in resumed.output
+    assert [m["step"] for m in resumed.metrics()] == list(range(1, STEPS + 1))
     assert _full(resumed) == _full(ref), "resumed losses are not bitwise identical"
-    assert resumed.summary()["resumed_from"].endswith("step_0000010")
+    assert resumed.summary()["resumed_from"].endswith(f"step_{KEPT:07d}")
 
 
 def test_keeps_last_checkpoints_only(straight):
     kept = sorted(p.name for p in (straight.run_dir / "checkpoints").iterdir())
-    assert kept == ["step_0000015", "step_0000020"]  # trainer.keep_checkpoints=2
-    marker = json.loads((straight.run_dir / "checkpoints" / "step_0000020" / "meshtrain.json").read_text())
-    assert marker["step"] == 20 and marker["layout"]["strategy"] == "single"
+    assert kept == ["step_0000010", "step_0000012"]  # trainer.keep_checkpoints=2 (of 5, 10 and the last, 12)
+    marker = json.loads((straight.run_dir / "checkpoints" / "step_0000012" / "meshtrain.json").read_text())
+    assert marker["step"] == 12 and marker["layout"]["strategy"] == "single"
     assert set(marker["files"]) >= {".metadata", "rng_rank0.pt"}
 
 
 def _continue(tmp_path, name: str, layout: tuple[str, ...], ckpt, ref: dict[int, float], first: int) -> str:
-    run = run_train(*layout, *FAST, *CKPT, "trainer.max_steps=20", f"trainer.resume={ckpt}", run_dir=tmp_path / name)
+    run = run_train(
+        *layout, *FAST, *CKPT, f"trainer.max_steps={STEPS}", f"trainer.resume={ckpt}", run_dir=tmp_path / name
+    )
     got = {m["step"]: m["loss"] for m in run.metrics()}
-    assert sorted(got) == list(range(first, 21))
-    assert_losses_close([got[s] for s in range(first, 21)], [ref[s] for s in range(first, 21)], rel=1e-4)
+    steps = range(first, STEPS + 1)
+    assert sorted(got) == list(steps)
+    assert_losses_close([got[s] for s in steps], [ref[s] for s in steps], rel=1e-4)
     return run.output
 
 
@@ -118,18 +128,18 @@ def test_resume_under_another_layout(tmp_path, straight, crashed):
     """pp=2 → ddp=2 and → single; ddp=2 → pp=2: each continues the uninterrupted single run's losses."""
     ref = {m["step"]: m["loss"] for m in straight.metrics()}
     _, pp_ckpt = crashed("pp")
-    out = _continue(tmp_path, "pp_to_ddp", LAYOUTS["ddp"], pp_ckpt, ref, 11)
+    out = _continue(tmp_path, "pp_to_ddp", LAYOUTS["ddp"], pp_ckpt, ref, KEPT + 1)
     assert "written under pp with 2 ranks; resharded by DCP" in out
-    _continue(tmp_path, "pp_to_single", LAYOUTS["single"], pp_ckpt, ref, 11)
+    _continue(tmp_path, "pp_to_single", LAYOUTS["single"], pp_ckpt, ref, KEPT + 1)
     _, ddp_ckpt = crashed("ddp")
-    out = _continue(tmp_path, "ddp_to_pp", LAYOUTS["pp"], ddp_ckpt, ref, 11)
+    out = _continue(tmp_path, "ddp_to_pp", LAYOUTS["pp"], ddp_ckpt, ref, KEPT + 1)
     assert "written under ddp with 2 ranks; resharded by DCP" in out
 
 
 def test_resumed_run_measures_comm_on_the_steps_it_logs(tmp_path, crashed):
-    """Resumed at step 11 with trainer.log_every=4, a run to step 16 logs steps 12 and 16: DDP's reducer timer and the
+    """Resumed at step 6 with trainer.log_every=4, a run to step 12 logs steps 8 and 12: DDP's reducer timer and the
     TP collective timer run on exactly those (the loop tells the engine), not on the resumed run's 1st, 4th ... step
-    (steps 11 and 14)."""
+    (steps 6 and 9)."""
     _, ckpt = crashed("ddp")
     for layout, key in ((LAYOUTS["ddp"], "comm_time_s"), (("parallel=tp",), "tp_comm_time_s")):
         run = run_train(
@@ -137,12 +147,12 @@ def test_resumed_run_measures_comm_on_the_steps_it_logs(tmp_path, crashed):
             *FAST,
             "trainer.log_every=4",
             "trainer.checkpoint_every=0",
-            "trainer.max_steps=16",
+            f"trainer.max_steps={STEPS}",
             f"trainer.resume={ckpt}",
             run_dir=tmp_path / layout[0].split("=")[1],
         )
         logged = {m["step"]: m for m in run.metrics()}
-        assert sorted(logged) == [12, 16], layout
+        assert sorted(logged) == [8, 12], layout
         assert all(m.get(key, 0) > 0 for m in logged.values()), {s: m.get(key) for s, m in logged.items()}
 
 
@@ -170,7 +180,7 @@ def test_sigkill_of_one_worker_at_a_random_step_recovers(tmp_path, layout, unint
     import zlib
 
     rng = random.Random(zlib.crc32(layout.encode()))
-    job = (*CHAOS[layout], *FAST, "trainer.checkpoint_every=4", "trainer.max_steps=20")
+    job = (*CHAOS[layout], *FAST, "trainer.checkpoint_every=4", f"trainer.max_steps={STEPS}")
     ref = uninterrupted(CHAOS[layout])
     world = len(ref.summary()["layout"]["rank_map"])
     step, rank = rng.randint(5, 11), rng.randrange(world)
@@ -189,10 +199,10 @@ def test_sigkill_of_one_worker_at_a_random_step_recovers(tmp_path, layout, unint
     last_ckpt = (step - 1) // 4 * 4
     assert f"step_{last_ckpt:07d} at step {last_ckpt}" in run.output
     summary = run.summary()
-    assert summary["restarts"] == 1 and summary["last_step"] == 20
+    assert summary["restarts"] == 1 and summary["last_step"] == STEPS
     assert summary["final_loss"] == ref.summary()["final_loss"]
     got = {m["step"]: m["loss"] for m in run.metrics()}
-    assert [got[s] for s in range(last_ckpt + 1, 21)] == [m["loss"] for m in ref.metrics()[last_ckpt:]]
+    assert [got[s] for s in range(last_ckpt + 1, STEPS + 1)] == [m["loss"] for m in ref.metrics()[last_ckpt:]]
 
 
 def test_preemption_saves_and_resumes(tmp_path):
@@ -288,7 +298,7 @@ def test_missing_checkpoint_is_refused_before_workers(tmp_path):
 def test_truncated_and_foreign_checkpoints_are_refused(tmp_path, straight):
     import shutil
 
-    src = straight.run_dir / "checkpoints" / "step_0000020"
+    src = straight.run_dir / "checkpoints" / f"step_{STEPS:07d}"
     truncated = tmp_path / "truncated"
     shutil.copytree(src, truncated)
     shard = next(truncated.glob("*.distcp"))
