@@ -77,5 +77,5 @@ def reference(tmp_path_factory):
 @pytest.fixture(scope="session")
 def default_job(tmp_path_factory):
     """The README's default job, ``make train`` as printed (DDP on 2 processes, 200 steps), run once per session:
-    test_default_job_outputs reads its outputs back, test_readme_commands exports it and decodes with it."""
+    test_readme_commands reads its outputs back, exports it and decodes with it (one module: one xdist worker runs it)."""
     return make_train(run_dir=tmp_path_factory.mktemp("default_job") / "run")

@@ -28,7 +28,8 @@ SHELL = ("bash", "sh", "shell")
 #: the word in a docs/ block's info string that makes its commands part of the README test
 RUNNABLE = "runnable"
 #: what a train.py run gets appended: 2 steps (an evaluation at step 2 when the command asks for one), no W&B
-#: (tests/integration/test_default_job_outputs.py and test_wandb_run_across_resumes.py read W&B runs back)
+#: (tests/integration/test_readme_commands.py::test_default_job_outputs and test_wandb_run_across_resumes.py read W&B
+#: runs back)
 SHORT = ("trainer.max_steps=2", "logger=none")
 SHORT_EVAL = "trainer.eval_every=2"
 
@@ -270,7 +271,7 @@ PLANS: dict[str, Run | Compose | Covered | Skip] = {
         INTEGRATION + "test_trainer_callbacks.py::test_user_callback_sees_every_step_validation_and_checkpoint"
     ),
     "wandb leet outputs/<date>/<time>/wandb": Covered(
-        INTEGRATION + "test_default_job_outputs.py::test_default_job_outputs"
+        INTEGRATION + "test_readme_commands.py::test_default_job_outputs"
     ),
     "meshtrain ...": Covered(
         INTEGRATION + "test_meshtrain_command.py::test_meshtrain_trains_a_user_model_and_experiment"
