@@ -19,6 +19,11 @@ CONF = ROOT / "conf"
 #: small and quick: every multi-process test starts from these
 FAST = ("trainer.log_every=1", "logger=none", "data.seq_len=32", "data.global_batch_size=8")
 
+#: the length of the layout parity runs (tests/integration/test_hybrid_parity.py, test_pipeline_parity_and_bubble.py,
+#: test_tp_fsdp_parity.py): one length, so their parallel=single reference (conftest's ``reference``, FAST + this) runs
+#: once per pytest worker
+PARITY_STEPS = ("trainer.max_steps=6",)
+
 
 @dataclass
 class TrainRun:

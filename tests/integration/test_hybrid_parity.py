@@ -7,7 +7,7 @@ import json
 import pytest
 
 from parallel.foundation.dims import mesh_names
-from tests.helpers import FAST, assert_losses_close, assert_parity, run_train
+from tests.helpers import FAST, PARITY_STEPS, assert_losses_close, assert_parity, run_train
 from trainer.validate import validate
 
 
@@ -19,10 +19,12 @@ def assert_same_run(run, ref) -> None:
 
 pytestmark = pytest.mark.slow
 
+STEPS = PARITY_STEPS
+
 
 @pytest.fixture(scope="module")
 def single(reference):
-    return reference(*FAST, "trainer.max_steps=10")
+    return reference(*FAST, *STEPS)
 
 
 def test_dp2_pp2_matches_single(single, tmp_path):
@@ -32,7 +34,7 @@ def test_dp2_pp2_matches_single(single, tmp_path):
         "pp.micro_batches=2",
         "pp.trace_step=0",
         *FAST,
-        "trainer.max_steps=10",
+        *STEPS,
         run_dir=tmp_path / "run",
     )
     assert_same_run(run, single)
@@ -54,7 +56,7 @@ def test_dp2_pp2_two_stages_per_rank_matches_single(single, tmp_path, schedule, 
         f"pp.micro_batches={micro_batches}",
         "pp.trace_step=0",
         *FAST,
-        "trainer.max_steps=10",
+        *STEPS,
         run_dir=tmp_path / "run",
     )
     worst = assert_parity(run, single)
@@ -62,75 +64,79 @@ def test_dp2_pp2_two_stages_per_rank_matches_single(single, tmp_path, schedule, 
     print(f"dp2 x pp2 {schedule} m={micro_batches}: losses {run.losses()[:3]}..., max |param - single's| {worst:.2e}")
 
 
-def test_tp2_pp2_sequence_parallel_matches_single(single, tmp_path):
-    run = run_train(
-        "parallel=hybrid",
-        "dp.size=1",
-        "pp.micro_batches=2",
-        "pp.trace_step=0",
-        "tp.sequence_parallel=true",
-        *FAST,
-        "trainer.max_steps=10",
-        run_dir=tmp_path / "run",
-    )
-    assert_same_run(run, single)
-    assert all(m["tp_comm_time_s"] > 0 for m in run.metrics())
+TP2_PP2 = (
+    "parallel=hybrid",
+    "dp.size=1",
+    "pp.micro_batches=2",
+    "pp.trace_step=0",
+    "tp.sequence_parallel=true",
+    *FAST,
+    "trainer.checkpoint_every=4",
+)
 
 
-def test_tp2_pp2_checkpoint_resumes_in_place_and_under_single(single, tmp_path):
+@pytest.fixture(scope="module")
+def tp2_pp2(tmp_path_factory):
+    """tp2 x pp2 with sequence parallel, stopped at its step-4 checkpoint and restarted in its folder up to step 6:
+    the restarted run's metrics.jsonl holds all 6 steps, its last checkpoint the step-6 parameters."""
+    folder = tmp_path_factory.mktemp("tp2_pp2") / "run"
+    first = run_train(*TP2_PP2, "trainer.max_steps=4", run_dir=folder)
+    assert [m["step"] for m in first.metrics()] == [1, 2, 3, 4]
+    return run_train(*TP2_PP2, *STEPS, run_dir=folder)
+
+
+def test_tp2_pp2_sequence_parallel_matches_single(tp2_pp2, single):
+    """Sequence parallel inside pipeline stages, over 6 steps of which the last 2 ran after a restart."""
+    assert [m["step"] for m in tp2_pp2.metrics()] == list(range(1, 7))
+    assert_same_run(tp2_pp2, single)
+    assert all(m["tp_comm_time_s"] > 0 for m in tp2_pp2.metrics())
+
+
+def test_tp2_pp2_checkpoint_resumes_in_place_and_under_single(tp2_pp2, single, tmp_path):
     """Each pipeline rank gets its own optimizer groups back (flattened optimizer state), and TP shards
     of stages save under the full model's names, so parallel=single continues them too."""
-    hybrid = (
-        "parallel=hybrid",
-        "dp.size=1",
-        "pp.micro_batches=2",
-        "pp.trace_step=0",
-        *FAST,
-        "trainer.checkpoint_every=4",
-    )
-    run_train(*hybrid, "trainer.max_steps=4", run_dir=tmp_path / "hybrid")
-    again = run_train(*hybrid, "trainer.max_steps=6", run_dir=tmp_path / "hybrid")
-    assert "resumed from" in again.output
-    assert_losses_close(again.losses()[4:], single.losses()[4:6])
-    ckpt = tmp_path / "hybrid" / "checkpoints" / "step_0000004"
-    resumed = run_train(
-        "parallel=single", *FAST, "trainer.max_steps=10", f"trainer.resume={ckpt}", run_dir=tmp_path / "single"
-    )
-    assert [m["step"] for m in resumed.metrics()] == list(range(5, 11))
+    assert "resumed from" in tp2_pp2.output
+    assert_losses_close(tp2_pp2.losses()[4:], single.losses()[4:])
+    ckpt = tp2_pp2.run_dir / "checkpoints" / "step_0000004"
+    resumed = run_train("parallel=single", *FAST, *STEPS, f"trainer.resume={ckpt}", run_dir=tmp_path / "single")
+    assert [m["step"] for m in resumed.metrics()] == list(range(5, 7))
     assert_losses_close(resumed.losses(), single.losses()[4:])
 
 
-def test_dp2_tp2_without_pipeline_fsdp_over_tp_with_accumulation(single, tmp_path):
+#: FSDP2 on top of TP (2-D shards, _StridedShard), sequence parallel, micro-batch accumulation; a checkpoint every 3 steps
+DP2_TP2 = (
+    "parallel=hybrid",
+    "pp.size=1",
+    "dp.shard=false",
+    "tp.sequence_parallel=true",
+    "data.micro_batch_size=2",
+    *FAST,
+    "trainer.checkpoint_every=3",
+)
+
+
+@pytest.fixture(scope="module")
+def dp2_tp2(tmp_path_factory):
+    return run_train(*DP2_TP2, *STEPS, run_dir=tmp_path_factory.mktemp("dp2_tp2") / "run")
+
+
+def test_dp2_tp2_without_pipeline_fsdp_over_tp_with_accumulation(dp2_tp2, single):
     """FSDP2 on top of TP (2-D shards, _StridedShard), sequence parallel, micro-batch accumulation."""
-    run = run_train(
-        "parallel=hybrid",
-        "pp.size=1",
-        "dp.shard=false",
-        "tp.sequence_parallel=true",
-        "data.micro_batch_size=2",
-        *FAST,
-        "trainer.max_steps=10",
-        run_dir=tmp_path / "run",
-    )
-    assert_same_run(run, single)
-    assert "DDP over tensor-parallel (DTensor) modules fails" in run.output  # dp.shard=false overridden, said why
-    assert run.summary()["layout"]["dp_shard"] is True and "bubble_fraction" not in run.metrics()[0]
+    assert_same_run(dp2_tp2, single)
+    assert "DDP over tensor-parallel (DTensor) modules fails" in dp2_tp2.output  # dp.shard=false overridden, said why
+    assert dp2_tp2.summary()["layout"]["dp_shard"] is True and "bubble_fraction" not in dp2_tp2.metrics()[0]
 
 
-DP2_TP2 = ("parallel=hybrid", "pp.size=1", "tp.sequence_parallel=true", *FAST, "trainer.checkpoint_every=3")
-
-
-def test_dp2_tp2_resumes_bit_exactly(tmp_path):
+def test_dp2_tp2_resumes_bit_exactly(dp2_tp2, tmp_path):
     """docs/parallelism.md: a dp2 x tp2 run stopped at a checkpoint and restarted in its folder continues
     exactly as the uninterrupted run: same losses, gradient norms and final parameters, bit for bit."""
-    straight = run_train(*DP2_TP2, "trainer.max_steps=6", run_dir=tmp_path / "straight")
     run_train(*DP2_TP2, "trainer.max_steps=3", run_dir=tmp_path / "resumed")
-    resumed = run_train(*DP2_TP2, "trainer.max_steps=6", run_dir=tmp_path / "resumed")
+    resumed = run_train(*DP2_TP2, *STEPS, run_dir=tmp_path / "resumed")
     assert "resumed from" in resumed.output
     tail = [m for m in resumed.metrics() if m["step"] > 3]
-    assert [m["step"] for m in tail] == [4, 5, 6]
-    assert [(m["loss"], m["grad_norm"]) for m in tail] == [(m["loss"], m["grad_norm"]) for m in straight.metrics()[3:]]
-    assert assert_parity(resumed, straight, rel=0.0, params_atol=0.0) == 0.0
+    assert [m["step"] for m in tail] == list(range(4, 7))
+    assert [(m["loss"], m["grad_norm"]) for m in tail] == [(m["loss"], m["grad_norm"]) for m in dp2_tp2.metrics()[3:]]
+    assert assert_parity(resumed, dp2_tp2, rel=0.0, params_atol=0.0) == 0.0
 
 
 def test_hybrid_dp_dimension_is_ddp_when_it_composes(single, tmp_path, compose_cfg):
@@ -149,7 +155,7 @@ def test_hybrid_dp_dimension_is_ddp_when_it_composes(single, tmp_path, compose_c
         "tp.size=1",
         "dp.shard=false",
         *FAST,
-        "trainer.max_steps=10",
+        *STEPS,
         run_dir=tmp_path / "run",
     )
     assert run.summary()["layout"]["dp_shard"] is False
