@@ -8,11 +8,11 @@ from collections import Counter
 import pytest
 
 from parallel.pipeline.schedules import SCHEDULES, available_schedules
-from tests.helpers import FAST, assert_parity, run_train
+from tests.helpers import FAST, PARITY_STEPS, assert_parity, run_train
 
 pytestmark = pytest.mark.slow
 
-STEPS = ("trainer.max_steps=10",)
+STEPS = PARITY_STEPS
 
 
 @pytest.fixture(scope="module")
@@ -106,22 +106,21 @@ def _metrics(folder) -> list[dict]:
     return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
-def test_gpipe_bubble_parts_at_each_micro_batch_count(tmp_path):
-    """GPipe at m = 1, 2, 4 (one multirun): the schedule's bubble is 1/(m+1), the measured bubble is a fraction
-    and splits into schedule + imbalance + overhead. How near the measured bubble comes to theory, and that it
-    falls with m, is speed: ``python benchmarks/pipeline.py --schedules gpipe`` prints it beside its targets."""
+def test_gpipe_bubble_parts_at_each_micro_batch_count(gpipe_run, tmp_path):
+    """GPipe at m = 1, 2 (one multirun) and 4 (``gpipe_run``): the schedule's bubble is 1/(m+1), the measured bubble
+    is a fraction and splits into schedule + imbalance + overhead. How near the measured bubble comes to theory, and
+    that it falls with m, is speed: ``python benchmarks/pipeline.py --schedules gpipe`` prints it beside its targets."""
     run = run_train(
         "parallel=pp",
         "pp.schedule=gpipe",
-        "pp.micro_batches=1,2,4",
+        "pp.micro_batches=1,2",
         *FAST,
         "trainer.max_steps=4",
         "pp.trace_step=0",
-        "data.global_batch_size=16",
         run_dir=tmp_path / "sweep",
         multirun=True,
     )
-    jobs = _jobs(run.run_dir)
+    jobs = [*_jobs(run.run_dir), gpipe_run.summary() | {"metrics": gpipe_run.metrics()}]
     assert [j["pipeline"]["micro_batches"] for j in jobs] == [1, 2, 4]
     for m, job in zip((1, 2, 4), jobs):
         assert job["bubble_theoretical"] == pytest.approx(1 / (m + 1))
