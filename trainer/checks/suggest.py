@@ -11,6 +11,8 @@ line would apply it (the ``parallel`` option's YAML, then the degrees), and vali
 from __future__ import annotations
 
 import copy
+import functools
+import pickle
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -35,19 +37,26 @@ def layout_words(sizes: Mapping[str, int], *, current: Mapping[str, int], strate
 
 def applied(cfg: DictConfig, words: Sequence[str]) -> DictConfig:
     """A copy of ``cfg`` with ``words`` applied as Hydra applies them after the run's own: ``parallel=NAME`` merges
-    conf/parallel/NAME.yaml (its degrees and pipeline defaults), then each ``key=value``."""
-    import conf
-
-    out = copy.deepcopy(cfg)
+    conf/parallel/NAME.yaml (its degrees and pipeline defaults), then each ``key=value``. The copy is a pickle round
+    trip (a refusal validates up to a dozen candidates: 2.5 ms a copy where ``copy.deepcopy`` took 5 ms)."""
+    out = pickle.loads(pickle.dumps(cfg))
     for word in words:
         key, _, value = word.partition("=")
         if key == "parallel":
-            option = OmegaConf.load(Path(conf.__file__).parent / "parallel" / f"{value}.yaml")
-            option.pop("defaults", None)
-            out.merge_with(option)
+            out.merge_with(copy.deepcopy(_parallel_option(value)))
         else:
             OmegaConf.update(out, key, yaml.safe_load(value), merge=False)
     return out
+
+
+@functools.cache
+def _parallel_option(name: str) -> DictConfig:
+    """conf/parallel/NAME.yaml without its defaults list, read once (callers merge a copy)."""
+    import conf
+
+    option = OmegaConf.load(Path(conf.__file__).parent / "parallel" / f"{name}.yaml")
+    option.pop("defaults", None)
+    return option
 
 
 def runnable(cfg: DictConfig, f: Findings, candidates: Iterable[Sequence[str]], *, limit: int = 6) -> list[str]:
