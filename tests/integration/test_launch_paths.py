@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tests.faults import FailAt, inject
-from tests.helpers import FAST, ROOT, assert_losses_close, exit_times, run_train
+from tests.helpers import FAST, PARITY_STEPS, ROOT, assert_losses_close, exit_times, run_train
 from trainer.observe.wandb_read import read_run
 
 pytestmark = pytest.mark.slow
@@ -99,8 +99,9 @@ def test_worker_failure_ends_job_with_its_error(tmp_path):
     assert len(run.metrics()) == 2, "steps before the failure stay logged"
 
 
-def test_two_nodes_on_localhost_join_one_rendezvous(tmp_path):
-    """topology=multi_node: two launcher processes ("nodes") with one worker each form one job."""
+def test_two_nodes_on_localhost_join_one_rendezvous(tmp_path, reference):
+    """topology=multi_node: two launcher processes ("nodes") with one worker each form one job, with the losses of
+    the session's parallel=single reference of the parity modules (the same run length)."""
     import socket
 
     with socket.socket() as s:
@@ -115,7 +116,7 @@ def test_two_nodes_on_localhost_join_one_rendezvous(tmp_path):
         "topology.nproc_per_node=1",
         f"topology.master_port={port}",
         *FAST,
-        "trainer.max_steps=5",
+        *PARITY_STEPS,
         f"hydra.run.dir={run_dir}",
     ]
     env = {**os.environ, "WANDB_SILENT": "true"}
@@ -137,8 +138,8 @@ def test_two_nodes_on_localhost_join_one_rendezvous(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert [(r["rank"], r["node"]) for r in summary["layout"]["rank_map"]] == [(0, 0), (1, 1)]
     losses = [json.loads(x)["loss"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    single = run_train("parallel=single", *FAST, "trainer.max_steps=5", run_dir=tmp_path / "single")
-    assert_losses_close(losses, single.losses(), rel=1e-4)
+    assert_losses_close(losses, reference(*FAST, *PARITY_STEPS).losses(), rel=1e-4)
     from trainer.checkpoint.files import read_marker
 
-    assert read_marker(run_dir / "checkpoints" / "step_0000005")["world_size"] == 2
+    steps = summary["last_step"]
+    assert read_marker(run_dir / "checkpoints" / f"step_{steps:07d}")["world_size"] == 2
