@@ -5,8 +5,11 @@ One multirun runs every case as its own job (Python, Hydra and torch start once)
 4 query heads, 2 key/value heads) and the GPT (learned positions), each alone and:
 - Llama cp2 with full activation checkpointing (the all-to-alls recomputed in backward) and gradient accumulation (4
   micro-batches of 2), FSDP2 over the cp ranks;
-- Llama cp2 under bf16-mixed (against bf16-mixed single, within bf16 rounding) and compiled (against compiled
-  single; it runs after that in-process compile, so its forked workers start from a launcher that compiled);
+- Llama cp2 under bf16-mixed (against bf16-mixed single, within bf16 rounding) and compiled with op-level selective
+  checkpointing (against compiled single, selective too; it runs after that in-process compile, so its forked workers
+  start from a launcher that compiled). The compiled single run's block (8 x 32 tokens) is the one each rank of
+  tests/integration/test_precision_ac_compile_runs.py's compiled fsdp run compiles: the second of the two to compile
+  finds inductor's FX graph and kernels in its cache;
 - parallel=auto at a memory budget where only cp2 fits the plan (Llama, ZeRO-3 over cp, 8 one-sample micro-batches);
 - Llama dp2 x cp2 with DDP over the 4 data ranks (dp.shard=false);
 - Llama cp2 x tp2 with sequence parallel (the heads of each tp rank split over cp), FSDP2 over cp;
@@ -39,16 +42,17 @@ from tests.helpers import (
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
-STEPS = ("trainer.max_steps=4", "trainer.checkpoint_every=2", "pp.trace_step=0")
+#: every job checkpoints its last step (the final parameters compared); single also its step 2 (resumed under cp2)
+STEPS = ("trainer.max_steps=4", "pp.trace_step=0")
 N_LAYERS = 4
 
 
 CP2 = {"cp": {"size": 2}}
 BF16 = {"precision": "bf16-mixed"}
-COMPILE = {"compile": True}
+COMPILE = {"compile": True, "activation_checkpointing": "selective"}
 AUTO_CP_MEMORY_GB = 0.0085
 CASES: dict[str, dict] = {
-    "llama_single": layout_case("llama_debug", "single"),
+    "llama_single": layout_case("llama_debug", "single", trainer={"checkpoint_every": 2}),
     "llama_cp2_ac_full_mb2": layout_case(
         "llama_debug", **CP2, trainer={"activation_checkpointing": "full"}, data={"micro_batch_size": 2}
     ),
