@@ -10,7 +10,8 @@ from tests.helpers import FAST, assert_parity, run_train
 
 pytestmark = pytest.mark.slow
 
-STEPS = ("trainer.max_steps=12",)
+#: 8 steps: the single loss falls to ~0.74 of its first (the "must move" check below asks < 0.8)
+STEPS = ("trainer.max_steps=8",)
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +21,7 @@ def single_run(reference):
 
 def test_ddp_matches_single(single_run, tmp_path):
     ddp = run_train("parallel=ddp", *FAST, *STEPS, run_dir=tmp_path / "run")
-    assert [m["step"] for m in ddp.metrics()] == list(range(1, 13))
+    assert [m["step"] for m in ddp.metrics()] == list(range(1, 9))
     assert_parity(ddp, single_run)
     # the loss must actually move, or parity would prove nothing
     assert single_run.losses()[-1] < 0.8 * single_run.losses()[0]
