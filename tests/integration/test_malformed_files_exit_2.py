@@ -10,7 +10,8 @@ from tests.chat_helpers import VOCAB, conversations, write_jsonl, write_tokenize
 from tests.helpers import run_train
 from tests.hf_helpers import hf_model, save_folder
 
-#: two cold train.py starts that import transformers (the chat tokenizer): ~10 s of CPU, kept out of the fast tier
+#: two train.py runs that import transformers (the chat tokenizer), forked from the warm runner (tests/warm_runner.py:
+#: the same train.py, argv, exit code and stderr; torch and Hydra already imported), kept out of the fast tier
 pytestmark = pytest.mark.slow
 
 
@@ -22,7 +23,7 @@ def start(tmp_path_factory):
 
 
 def refused(*overrides: str, run_dir) -> str:
-    run = run_train(*overrides, "logger=none", run_dir=run_dir, expect_ok=False, timeout=120, cold=True)
+    run = run_train(*overrides, "logger=none", run_dir=run_dir, expect_ok=False, timeout=120)
     assert run.proc.returncode == 2 and "Traceback" not in run.output, run.output[-3000:]
     assert not (run_dir / "rank_0.log").exists(), "a worker started"
     return run.proc.stderr
