@@ -6,7 +6,8 @@ styles and a pipeline against fp8 single, and an fsdp run resumed from its check
 Tolerance. fp8 is bf16-mixed whose block projections multiply e4m3 values (3 mantissa bits: an element rounds by up
 to 2^-4 relative, where bf16 rounds by 2^-9). Measured here (llama_debug, batch 8 x 32 tokens, AdamW, 12 steps; the
 largest relative difference of a step's loss): fp8 single from bf16-mixed single 1.1e-3, fsdp 1.2e-3 (6.2e-4 from
-fp8 single), ddp 4.8e-4, dp2 x tp2 8.0e-4 and pp2 3.6e-4 from fp8 single, rowwise tp2 4.3e-4 from bf16-mixed; the loss falls from 6.07 to 3.75. FP8_REL is the bf16
+fp8 single), ddp 4.8e-4, dp2 x tp2 8.0e-4 and pp2 3.6e-4 from fp8 single, rowwise tp2 4.3e-4 from bf16-mixed; the loss falls from 6.07 to 3.75. The tests run the first 10 of those
+steps (the same steps: the 10-step warm-up does not depend on trainer.max_steps), where fp8 single falls to 3.83. FP8_REL is the bf16
 tests' 1e-2 (tests/integration/test_precision_ac_compile_runs.py, whose docstring says why), 8x the largest seen; that
 float8 did change the numbers is asked on its own (not equal to bf16-mixed's; tests/unit/test_fp8.py measures the
 matmul's rounding), and that the loss falls as far as bf16-mixed's.
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 #: llama_debug: d_model 128, kv width 64, d_ff 384: every projection's dims are multiples of 16 (and of 32, tp=2)
 MODEL = ("model=llama_debug",)
-STEPS = ("trainer.max_steps=12",)
+STEPS = ("trainer.max_steps=10",)
 FP8 = ("trainer.precision=fp8",)
 #: untimed FSDP2 collectives: meshtrain's float8-safe all-gather without the timer (dp2_tp2 below runs the timed one)
 FSDP = ("parallel=fsdp", "dp.size=2", "dp.measure_comm=false")
