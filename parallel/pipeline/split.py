@@ -13,7 +13,6 @@ stage, and differ only in the cost of each block:
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -119,7 +118,11 @@ def even_split(n_blocks: int, num_stages: int) -> tuple[int, ...]:
 def profile_blocks(
     model: Any, inputs: Any, targets: Any, *, loss_fn: Any, warmup: int = 2, iters: int = 5
 ) -> BlockCosts:
-    """Median forward+backward seconds of the embedding, each block and the head, on one micro-batch.
+    """Forward+backward seconds of the embedding, each block and the head, on one micro-batch: the fastest of
+    ``iters`` rounds, each round timing every part once (after ``warmup`` rounds). Interference only adds time; a
+    burst of it (another process taking the core) falls in one round for all parts alike, where timing each part's
+    samples back to back let it inflate one part's median and move the split (seen: a 2-wide, 2-narrow model split
+    [2] beside a multi-process job, [1] alone).
 
     Each part runs on a detached copy of its input so its backward stops at its own boundary; the
     model must expose ``layers`` (a ModuleDict) and skip parts set to None, as ``models.gpt.model.GPT`` does.
@@ -130,15 +133,6 @@ def profile_blocks(
 
     pre_names, block_names, post_names = pipeline_parts(model)
 
-    def timed(fn) -> float:
-        samples = []
-        for k in range(warmup + iters):
-            t0 = time.perf_counter()
-            fn()
-            if k >= warmup:
-                samples.append(time.perf_counter() - t0)
-        return statistics.median(samples)
-
     def run_pre():
         out = _run_only(model, inputs, keep=set(pre_names))
         if out.is_floating_point() and out.requires_grad:
@@ -146,8 +140,7 @@ def profile_blocks(
         return out
 
     h = run_pre().detach()
-    pre_s = timed(run_pre) if pre_names else 0.0
-    block_s, act_bytes = [], []
+    blocks, act_bytes = [], []
     for name in block_names:
         block = model.layers[name]
         x = h.detach().requires_grad_(h.is_floating_point())
@@ -155,9 +148,8 @@ def profile_blocks(
         def fwd_bwd(block=block, x=x):
             out = block(x)
             out.backward(torch.ones_like(out))
-            return out
 
-        block_s.append(timed(fwd_bwd))
+        blocks.append(fwd_bwd)
         with torch.no_grad():
             h = block(x)
         act_bytes.append(h.numel() * h.element_size())
@@ -167,9 +159,19 @@ def profile_blocks(
         out = _run_only(model, x, keep=set(post_names))
         loss_fn(out, targets).backward()
 
-    post_s = timed(run_post)
+    parts = [*([run_pre] if pre_names else []), *blocks, run_post]
+    fastest = [float("inf")] * len(parts)
+    for k in range(warmup + iters):
+        for i, part in enumerate(parts):
+            t0 = time.perf_counter()
+            part()
+            if k >= warmup:
+                fastest[i] = min(fastest[i], time.perf_counter() - t0)
     model.zero_grad(set_to_none=True)
-    return BlockCosts(blocks=tuple(block_s), pre=pre_s, post=post_s, unit="s", activation_bytes=tuple(act_bytes))
+    pre_s = fastest.pop(0) if pre_names else 0.0
+    return BlockCosts(
+        blocks=tuple(fastest[:-1]), pre=pre_s, post=fastest[-1], unit="s", activation_bytes=tuple(act_bytes)
+    )
 
 
 def _run_only(model: Any, x: Any, *, keep: set[str]) -> Any:
