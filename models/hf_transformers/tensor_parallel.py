@@ -27,6 +27,7 @@ before spawn too (``models/hf_transformers/spec.py``).
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -66,15 +67,22 @@ def torch_style(name: str) -> Any:
     raise ValueError(f"transformers' tensor-parallel style {name!r} is not one meshtrain applies ({TP_STYLES})")
 
 
-def plan_for(model: nn.Module, plan: dict[str, str]) -> dict[str, Any]:
-    """The plan's patterns matched against this module's (a whole model's or a pipeline stage's) submodules."""
+def _matches(model: nn.Module, plan: dict[str, str]) -> Iterator[tuple[str, str]]:
+    """(submodule name, transformers' style) for each of the plan's patterns, in the plan's order, matched against
+    this module's (a whole model's or a pipeline stage's) submodules."""
     present = [name for name, module in model.named_modules() if name and module is not None]
-    out: dict[str, Any] = {}
     for pattern, style in plan.items():
         for name in fnmatch.filter(present, pattern):
-            chosen = torch_style(style)
-            if chosen is not None:
-                out[name] = chosen
+            yield name, style
+
+
+def plan_for(model: nn.Module, plan: dict[str, str]) -> dict[str, Any]:
+    """The plan's patterns matched against this module's submodules, as torch's styles."""
+    out: dict[str, Any] = {}
+    for name, style in _matches(model, plan):
+        chosen = torch_style(style)
+        if chosen is not None:
+            out[name] = chosen
     return out
 
 
@@ -82,8 +90,7 @@ def share_rotary_key(model: nn.Module, plan: dict[str, str], tp_mesh: DeviceMesh
     """The ``mla_kv_a_proj`` modules' outputs (the latent, then ``qk_rope_head_dim`` rotary key channels): the rotary
     key goes to every head's attention as it is, so a tp rank's heads give only their share of its gradient, summed
     over tp here in backward (transformers' ``MlaKvAProjParallel``); returns how many modules."""
-    present = [name for name, _ in model.named_modules()]
-    names = [n for pattern, style in plan.items() if style == "mla_kv_a_proj" for n in fnmatch.filter(present, pattern)]
+    names = [name for name, style in _matches(model, plan) if style == "mla_kv_a_proj"]
     rope, group = int(getattr(model.hf_config, "qk_rope_head_dim", 0) or 0), tp_mesh.get_group()
 
     def hook(module: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:

@@ -65,10 +65,10 @@ def draw_expert_load(records: Sequence[dict[str, Any]], path: Path) -> Path:
     from matplotlib.colors import TwoSlopeNorm
 
     width, height = figure_size_px(len(grid))
-    fig, axes = plt.subplots(len(grid), 1, figsize=(width / DPI, height / DPI), sharex=True, squeeze=False)
+    w_in, h_in = width / DPI, height / DPI
+    fig, axes = plt.subplots(len(grid), 1, figsize=(w_in, h_in), sharex=True, squeeze=False)
     # margins fixed in inches (the size is): matplotlib's constrained layout measured every label first, half the
     # drawing's CPU
-    w_in, h_in = width / DPI, height / DPI
     fig.subplots_adjust(left=0.6 / w_in, right=1 - 0.1 / w_in, bottom=0.5 / h_in, top=1 - 0.6 / h_in, hspace=0.3)
     top = max(max(v for row in g for v in row if v == v) for g in grid.values())
     norm = TwoSlopeNorm(vmin=0.0, vcenter=1.0, vmax=max(top, 2.0))
