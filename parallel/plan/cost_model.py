@@ -730,7 +730,7 @@ class _Split:
             b=workload.global_batch_size / (c.dp * c.micro_batches),
             data=c.dp * c.cp,  # FSDP shards and gradients reduce over dp x cp
             placement=_Placement.of(c, model),
-            meshtrain=workload.implementation == "meshtrain",
+            meshtrain=workload.meshtrain,
             reference=int(workload.reference_copy),
         )
 
@@ -740,7 +740,7 @@ def _rank_states(
 ) -> Memory:
     """A pipeline rank's states (weights, gradients, optimizer, a held reference; its activations left at 0): what its
     blocks and its ends of the model (embedding, head) hold, for ``c``'s degrees and ZeRO stage (all it reads)."""
-    meshtrain = workload.implementation == "meshtrain"
+    meshtrain = workload.meshtrain
     params = rank_params(model, layers, first=first, last=last, tp=c.tp, meshtrain=meshtrain)
     w, g, o = rank_state_bytes(model, layers, params=params, c=c, workload=workload, meshtrain=meshtrain)
     if model.lora_rank > 0:  # frozen weights held in full; the adapters alone have gradients and states
@@ -758,7 +758,7 @@ def _rank_saved_bytes(
 ) -> float:
     """A pipeline rank's saved activation bytes per micro-batch: its blocks' (``case``: the micro-batch's shape,
     tp, sequence parallel, recomputation), its stages' rotary tables and, on the last rank, the loss's."""
-    meshtrain = workload.implementation == "meshtrain"
+    meshtrain = workload.meshtrain
     layer_bytes = saved_layer_activation_bytes if meshtrain else layer_activation_bytes
     per_mb = sum(
         n * model.remember((layer_bytes, i, case), lambda i=i: layer_bytes(model, i, case))

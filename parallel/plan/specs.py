@@ -188,6 +188,11 @@ class Workload:
     costs nothing per step and is not counted."""
 
     @property
+    def meshtrain(self) -> bool:
+        """The memory terms count meshtrain's blocks (``implementation``), not Megatron-LM's."""
+        return self.implementation == "meshtrain"
+
+    @property
     def muon_bytes_per_param(self) -> tuple[int, int, int]:
         """``bytes_per_param`` of a matrix Muon updates: one fp32 momentum buffer instead of AdamW's two moments."""
         w, g, k = self.bytes_per_param
@@ -199,7 +204,7 @@ class Workload:
         (the master copy: FSDP2 casts to bf16 per block, transiently; autocast casts per op) and fp32
         gradients (reduced in fp32), so it holds 4 + 4 + 8 where ZeRO's mixed precision holds 2 + 2 + 12:
         the same 16 bytes, split differently."""
-        if self.implementation == "meshtrain":
+        if self.meshtrain:
             return PLANNER_PRECISIONS["fp32"].state_bytes
         return PLANNER_PRECISIONS[self.precision].state_bytes
 
