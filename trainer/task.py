@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +19,13 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from models.objectives import OBJECTIVES as PREFERENCE_OBJECTIVES
+from parallel.foundation.run import RunSpec
+from parallel.plan.api import PlannerRequest
 from trainer.observe.durable import write_json
 from trainer.observe.startup import STARTED_KEY, StartClock
 from trainer.sweeps.jobs import sweep_name
 from trainer.typed.run_spec import planner_request, run_spec
-from trainer.validate import ConfigError, ValidatedRun, resolved_container, validate
+from trainer.validate import ConfigError, ValidatedRun, validate
 
 log = logging.getLogger("meshtrain")
 
@@ -131,6 +134,12 @@ def _fail(run_dir: Path, meta: dict, status: str, reason: str, code: int) -> flo
     raise SystemExit(code)
 
 
+def resolved_container(cfg: DictConfig) -> dict:
+    """Plain, fully resolved containers travel to spawned workers (DictConfig does not pickle well); enum choices
+    become their strings."""
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True, enum_to_str=True)  # type: ignore[return-value]
+
+
 def check_resume(cfg: DictConfig, run_dir: Path, *, model_cfg: dict | None = None) -> None:
     """A checkpoint named by trainer.resume must be complete, whole and for this model (``model_cfg``: the resolved
     ``model`` section, resolved here when not given): checked here, before any worker starts (auto only considers
@@ -146,16 +155,27 @@ def check_resume(cfg: DictConfig, run_dir: Path, *, model_cfg: dict | None = Non
     read_dcp_metadata(path)
 
 
-def dry_run_layout(cfg: DictConfig, layout, *, run_dir: Path) -> dict:
+@dataclass(frozen=True)
+class CheckedRun:
+    """What the checks before any worker hand on, each made once: the validated layout (with an outer launcher's
+    ranks), the typed run (``trainer/typed/run_spec.py``) and what the planner reads of it."""
+
+    validated: ValidatedRun
+    run: RunSpec
+    request: PlannerRequest
+
+
+def dry_run_layout(checked_run: CheckedRun, *, run_dir: Path) -> dict:
     """``trainer.dry_run=true``: the layout built for its ranks under a fake process group, measured beside
     the planner's estimate (``parallel/plan/dry_run.py``); written to dry_run.json, nothing trained."""
     from parallel.plan.api import dry_run_for
     from parallel.plan.specs import PlanError
     from parallel.plan.tables import print_dry_run
 
-    ranks = None if layout.world_size > 16 else list(range(layout.world_size))  # every rank, or a sample
+    world_size = checked_run.run.layout.world_size
+    ranks = None if world_size > 16 else list(range(world_size))  # every rank, or a sample
     try:
-        report = dry_run_for(run_spec(cfg, layout), planner_request(cfg), ranks=ranks)
+        report = dry_run_for(checked_run.run, checked_run.request, ranks=ranks)
     except PlanError as exc:  # a model the planner cannot describe
         raise ConfigError([f"trainer.dry_run=true: {exc}"]) from None
     print_dry_run(report)
@@ -171,8 +191,11 @@ def dry_run_layout(cfg: DictConfig, layout, *, run_dir: Path) -> dict:
     return summary
 
 
-def checked(cfg: DictConfig) -> ValidatedRun:
-    """parallel=auto resolved, then validation; its and the planner's warnings logged. Raises ConfigError."""
+def checked(cfg: DictConfig) -> CheckedRun:
+    """parallel=auto resolved, then validation and the typed run; its and the planner's warnings logged. Raises
+    ConfigError."""
+    from parallel.plan.api import layout_warnings
+
     if cfg.parallel.name == "auto":
         from parallel.plan.specs import PlanError
         from trainer.launch.auto import resolve_auto
@@ -184,23 +207,18 @@ def checked(cfg: DictConfig) -> ValidatedRun:
     validated = validate(cfg)
     for warning in validated.warnings:
         log.warning("warning: %s", warning)
-    for warning in planner_warnings(cfg, validated.layout):
+    checked_run = CheckedRun(validated=validated, run=run_spec(cfg, validated.layout), request=planner_request(cfg))
+    # the seed's pitfalls for the layout this run uses (none for models the planner cannot describe)
+    for warning in layout_warnings(checked_run.run, checked_run.request):
         log.warning("warning (planner): %s", warning)
-    return validated
+    return checked_run
 
 
-def planner_warnings(cfg: DictConfig, layout) -> list[str]:
-    """The seed's pitfalls for the layout this run uses (none for models the planner cannot describe)."""
-    from parallel.plan.api import layout_warnings
-
-    return layout_warnings(run_spec(cfg, layout), planner_request(cfg))
-
-
-def preflight(cfg: DictConfig, *, run_dir: Path, clock: StartClock) -> tuple[ValidatedRun, dict]:
+def preflight(cfg: DictConfig, *, run_dir: Path, clock: StartClock) -> tuple[CheckedRun, dict]:
     """Everything that can refuse a run before a worker starts: parallel=auto, validation, the resume
     checkpoint, the data (prepared once here) and its vocabulary. Raises ConfigError, DataError or
-    CheckpointError (exit code 2); returns the validated layout and the resolved config for the workers."""
-    validated = checked(cfg)
+    CheckpointError (exit code 2); returns the checked run and the resolved config for the workers."""
+    checked_run = checked(cfg)
     cfg_dict = resolved_container(cfg)
 
     from hydra.utils import instantiate
@@ -214,7 +232,7 @@ def preflight(cfg: DictConfig, *, run_dir: Path, clock: StartClock) -> tuple[Val
     note = data.check_validation(eval_every=int(cfg.trainer.eval_every), eval_batches=int(cfg.trainer.eval_batches))
     if note:
         log.warning("warning: %s", note)
-    return validated, cfg_dict
+    return checked_run, cfg_dict
 
 
 def describe_data(cfg: DictConfig) -> str:
@@ -268,10 +286,11 @@ def train(cfg: DictConfig, *, run_dir: Path, run_meta: dict[str, Any]) -> dict |
     clock.say(f"checking the run: parallel={cfg.parallel.name} model={cfg.model.get('name')} in {run_dir}")
     start_from_folder(cfg, run_dir=run_dir)
     if cfg.trainer.dry_run:
-        layout = checked(cfg).layout
-        clock.say(f"dry run: building the {layout.world_size} ranks of the layout in this process")
-        return dry_run_layout(cfg, layout, run_dir=run_dir)
-    validated, cfg_dict = preflight(cfg, run_dir=run_dir, clock=clock)
+        checked_run = checked(cfg)
+        clock.say(f"dry run: building the {checked_run.run.layout.world_size} ranks of the layout in this process")
+        return dry_run_layout(checked_run, run_dir=run_dir)
+    checked_run, cfg_dict = preflight(cfg, run_dir=run_dir, clock=clock)
+    validated = checked_run.validated
     clock.say("importing torch and the launcher")
     from trainer.launch.launcher import launch
 

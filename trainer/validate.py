@@ -400,8 +400,3 @@ def _validate(cfg: DictConfig, external: ExternalLaunch | None, *, runs) -> Vali
     if findings.problems:
         raise ConfigError(findings.problems)
     return ValidatedRun(layout=layout, warnings=tuple(findings.warnings), external=external)
-
-
-def resolved_container(cfg: DictConfig) -> dict:
-    """Plain, fully resolved containers travel to spawned workers (DictConfig does not pickle well); enum choices become their strings."""
-    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True, enum_to_str=True)  # type: ignore[return-value]

@@ -2,7 +2,7 @@
 
 How one rank gets its engine (``build_pipeline_engine``), in order:
 1. split: explicit split points, or a policy (``parallel/pipeline/split.py``) — the same on every rank;
-2. place: stage s runs on pp rank ``stage_to_rank`` (one per rank, looped, or V; ``parallel/pipeline/schedules.py``);
+2. place: stage s runs on pp rank ``stage_ranks`` (one per rank, looped, or V; ``parallel/pipeline/schedules.py``);
 3. build: each local stage is the full model pruned to its blocks, names kept (``parallel/pipeline/stages.py``),
    wrapped in ``parallel/assembly/compose.py``'s order (TP, AC, compile, FSDP2/DDP as the strategy's ``Composition``
    says; none for pp and mp), then a ``PipelineStage``;
@@ -50,12 +50,10 @@ from parallel.foundation.token_loss import TokenMean
 from parallel.pipeline.schedules import (
     action_order,
     bubble_parts,
-    schedule_spec,
     simulate,
-    stage_to_rank,
 )
 from parallel.pipeline.split import SplitPlan, even_split, min_max_partition, profile_blocks, uniform_costs
-from parallel.pipeline.stages import StageSpec, pipeline_parts, stage_specs
+from parallel.pipeline.stages import StageSpec, pipeline_parts, placed_stages
 from parallel.pipeline.tied import TiedCopies, embedding_group, tied_copies
 from parallel.pipeline.timing import StageRecorder, StepRecord, union_busy
 
@@ -523,14 +521,19 @@ def build_pipeline_engine(
     stages, wraps each (TP, AC, compile, FSDP2/DDP as ``composition`` says) and makes them ``PipelineStage``s
     under ``pp.schedule``."""
     layout = ctx.layout
-    spec = schedule_spec(str(layout.schedule))
     num_stages = layout.pp * layout.stages_per_rank
     model = model if model is not None else ctx.build_model(materialize=False)
     units = ctx.model_spec.pipeline
     part_names = pipeline_parts(model, units=units)
     plan = choose_split(model, ctx=ctx, num_stages=num_stages)
-    ranks = stage_to_rank(placement=spec.placement, pp=layout.pp, num_stages=num_stages)
-    specs = stage_specs(n_blocks=len(part_names[1]), split_points=plan.split_points, stage_ranks=ranks)
+    specs = placed_stages(
+        n_blocks=len(part_names[1]),
+        split_points=plan.split_points,
+        schedule=str(layout.schedule),
+        pp=layout.pp,
+        num_stages=num_stages,
+    )
+    ranks = [s.pp_rank for s in specs]
     pp_rank = ctx.coords["pp"]
     group = ctx.mesh["pp"].get_group()
     recorder = StageRecorder()

@@ -243,6 +243,13 @@ def stage_to_rank(*, placement: str, pp: int, num_stages: int) -> list[int]:
     return ranks
 
 
+def stage_ranks(*, schedule: str, pp: int, num_stages: int) -> list[int]:
+    """Rank (position in the pp group) of every stage as ``pp.schedule=schedule`` places them (``stage_to_rank`` of
+    its placement; one pipeline rank holds every stage)."""
+    placement = schedule_spec(schedule).placement if pp > 1 else NO_PIPELINE.placement
+    return stage_to_rank(placement=placement, pp=pp, num_stages=num_stages)
+
+
 def schedule_class(name: str) -> Any:
     """torch's schedule class for one of ``SCHEDULES`` (imports torch)."""
     from torch.distributed.pipelining.schedules import get_schedule_class

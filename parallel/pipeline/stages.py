@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from models.spec import PipelineUnits
+from parallel.pipeline.schedules import stage_ranks
 
 
 def pipeline_parts(model: nn.Module, units: PipelineUnits | None = None) -> tuple[list[str], list[str], list[str]]:
@@ -68,6 +69,15 @@ def stage_specs(*, n_blocks: int, split_points: Sequence[int], stage_ranks: Sequ
         StageSpec(index=s, pp_rank=stage_ranks[s], start=bounds[s], stop=bounds[s + 1], first=s == 0, last=s == num - 1)
         for s in range(num)
     ]
+
+
+def placed_stages(
+    *, n_blocks: int, split_points: Sequence[int], schedule: str, pp: int, num_stages: int
+) -> list[StageSpec]:
+    """The ``num_stages`` stages ``split_points`` cut, each on the pp rank ``schedule`` places it (``stage_ranks``):
+    what the trainer's pipeline engine builds and the dry run measures."""
+    ranks = stage_ranks(schedule=schedule, pp=pp, num_stages=num_stages)
+    return stage_specs(n_blocks=n_blocks, split_points=split_points, stage_ranks=ranks)
 
 
 def build_stage_module(model: nn.Module, *, spec: StageSpec, units: PipelineUnits | None = None) -> nn.Module:

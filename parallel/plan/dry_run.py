@@ -100,17 +100,17 @@ def build_meta_model(model_config: Any, *, seq_len: int | None = None):
 
 
 def _stage_plan(model, c: Candidate, *, split_points: tuple[int, ...] | None, units=None):
-    from parallel.pipeline.schedules import schedule_spec, stage_to_rank
     from parallel.pipeline.split import uniform_split
-    from parallel.pipeline.stages import pipeline_parts, stage_specs
+    from parallel.pipeline.stages import pipeline_parts, placed_stages
 
     pre, blocks, post = pipeline_parts(model, units)
     num_stages = c.pp * c.stages_per_rank
     if split_points is None:  # the trainer's uniform policy
         split_points = tuple(uniform_split(len(blocks), num_stages, pre=bool(pre), post=bool(post)))
-    placement = schedule_spec(c.schedule).placement if c.pp > 1 else "single"
-    ranks = stage_to_rank(placement=placement, pp=c.pp, num_stages=num_stages)
-    return split_points, stage_specs(n_blocks=len(blocks), split_points=split_points, stage_ranks=ranks)
+    stages = placed_stages(
+        n_blocks=len(blocks), split_points=split_points, schedule=c.schedule, pp=c.pp, num_stages=num_stages
+    )
+    return split_points, stages
 
 
 def _fake_parameters(module, *, dtype) -> None:

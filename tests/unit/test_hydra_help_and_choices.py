@@ -49,7 +49,7 @@ def test_typo_in_a_choice_fails_at_compose_time(compose_cfg, override, message):
 
 
 def test_choices_reach_workers_as_plain_strings(compose_cfg):
-    from trainer.validate import resolved_container
+    from trainer.task import resolved_container
 
     cfg = compose_cfg("parallel=pp", "pp.schedule=gpipe")
     assert cfg.pp.schedule == "gpipe" and f"{cfg.pp.schedule}" == "gpipe"

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from parallel.foundation.layout import ParallelLayout
+from parallel.plan.api import layout_warnings
 from parallel.plan.cli import CONF, main, specs_from_cfg
 from parallel.plan.cost_model import Candidate
 from parallel.plan.search import (
@@ -16,7 +17,7 @@ from parallel.plan.search import (
 )
 from parallel.plan.specs import PlanError
 from trainer.launch.auto import apply_candidate
-from trainer.task import planner_warnings as run_warnings
+from trainer.typed.run_spec import planner_request, run_spec
 from trainer.validate import ConfigError, validate
 
 ROOT = CONF.parent
@@ -159,6 +160,12 @@ def test_apply_candidate_rewrites_the_config(compose_cfg):
     assert cfg.parallel.name == "ddp" and cfg.parallel._target_ == "parallel.strategies.ddp.DDPStrategy"
     assert cfg.dp.size == 2 and cfg.data.micro_batch_size == 2
     assert validate(cfg).layout.dp == 2
+
+
+def run_warnings(cfg, layout) -> list[str]:
+    """The planner's warnings for ``layout`` (``trainer/task.py`` ``checked`` logs them): on the typed run and request
+    it makes once."""
+    return layout_warnings(run_spec(cfg, layout), planner_request(cfg))
 
 
 def test_run_warnings_name_the_pitfalls(compose_cfg):

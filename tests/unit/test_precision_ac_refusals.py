@@ -25,7 +25,7 @@ def test_precision_and_ac_values_stay_as_users_write_them(compose_cfg):
     from conf.schema import ActivationCheckpointing, Precision
     from parallel.foundation.checkpointing_modes import AC_MODES
     from parallel.foundation.precision import PRECISIONS
-    from trainer.validate import resolved_container
+    from trainer.task import resolved_container
 
     assert Precision.values() == list(PRECISIONS) and ActivationCheckpointing.values() == list(AC_MODES)
     cfg = compose_cfg("trainer.precision=bf16-mixed", "trainer.activation_checkpointing=selective")

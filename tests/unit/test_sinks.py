@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from trainer.observe.sinks import build_sinks, finish_sinks
-from trainer.validate import resolved_container, validate
+from trainer.task import resolved_container
+from trainer.validate import validate
 
 
 @pytest.mark.parametrize(
