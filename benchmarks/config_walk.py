@@ -14,7 +14,8 @@ new to the tree would, and count the rooms (modules) it enters and its returns t
 
 A return is a call into a room the walk had entered before (and left since): the reader opens a file again. Coming
 back to the caller after a callee is not one: the reader only reads on where they were. ``--path`` prints the rooms
-in the order the calls enter them.
+in the order the calls enter them; ``--calls`` prints each entering call (caller -> callee, a return marked ``R``)
+and the rooms entered more than once.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import ast
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,6 +86,9 @@ class Walk:
         self.modules = modules
         self.done: set[tuple[str, str]] = set()
         self.path: list[str] = []
+        self.calls: list[tuple[str, str]] = []
+        """(caller, callee) as ``module.function``, one per room entered after the first: ``path[i + 1]``'s call."""
+        self.reading: list[str] = []
 
     def resolve(self, mod: Module, cls: str | None, call: ast.Call, names: dict) -> tuple[str, str] | None:
         f = call.func
@@ -117,6 +122,7 @@ class Walk:
         if (module, qualname) in self.done or qualname not in self.modules[module].functions:
             return
         self.done.add((module, qualname))
+        self.reading.append(f"{module}.{qualname}")
         mod, fn = self.modules[module], self.modules[module].functions[qualname]
         cls = qualname.split(".")[0] if "." in qualname else None
         names = imports(mod, fn)
@@ -128,6 +134,7 @@ class Walk:
                     marked |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
             elif isinstance(node, ast.Call):
                 self.call(mod, cls, node, names, marked)
+        self.reading.pop()
 
     def ordered(self, fn: ast.AST) -> list[ast.AST]:
         """Statements and calls in source order (an assignment after the calls on its right-hand side)."""
@@ -151,15 +158,20 @@ class Walk:
             return
         if target[0] != mod.name:
             self.path.append(target[0])
+            self.calls.append((self.reading[-1], f"{target[0]}.{target[1]}"))
         self.visit(*target, got)
 
 
-def walk(root: Path) -> list[str]:
+def walked(root: Path) -> Walk:
     w = Walk(load(root))
     module, function, arg = START
     w.path.append(module)
     w.visit(module, function, {arg})
-    return w.path
+    return w
+
+
+def walk(root: Path) -> list[str]:
+    return walked(root).path
 
 
 def returns(path: list[str]) -> int:
@@ -172,14 +184,30 @@ def returns(path: list[str]) -> int:
     return count
 
 
+def call_lines(w: Walk) -> list[str]:
+    """Each call that enters a room (``R``: a return), then the rooms entered more than once, most often first."""
+    seen = {w.path[0]}
+    lines = []
+    for room, (caller, callee) in zip(w.path[1:], w.calls, strict=True):
+        lines.append(f"{'R' if room in seen else ' '} {caller} -> {callee}")
+        seen.add(room)
+    counts = Counter(w.path)
+    lines += [f"{n} x {room}" for room, n in counts.most_common() if n > 1]
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root", nargs="?", default=str(Path(__file__).resolve().parents[1]))
     parser.add_argument("--path", action="store_true", help="print the rooms in the order walked")
+    parser.add_argument("--calls", action="store_true", help="print each entering call and the rooms entered again")
     args = parser.parse_args(argv)
-    path = walk(Path(args.root))
+    w = walked(Path(args.root))
+    path = w.path
     if args.path:
         print("\n".join(path))
+    if args.calls:
+        print("\n".join(call_lines(w)))
     print(f"rooms {len(set(path))}, returns {returns(path)}")
     return 0
 

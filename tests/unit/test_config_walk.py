@@ -39,10 +39,17 @@ def test_the_walk_follows_the_config_and_counts_returns(tmp_path):
         (tmp_path / rel).write_text(source)
     for package in ("conf", "models"):
         (tmp_path / package).mkdir()
-    path = cw.walk(tmp_path)
+    w = cw.walked(tmp_path)
     # task -> checks -> api (typed), back in task -> api (plan): api entered again; unrelated(3) carries no config
-    assert path == ["trainer.task", "trainer.checks", "parallel.api", "parallel.api"]
-    assert cw.returns(path) == 1
+    assert w.path == ["trainer.task", "trainer.checks", "parallel.api", "parallel.api"] == cw.walk(tmp_path)
+    assert cw.returns(w.path) == 1
+    # --calls: each entering call, the return marked, then the rooms entered more than once
+    assert cw.call_lines(w) == [
+        "  trainer.task.run_task -> trainer.checks.check",
+        "  trainer.checks.check -> parallel.api.typed",
+        "R trainer.task.run_task -> parallel.api.plan",
+        "2 x parallel.api",
+    ]
 
 
 def test_the_walk_runs_on_this_checkout():
