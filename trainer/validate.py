@@ -34,7 +34,7 @@ from trainer.checks.suggest import layout_words, layouts_that_fit, runnable
 from trainer.checks.topology import check_backend, check_cores, check_topology
 from trainer.hf.checks import check_init_from
 from trainer.launch.environment import ExternalLaunch, detect_external_launch
-from trainer.typed.run_spec import memory_budget_bytes, model_config, plain_values, run_spec
+from trainer.typed.run_spec import memory_budget_bytes, plain_values, run_spec
 
 
 @dataclass(frozen=True)
@@ -258,7 +258,7 @@ def check_model(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None:
     """What the model's spec says its config must satisfy, and whether this layout can hold its weights."""
     from models.spec import BACKENDS, INIT_DEVICES, builder_kwargs, hydra_schema
 
-    model = model_config(cfg)  # the family's typed config (trainer/typed/run_spec.py): what its rules read
+    model = f.model(cfg)  # the family's typed config (trainer/typed/run_spec.py): what its rules read
     spec = model_spec(cfg, f)
     if spec is None:
         return
@@ -312,7 +312,7 @@ def check_model_data(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> No
             f"are {given}; use {option}, or a model family that reads {given}"
         )
         return
-    for problem in spec.data_problems(model_config(cfg), ConfigView(plain_values(cfg.data))):
+    for problem in spec.data_problems(f.model(cfg), ConfigView(plain_values(cfg.data))):
         f.error(problem)
 
 
@@ -337,7 +337,7 @@ def check_strategy_rules(cfg: DictConfig, layout: ParallelLayout, f: Findings) -
     checks = checks_for(cfg.parallel.name)
     if not checks:
         return
-    run = run_spec(cfg, layout)  # the typed run the checks read (parallel/foundation/run.py)
+    run = run_spec(cfg, layout, model=f.model(cfg))  # the typed run the checks read (parallel/foundation/run.py)
     for check in checks:
         for problem in check(run, strategy_spec(cfg.parallel.name)):
             f.error(problem)

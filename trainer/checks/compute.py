@@ -14,7 +14,6 @@ from omegaconf import DictConfig
 from models.registry import UnknownModel, spec_for
 from parallel.foundation.precision import FP8_MIN_CAPABILITY
 from trainer.checks.findings import Findings
-from trainer.typed.run_spec import model_config
 
 
 def cuda_compute_capabilities() -> list[float] | None:
@@ -42,9 +41,9 @@ def runs_on_cuda(cfg: DictConfig) -> bool | None:
     return True if cuda_compute_capabilities() else None
 
 
-def _has_blocks(cfg: DictConfig) -> bool:
+def _has_blocks(cfg: DictConfig, f: Findings) -> bool:
     try:
-        model = model_config(cfg)
+        model = f.model(cfg)
         return spec_for(model).n_blocks(model) is not None
     except UnknownModel:
         return True  # validation's model check says so
@@ -71,7 +70,7 @@ def check_precision(cfg: DictConfig, layout: object, f: Findings) -> None:
             f"trainer.ac_every={every} with trainer.activation_checkpointing={mode}: ac_every chooses which blocks "
             "selective checkpointing recomputes; use trainer.activation_checkpointing=selective, or ac_every=1"
         )
-    if mode != "none" and not _has_blocks(cfg):
+    if mode != "none" and not _has_blocks(cfg, f):
         f.error(
             f"trainer.activation_checkpointing={mode} with model={cfg.model.get('name')}: checkpointing works per "
             "block and this model has no blocks in model.layers; use trainer.activation_checkpointing=none"

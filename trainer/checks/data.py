@@ -13,7 +13,6 @@ from parallel.foundation import dims
 from trainer.checks.findings import Findings, number
 from trainer.checks.run import VAL_OBJECTIVES
 from trainer.data.packing import PACKINGS
-from trainer.typed.run_spec import model_config
 
 
 def check_data(cfg: DictConfig, layout: object, f: Findings) -> None:
@@ -46,7 +45,7 @@ def check_data(cfg: DictConfig, layout: object, f: Findings) -> None:
     if "noise" in cfg.data:
         noise = number(cfg.data.noise)
         f.require("data.noise", cfg.data.noise, noise is not None and noise >= 0, "must be >= 0")
-    model = model_config(cfg)  # the family's typed config: what its rules read
+    model = f.model(cfg)  # the family's typed config: what its rules read
     try:
         spec = spec_for(model)
     except UnknownModel:

@@ -28,6 +28,16 @@ class Findings:
     runs: Callable[[Any], bool] | None = None
     """Whether another config (a layout a refusal would suggest) passes validation for this run; unset while such a
     candidate is itself validated (trainer/checks/suggest.py)."""
+    _typed: tuple[Any, Any] | None = field(default=None, repr=False)
+
+    def model(self, cfg: Any) -> Any:
+        """``cfg.model`` typed (``trainer.typed.run_spec.model_config``), built once per validation: the checks that
+        read the family's config (data, model, precision, the strategy's rules) share it (1 ms a build)."""
+        if self._typed is None or self._typed[0] is not cfg:
+            from trainer.typed.run_spec import model_config
+
+            self._typed = (cfg, model_config(cfg))
+        return self._typed[1]
 
     def error(self, msg: str) -> None:
         self.problems.append(msg)

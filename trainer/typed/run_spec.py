@@ -110,10 +110,10 @@ def memory_budget_bytes(cfg: DictConfig) -> float:
     )
 
 
-def run_spec(cfg: DictConfig, layout: ParallelLayout) -> RunSpec:
-    """The typed run of a composed config and its layout."""
+def run_spec(cfg: DictConfig, layout: ParallelLayout, *, model: Any = None) -> RunSpec:
+    """The typed run of a composed config and its layout (``model``: ``model_config(cfg)`` where the caller has it)."""
     mbs = cfg.data.get("micro_batch_size")
-    model = model_config(cfg)
+    model = model_config(cfg) if model is None else model
     return RunSpec(
         layout=layout,
         model=model,
