@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT
+from tests.source_files import parsed, walked
 
 #: package -> top-level packages it must never import (conf/ may be imported by all)
 FORBIDDEN = {
@@ -53,12 +54,11 @@ def module_name(path: Path) -> str:
 
 def imported_modules(path: Path, source: str | None = None) -> list[tuple[int, str]]:
     """(line, absolute module name) for every import in the file, including those inside functions."""
-    tree = ast.parse(path.read_text() if source is None else source, filename=str(path))
     package = module_name(path).split(".")
     if path.name != "__init__.py":
         package = package[:-1]
     found = []
-    for node in ast.walk(tree):
+    for node in walked(path, source):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -100,9 +100,8 @@ def module_graph(sources: dict[str, tuple[Path, str | None]]) -> dict[str, set[s
     for ``sources``: module name -> (its path, its source or None to read the file)."""
     graph: dict[str, set[str]] = {name: set() for name in sources}
     for name, (path, source) in sources.items():
-        tree = ast.parse(path.read_text() if source is None else source, filename=str(path))
         package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-        for node in ast.walk(tree):
+        for node in walked(path, source):
             targets = []
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
@@ -238,10 +237,9 @@ MAX_FUNCTION_LINES = 80
 def long_functions(path: Path, source: str | None = None) -> list[str]:
     """``path:line name (n lines)`` for every function (methods and nested ones included) of ``MAX_FUNCTION_LINES``
     lines or more, counted as ``end_lineno - lineno``."""
-    tree = ast.parse(path.read_text() if source is None else source, filename=str(path))
     return [
         f"{path.relative_to(ROOT)}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)"
-        for n in ast.walk(tree)
+        for n in walked(path, source)
         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno >= MAX_FUNCTION_LINES
     ]
 
@@ -304,7 +302,7 @@ def test_the_glossary_names_every_class_of_its_words():
     missing = []
     for package in PACKAGES:
         for path in python_files(package):
-            for node in ast.parse(path.read_text()).body:
+            for node in parsed(path).body:
                 if isinstance(node, ast.ClassDef) and node.name.endswith(GLOSSARY_WORDS):
                     if f"`{node.name}`" not in glossary:
                         missing.append(f"{path.relative_to(ROOT)}: {node.name}")
@@ -320,10 +318,9 @@ IMPORT_PATH = re.compile(r"^([A-Za-z_]\w*)(\.\w+)+(:[\w.]+)?$")
 def named_import_paths(path: Path, source: str | None = None) -> list[tuple[int, str]]:
     """(line, string) for every string constant in the file that is an import path (a ``_target_``, a
     ``"module:function"``): imports the import statements do not show."""
-    tree = ast.parse(path.read_text() if source is None else source, filename=str(path))
     return [
         (node.lineno, node.value)
-        for node in ast.walk(tree)
+        for node in walked(path, source)
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and IMPORT_PATH.match(node.value)
     ]
 

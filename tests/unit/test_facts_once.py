@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT
+from tests.source_files import parsed, walked
 
 #: the product packages scanned
 PACKAGES = ("conf", "models", "parallel", "trainer")
@@ -49,9 +50,8 @@ def literal_names(node: ast.AST) -> frozenset[str] | None:
 
 def module_level_tables(path: Path, source: str | None = None) -> list[tuple[int, str, frozenset[str]]]:
     """(line, assigned name, names) for every module-level assignment of a literal table of names."""
-    tree = ast.parse(path.read_text() if source is None else source, filename=str(path))
     out = []
-    for node in tree.body:
+    for node in parsed(path, source).body:
         if isinstance(node, ast.Assign):
             targets, value = node.targets, node.value
         elif isinstance(node, ast.AnnAssign) and node.value is not None:
@@ -95,7 +95,7 @@ def test_specs_take_family_and_builder_from_their_config():
     ``_target_``: a spec derives them (``family=GPTConfig.family, builder=GPTConfig._target_``)."""
     bad = []
     for path in sorted((ROOT / "models").glob("*/spec.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in walked(path):
             if isinstance(node, ast.Call):
                 for kw in node.keywords:
                     if kw.arg in ("family", "builder") and isinstance(kw.value, ast.Constant):
@@ -121,7 +121,7 @@ def test_the_rank_memory_budget_is_computed_once():
     bad = []
     for path in product_files():
         rel = path.relative_to(ROOT).as_posix()
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in walked(path):
             if isinstance(node, ast.BinOp) and {"device_memory_gb", "memory_fraction"} <= _attrs(node):
                 if rel != home:
                     bad.append(f"{rel}:{node.lineno}")
