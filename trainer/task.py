@@ -207,7 +207,8 @@ def checked(cfg: DictConfig) -> CheckedRun:
     validated = validate(cfg)
     for warning in validated.warnings:
         log.warning("warning: %s", warning)
-    checked_run = CheckedRun(validated=validated, run=run_spec(cfg, validated.layout), request=planner_request(cfg))
+    run = run_spec(cfg, validated.layout)  # the model typed once: the planner's request reads the run's
+    checked_run = CheckedRun(validated=validated, run=run, request=planner_request(cfg, model=run.model))
     # the seed's pitfalls for the layout this run uses (none for models the planner cannot describe)
     for warning in layout_warnings(checked_run.run, checked_run.request):
         log.warning("warning (planner): %s", warning)

@@ -132,7 +132,8 @@ def planner_prediction(config: dict[str, Any]) -> float | None:
 
     try:
         cfg = OmegaConf.create(config)
-        return predicted_step_time(run_spec(cfg, build_layout(cfg)), planner_request(cfg))
+        run = run_spec(cfg, build_layout(cfg))
+        return predicted_step_time(run, planner_request(cfg, model=run.model))
     except (PlanError, ConfigError, OmegaConfBaseException, KeyError, TypeError, ValueError):
         return None
 

@@ -39,11 +39,12 @@ def model_config(cfg: DictConfig) -> Any:
     return typed_model(plain_values(cfg.model))
 
 
-def planner_request(cfg: DictConfig) -> PlannerRequest:
+def planner_request(cfg: DictConfig, *, model: Any = None) -> PlannerRequest:
     """What the planner reads of this config (``parallel/plan/api.py``), typed: the model, topology and planner
-    sections, the batch, the sequence, the precision, the optimizer and the reference the ranks hold."""
+    sections, the batch, the sequence, the precision, the optimizer and the reference the ranks hold. ``model``: the
+    typed model config when the caller has it already (the ``RunSpec``'s), else typed here."""
     return PlannerRequest(
-        model_config=model_config(cfg),
+        model_config=model if model is not None else model_config(cfg),
         topology=make_config(TopologyConfig, plain_values(cfg.topology)),
         planner=make_config(PlannerConfig, plain_values(cfg.planner)),
         global_batch_size=int(cfg.data.global_batch_size or 0),
