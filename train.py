@@ -7,12 +7,8 @@ launches the workers and returns the objective (tokens/s by default) for sweeper
 import hydra
 from omegaconf import DictConfig
 
-from conf.resolvers import register_resolvers
-from conf.schema import register_configs
+# importing trainer.command registers the resolvers and the schemas (as for the installed `meshtrain` command)
 from trainer.command import run_cli, task
-
-register_resolvers()
-register_configs()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
