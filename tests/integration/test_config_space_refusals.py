@@ -1,7 +1,9 @@
 """Property test of the whole config space: every combination of overrides drawn by
 ``tests/config_space.py`` is either accepted, or refused before any worker starts (exit code 2) with a
 message naming a key (300 draws in two seeded halves, in process: Hydra's own override code on cached group
-compositions). One test runs both halves, so the group compositions they share are composed once."""
+compositions). One test runs both halves, so the group compositions they share are composed once. It starts no
+process, but its 300 validations and ~30 Hydra compositions cost ~25 s of CPU: a system test of the whole config
+space, kept out of the fast tier (moved from tests/unit, issue 42 item 11)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import pytest
 
 from tests import config_space
 from tests.config_space import outcome, overrides
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
