@@ -9,6 +9,8 @@ know its tensors: torch is imported only when a run names ``model.init_from``.
 
 from __future__ import annotations
 
+import functools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -123,17 +125,37 @@ def _names(items: list[str]) -> str:
     return ", ".join(items[:SHOWN]) + more
 
 
-def tensor_problems(folder: HFFolder, adapter: Any, model_cfg: DictConfig, start: str) -> list[str]:
-    """Missing, unexpected and mis-shaped tensors, by name (the model built on the meta device says what it reads)."""
+def model_shapes(model_cfg: Any) -> dict[str, tuple[int, ...]]:
+    """The model's state-dict shapes, from the model built on the meta device, once per model config in a process:
+    a refusal validates each layout it suggests (trainer/checks/suggest.py), with this check in each."""
+    from models.spec import builder_kwargs
+
+    plain = OmegaConf.to_container(model_cfg, resolve=True) if OmegaConf.is_config(model_cfg) else model_cfg
+    kwargs = builder_kwargs(plain)
+    try:
+        key = json.dumps(kwargs, sort_keys=True)
+    except TypeError:  # a value JSON does not hold: built each time
+        return dict(_meta_shapes(kwargs))
+    return dict(_cached_meta_shapes(key))
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_meta_shapes(kwargs_json: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    return _meta_shapes(json.loads(kwargs_json))
+
+
+def _meta_shapes(kwargs: dict[str, Any]) -> tuple[tuple[str, tuple[int, ...]], ...]:
     import torch
     from hydra.utils import instantiate
 
-    from models.spec import builder_kwargs
-
     with torch.device("meta"):
-        module = instantiate(builder_kwargs(model_cfg))
-    shapes = {k: tuple(v.shape) for k, v in module.state_dict().items()}
-    expected = adapter.hf_shapes(shapes, model_cfg)
+        module = instantiate(kwargs)
+    return tuple((k, tuple(v.shape)) for k, v in module.state_dict().items())
+
+
+def tensor_problems(folder: HFFolder, adapter: Any, model_cfg: DictConfig, start: str) -> list[str]:
+    """Missing, unexpected and mis-shaped tensors, by name (the model built on the meta device says what it reads)."""
+    expected = adapter.hf_shapes(model_shapes(model_cfg), model_cfg)
     stored = folder.shapes()
     located = {key: adapter.locate(key, stored) for key in expected}
     missing = [k for k, at in located.items() if at is None]
