@@ -34,6 +34,10 @@ class Engine(ABC):
     #: sampled meters (DDP's reducer timer, the TP collective timer) run on exactly the logged steps, a resumed
     #: run's included
     measure_step: bool = True
+    #: the next batch's count of targets over the whole global batch (which the loss mesh's ranks share out), set by
+    #: the loop before each ``train_step`` / ``eval_step``; the loss then needs no all-reduce to count them. None:
+    #: counted and all-reduced (``parallel/foundation/token_loss.py``)
+    batch_targets: int | None = None
     #: run after each optimizer step, in order (``ComposedPart.after_update``: fp8's float8 weight scales)
     after_update: Sequence[Callable[[], None]] = ()
 

@@ -75,7 +75,7 @@ class ModuleEngine(Engine):
         self._step_start = time.perf_counter()
         n = self.accumulation
         total = None
-        self.loss.start(targets)
+        self.loss.start(targets, global_count=self.batch_targets)
         with ExitStack() as stack:
             self._loss_context(stack)
             self.metered(stack)
@@ -94,7 +94,7 @@ class ModuleEngine(Engine):
         total = torch.zeros((), device=inputs.device)
         with ExitStack() as stack:
             self._loss_context(stack)
-            self.loss.start(targets)
+            self.loss.start(targets, global_count=self.batch_targets)
             for x, y in micro_batches(inputs, targets, n):
                 total += self.loss(self.module(x), y)
         return total

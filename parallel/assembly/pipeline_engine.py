@@ -174,7 +174,7 @@ class PipelineEngine(Engine):
         losses: list[torch.Tensor] | None = [] if self.has_last else None
         args = (inputs,) if self.has_first else ()
         if self.has_last and self.loss is not None:
-            self.loss.start(targets)
+            self.loss.start(targets, global_count=self.batch_targets)
         self.recorder.begin_step(count_saved=self.measure_step)
         with ExitStack() as stack:
             self.metered(stack)
@@ -203,7 +203,7 @@ class PipelineEngine(Engine):
         if runtime:
             self._use_forward_only_order()
         if self.has_last and self.loss is not None:
-            self.loss.start(targets)
+            self.loss.start(targets, global_count=self.batch_targets)
         self.recorder.begin_step(count_saved=False)  # no gradients: nothing is saved for backward
         try:
             with torch.no_grad():

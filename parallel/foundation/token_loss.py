@@ -10,6 +10,10 @@ gradients after the reduction are those of ``sum of token losses / global count`
 returns (the sum of its micro-batches' terms) averages over the ranks that computed one to that same loss (the
 loop's ``_reduce_loss``; tp ranks hold equal copies). With no masked tokens and equal lengths every term equals
 what a mean per micro-batch gave, up to rounding.
+
+The loss mesh's ranks together hold the whole global batch, which every rank builds (the loop slices its share), so
+the loop counts the global batch's targets itself and hands the number in (``start(targets, global_count=...)``): the
+same count, without the all-reduce (one collective per step fewer; docs/benchmarks.md, the ddp pair).
 """
 
 from __future__ import annotations
@@ -36,13 +40,27 @@ class TokenMean:
         self.count: torch.Tensor | None = None
         self._summing: Any = None
         """The count's all-reduce in flight (``start``), waited for by the step's first micro-batch's term."""
+        self._given: tuple[tuple[int, torch.device], torch.Tensor, torch.Tensor] | None = None
+        """The last ``global_count``'s (value and device, count, divisor): built again only when it changes."""
 
-    def start(self, targets: torch.Tensor) -> torch.Tensor:
+    def start(self, targets: torch.Tensor, *, global_count: int | None = None) -> torch.Tensor:
         """Count this rank's targets for the step (or evaluation batch) about to run, all-reduced over the loss
         mesh: every rank of that mesh calls it with its own targets. The all-reduce runs while the forward does (the
         first term waits for it, after its own loss): the start of a step is no point where the ranks wait for each
-        other. Returns the count tensor, the global count once the first term is taken (at once without a mesh)."""
-        count = getattr(self.loss_fn, "count", count_targets)(targets)  # a loss over pairs counts pairs
+        other. Returns the count tensor, the global count once the first term is taken (at once without a mesh).
+
+        ``global_count``: the loss mesh's count of targets, counted by the caller on the global batch those ranks'
+        shares make up: taken as it is (no ops, no all-reduce). A loss that counts something else (pairs) counts."""
+        counter = getattr(self.loss_fn, "count", None)  # a loss over pairs counts pairs
+        if global_count is not None and counter is None:
+            key = (int(global_count), targets.device)
+            if self._given is None or self._given[0] != key:
+                count = torch.tensor(key[0], dtype=torch.int64, device=targets.device)
+                self._given = (key, count, count.clamp(min=1).to(torch.float32) / self.replicas)
+            _, self.count, self.divisor = self._given
+            self._summing = None
+            return self.count
+        count = (counter or count_targets)(targets)
         self._summing = dist.all_reduce(count, group=self.group, async_op=True) if self.group is not None else None
         self.count, self.divisor = count, None
         return count

@@ -76,3 +76,27 @@ def test_the_count_leaves_out_ignored_targets_and_the_sum_reduction_adds_the_res
 def test_token_mean_refuses_a_term_before_the_step_is_counted():
     with pytest.raises(RuntimeError, match=r"before start\(targets\)"):
         TokenMean(token_cross_entropy)(torch.zeros(1, 2, VOCAB), torch.zeros(1, 2, dtype=torch.long))
+
+
+class _TwoRankMesh:
+    """A loss mesh of two ranks with no process group behind it: an all-reduce over it would fail."""
+
+    def size(self) -> int:
+        return 2
+
+    def get_group(self) -> object:
+        return object()
+
+
+def test_a_count_of_the_global_batch_given_by_the_loop_takes_no_all_reduce():
+    x, y = _batch()
+    logits = _lm()(x)
+    alone = TokenMean(token_cross_entropy)  # one rank holding the whole batch counts it
+    assert int(alone.start(y)) == int(count_targets(y))
+    want = float(alone(logits, y))
+    # two ranks, each holding half the rows: the global batch's count, as the all-reduce of theirs would sum it
+    loss = TokenMean(token_cross_entropy, loss_mesh=_TwoRankMesh())
+    for rows in y.chunk(2):
+        assert int(loss.start(rows, global_count=int(count_targets(y)))) == int(count_targets(y))
+    terms = [loss(a, b) for a, b in zip(logits.chunk(2), y.chunk(2))]  # divisor: the count over the mesh's size
+    assert float(sum(terms) / 2) == pytest.approx(want, rel=1e-6)

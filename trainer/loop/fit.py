@@ -304,6 +304,7 @@ class Trainer:
         if self._prefetch is None:  # step() called outside fit(): build batches in the loop
             self._prefetch = Prefetcher(self.data.global_batch, first_step=step, last_step=self.max_steps, depth=0)
         (inputs, targets), data_s = self._prefetch.get(step)
+        self.engine.batch_targets = self._batch_targets(targets)
         x, y = self.engine.local_batch(self.ctx, inputs, targets)
         if self.frozen_reference is not None:
             y = self.frozen_reference.fill(self, x, y)
@@ -415,6 +416,7 @@ class Trainer:
         engine.train(False)
         try:
             for inputs, targets in self._val_batches:
+                engine.batch_targets = self._batch_targets(targets)
                 x, y = engine.local_batch(ctx, inputs, targets)
                 if self.frozen_reference is not None:
                     y = self.frozen_reference.fill(self, x, y)
@@ -434,6 +436,17 @@ class Trainer:
             return {"val_loss": value, **pairs, "eval_time_s": time.perf_counter() - t0}
         ppl = math.exp(value) if value < 700 else float("inf")
         return {"val_loss": value, "val_ppl": ppl, "eval_time_s": time.perf_counter() - t0}
+
+    def _batch_targets(self, targets: torch.Tensor) -> int | None:
+        """The global batch's count of targets, counted on the host: the loss mesh's ranks share the batch out, so it
+        is the count their all-reduce would sum (``Engine.batch_targets``: the step has one collective fewer). None
+        where a share is more than a slice of ``targets`` (a preference objective's pairs and reference columns), the
+        rows do not split evenly over dp, or the batch is not on the host (a count would wait for the device)."""
+        if self.objective is not None or self.frozen_reference is not None or targets.device.type != "cpu":
+            return None
+        if targets.shape[0] % self.ctx.layout.dp:
+            return None
+        return int(count_targets(targets))
 
     def _count(self, targets: torch.Tensor) -> torch.Tensor:
         """What the loss is a mean over in ``targets``: target tokens, or a preference objective's pairs."""
