@@ -8,8 +8,8 @@ targets all-reduced over the loss mesh (``parallel/foundation/meshes.py``'s ``lo
 tokens, dp x cp), divided by that mesh's size because the gradient reduction (DDP, FSDP2) averages over it. So the
 gradients after the reduction are those of ``sum of token losses / global count``, and the value an engine
 returns (the sum of its micro-batches' terms) averages over the ranks that computed one to that same loss (the
-loop's ``_reduce_loss``; tp ranks hold equal copies). With no masked tokens and equal lengths every term equals
-what a mean per micro-batch gave, up to rounding.
+loop's ``_agree`` on logged steps; tp ranks hold equal copies). With no masked tokens and equal lengths every term
+equals what a mean per micro-batch gave, up to rounding.
 
 The loss mesh's ranks together hold the whole global batch, which every rank builds (the loop slices its share), so
 the loop counts the global batch's targets itself and hands the number in (``start(targets, global_count=...)``): the

@@ -6,8 +6,9 @@
 rank 0's sinks (console, files, trackers: ``trainer/observe/sinks.py``) receive the logged records.
 
 Every rank runs the same loop; collectives happen at the same steps on all ranks: one small all-reduce
-per step (did a stop signal arrive, did any rank go non-finite), the loss on logged steps, checkpoints,
-the summary at the end. Rank 0 owns the sinks: console, metrics.jsonl, summary.json, W&B, TensorBoard.
+per step (did a stop signal arrive, did any rank go non-finite; on logged steps the loss's mean over the
+ranks rides in it), checkpoints, the summary at the end. Rank 0 owns the sinks: console, metrics.jsonl,
+summary.json, W&B, TensorBoard.
 """
 
 from __future__ import annotations
@@ -120,6 +121,8 @@ class StepOutcome:
     """How long the step waited for its global batch (the prefetcher's queue, or building it)."""
     pairs: torch.Tensor | None = None
     """A preference objective's summed pair statistics on this rank (``models.preference.STATS``)."""
+    mean_loss: float | None = None
+    """On logged steps: the loss averaged over the ranks that computed one (``_agree``'s all-reduce carried it)."""
 
 
 def parameter_names(engine: Engine) -> dict[int, str]:
@@ -264,8 +267,11 @@ class Trainer:
         self.step_started = t0
         loss, grad_norm, data_s = self._forward_backward(step)
         pairs = self.objective.take(self.ctx.device) if self.objective is not None else None
-        preempt, bad_ranks = self._agree(
-            preempt=bool(preemption and preemption.requested), grad_norm=grad_norm, loss=loss
+        preempt, bad_ranks, mean_loss = self._agree(
+            preempt=bool(preemption and preemption.requested),
+            grad_norm=grad_norm,
+            loss=loss,
+            logged=self._should_log(step),
         )
         lr = self.optimizer.param_groups[0]["lr"]
         self._update(step, bad_ranks)
@@ -296,6 +302,7 @@ class Trainer:
             extras=extras,
             data_seconds=data_s,
             pairs=pairs,
+            mean_loss=mean_loss,
         )
 
     def _forward_backward(self, step: int) -> tuple[torch.Tensor | None, torch.Tensor, float]:
@@ -338,7 +345,7 @@ class Trainer:
         record (None on other steps)."""
         record = None
         if self._should_log(step) and not outcome.skipped:
-            value = self._reduce_loss(outcome.loss)
+            value = outcome.mean_loss
             if self.first_loss is None:
                 self.first_loss, self.first_loss_step = value, step
             self.last_loss = value
@@ -469,32 +476,33 @@ class Trainer:
 
     # ---- collectives -------------------------------------------------------------------------
 
-    def _reduce_loss(self, loss: torch.Tensor | None) -> float:
-        """Mean of the loss over the ranks that computed one (last pipeline stage, all replicas): each returned its
-        part of the global token mean scaled by the loss mesh's size (``parallel/foundation/token_loss.py``)."""
-        buf = torch.zeros(2, dtype=torch.float64, device=self.ctx.device)
-        if loss is not None:
-            buf[0] = loss.detach().double()
-            buf[1] = 1.0
-        if self.ctx.world_size > 1:
-            dist.all_reduce(buf)
-        return (buf[0] / buf[1]).item() if buf[1] > 0 else float("nan")
-
-    def _agree(self, *, preempt: bool, grad_norm: torch.Tensor, loss: torch.Tensor | None) -> tuple[bool, list[int]]:
+    def _agree(
+        self, *, preempt: bool, grad_norm: torch.Tensor, loss: torch.Tensor | None, logged: bool = False
+    ) -> tuple[bool, list[int], float | None]:
         """One small all-reduce per step: did any rank get a stop signal, which ranks went non-finite (loss or
-        gradient norm). The flags are set on the device and read once: the step's one wait for the GPU before
-        the update, which has to know whether to skip."""
-        flags = torch.zeros(1 + self.ctx.world_size, dtype=torch.int32, device=self.ctx.device)
+        gradient norm), and on ``logged`` steps the loss's mean over the ranks that computed one (each returned its
+        part of the global token mean scaled by the loss mesh's size: ``parallel/foundation/token_loss.py``; NaN when
+        none did, None on other steps). A float64 sum: each rank sets only its own flag, so the sum says what a
+        maximum would. The values are set on the device and read once: the step's one wait for the GPU before the
+        update, which has to know whether to skip."""
+        n = self.ctx.world_size
+        flags = torch.zeros(1 + n + (2 if logged else 0), dtype=torch.float64, device=self.ctx.device)
         if preempt:
             flags[0] = 1
         finite = torch.isfinite(grad_norm.to(flags.device))
         if loss is not None:
             finite &= torch.isfinite(loss.to(flags.device))
+            if logged:
+                flags[1 + n] = loss.detach().double()
+                flags[2 + n] = 1.0
         flags[1 + self.ctx.rank] = ~finite
-        if self.ctx.world_size > 1:
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        if n > 1:
+            dist.all_reduce(flags)
         values = flags.tolist()
-        return bool(values[0]), [r for r in range(self.ctx.world_size) if values[1 + r]]
+        mean = None
+        if logged:
+            mean = values[1 + n] / values[2 + n] if values[2 + n] > 0 else float("nan")
+        return values[0] > 0, [r for r in range(n) if values[1 + r] > 0], mean
 
     def _as_collective_timeout(self, exc: RuntimeError, step: int) -> CollectiveTimeout | None:
         """A collective that timed out, as an error naming the ranks that stopped answering; None otherwise."""
