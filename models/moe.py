@@ -375,6 +375,8 @@ class MoE(nn.Module):
     def init_weights(self, std: float = 0.02, out_std: float = 0.02) -> None:
         """The router and the input projections (w1) N(0, std); w2 and w3, which feed the residual stream or gate
         it, N(0, out_std) (``models/init.py`` passes Llama's depth-scaled value)."""
+        if self.experts.w1.is_meta:  # nothing to draw on the meta device (``models/init.py`` ``holds_values``)
+            return
         for w in (self.router.weight, self.experts.w1):
             nn.init.normal_(w, mean=0.0, std=std)
         for w in (self.experts.w2, self.experts.w3):

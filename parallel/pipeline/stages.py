@@ -81,12 +81,14 @@ def placed_stages(
 
 
 def build_stage_module(model: nn.Module, *, spec: StageSpec, units: PipelineUnits | None = None) -> nn.Module:
-    """A deep copy of ``model`` keeping only what ``spec`` owns; parameter names unchanged."""
+    """A deep copy of ``model`` keeping only what ``spec`` owns; parameter names unchanged. The blocks other stages
+    own are not copied (deepcopy's memo stands None in for each, then its key is removed): a deep model's copy is
+    mostly its blocks, and the dry run cuts two stages per sampled rank."""
     pre, blocks, post = pipeline_parts(model, units)
-    stage = copy.deepcopy(model)
-    for key in blocks:
-        if not spec.start <= int(key) < spec.stop:
-            del stage.layers[key]
+    dropped = [key for key in blocks if not spec.start <= int(key) < spec.stop]
+    stage = copy.deepcopy(model, memo={id(model.layers[key]): None for key in dropped})
+    for key in dropped:
+        del stage.layers[key]
     for name in pre if not spec.first else ():
         setattr(stage, name, None)
     for name in post if not spec.last else ():
