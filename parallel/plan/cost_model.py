@@ -777,12 +777,12 @@ def _rank_saved_bytes(
     return per_mb
 
 
-def _rank_memories(c: Candidate, model: ModelShape, workload: Workload, sp: _Split) -> list[tuple[Memory, float]]:
-    """Each pipeline rank's memory (states, and the activations its micro-batches in flight hold) and its saved
-    activation bytes per micro-batch. Ranks of one kind (``_Placement.kinds``: the same kinds of blocks and ends of
-    the model) hold the same states and per-micro-batch activations, and the planner asks this for tens of thousands
-    of candidates that share most of them: the states are remembered per model, workload, degrees and ZeRO stage,
-    the activations per model, workload, ``ActivationCase`` and virtual stages, each per kind of rank."""
+def _kind_memories(c: Candidate, model: ModelShape, workload: Workload, sp: _Split) -> list[tuple[Memory, float]]:
+    """Each kind of pipeline rank's states (activations left at 0) and saved activation bytes per micro-batch, in
+    ``_Placement.kinds`` order. Ranks of one kind (the same kinds of blocks and ends of the model) hold the same
+    states and per-micro-batch activations, and the planner asks this for tens of thousands of candidates that share
+    most of them: the states are remembered per model, workload, degrees and ZeRO stage, the activations per model,
+    workload, ``ActivationCase`` and virtual stages, each per kind of rank."""
     memo = model.remember(("rank_memories", workload), dict)
     degrees = ("states", tuple(c.sizes.items()), c.zero_stage)
     case = ActivationCase(
@@ -795,7 +795,6 @@ def _rank_memories(c: Candidate, model: ModelShape, workload: Workload, sp: _Spl
         cp=c.cp,
         ep=c.ep,
     )
-    held = _in_flight(c.schedule, pp=c.pp, m=c.micro_batches, v=sp.v)
     placement = sp.placement
     per_kind = []
     for kind, r in zip(placement.kinds, placement.kind_rank, strict=True):
@@ -807,8 +806,16 @@ def _rank_memories(c: Candidate, model: ModelShape, workload: Workload, sp: _Spl
         if saved_key not in memo:
             memo[saved_key] = _rank_saved_bytes(model, workload, case, layers, v=sp.v, last=last)
         per_kind.append((memo[states_key], memo[saved_key]))
+    return per_kind
+
+
+def _rank_memories(c: Candidate, model: ModelShape, workload: Workload, sp: _Split) -> list[tuple[Memory, float]]:
+    """Each pipeline rank's memory (its kind's states, and the activations its micro-batches in flight hold) and its
+    saved activation bytes per micro-batch (``_kind_memories``)."""
+    per_kind = _kind_memories(c, model, workload, sp)
     out = []
-    for k, in_flight in zip(placement.kind_of, held, strict=True):
+    held = _in_flight(c.schedule, pp=c.pp, m=c.micro_batches, v=sp.v)
+    for k, in_flight in zip(sp.placement.kind_of, held, strict=True):
         states, per_mb = per_kind[k]
         out.append(
             (Memory(states.params, states.grads, states.optimizer, per_mb * in_flight, states.reference), per_mb)
@@ -827,10 +834,27 @@ def memory_budget(hardware: HardwareSpec, workload: Workload) -> float:
     return hardware.memory_bytes * workload.memory_fraction
 
 
-def rank_memories(candidate: Candidate, *, model: ModelShape, workload: Workload) -> list[tuple[Memory, float]]:
-    """Each pipeline rank's (memory, saved activation bytes per micro-batch), without the step's time: the search
-    decides on memory first and hands these to ``estimate`` for the candidates that fit (computed once)."""
-    return _rank_memories(candidate, model, workload, _Split.of(candidate, model, workload))
+def peak_memory(candidate: Candidate, *, model: ModelShape, workload: Workload) -> float:
+    """The fullest pipeline rank's bytes, ``estimate(...).memory.total`` to the last bit, without the step's time or
+    a ``Memory`` per rank: the search decides on memory first and times only the candidates within the budget. A
+    rank's total grows with its micro-batches in flight, so each kind of rank's fullest is the one holding the most
+    (``_most_in_flight``), summed in ``Memory.total``'s order."""
+    c = candidate
+    sp = _Split.of(c, model, workload)
+    key = ("most_in_flight", c.pp, sp.v, c.schedule, c.split_points, c.micro_batches)
+    most = model.remember(key, lambda: _most_in_flight(sp.placement, c.schedule, pp=c.pp, m=c.micro_batches, v=sp.v))
+    return max(
+        states.params + states.grads + states.optimizer + per_mb * held + states.reference
+        for (states, per_mb), held in zip(_kind_memories(c, model, workload, sp), most, strict=True)
+    )
+
+
+def _most_in_flight(placement: _Placement, schedule: str, *, pp: int, m: int, v: int) -> tuple[float, ...]:
+    """The most micro-batches in flight on a rank of each of ``placement``'s kinds."""
+    most = [0.0] * len(placement.kinds)
+    for k, held in zip(placement.kind_of, _in_flight(schedule, pp=pp, m=m, v=v), strict=True):
+        most[k] = max(most[k], held)
+    return tuple(most)
 
 
 @dataclass(frozen=True)
@@ -936,7 +960,9 @@ def _stages(c: Candidate, model: ModelShape, hardware: HardwareSpec, sp: _Split,
     then the step's pipeline: m micro-batches of the slowest rank, stretched by the schedule's bubble."""
     links = _LinkCosts.of(c, model, hardware, sp)
     compute, tp, tp_calls, cp, ep = [], [], [], [], []
-    for r, layers in enumerate(sp.layers_of):
+    placement = sp.placement
+    for r in placement.kind_rank:  # ranks of one kind (``_Placement``) take the same time: one of each
+        layers = placement.layers_of[r]
         groups = model.layer_groups(layers)
         compute.append(_stage_compute(c, model, hardware, sp, r, layers, busy))
         head = TP_HEAD_COLLECTIVES if sp.meshtrain and r == sp.last else 0
@@ -944,6 +970,7 @@ def _stages(c: Candidate, model: ModelShape, hardware: HardwareSpec, sp: _Split,
         tp.append(tp_calls[-1] * links.tp_collective)
         cp.append(len(layers) * links.cp_per_layer if c.cp > 1 else 0.0)
         ep.append(sum(n for i, n in groups if model.sparse[i]) * links.ep_per_layer if c.ep > 1 else 0.0)
+    compute, tp, tp_calls, cp, ep = ([term[k] for k in placement.kind_of] for term in (compute, tp, tp_calls, cp, ep))
     pp_per_mb = _pp_per_micro_batch(c, model, hardware, sp)
     times = tuple(comp + tp_ + cp_ + ep_ + pp_per_mb for comp, tp_, cp_, ep_ in zip(compute, tp, cp, ep, strict=True))
     bubble = bubble_fraction(c.schedule, pp=c.pp, m=c.micro_batches, v=sp.v)
@@ -1055,15 +1082,13 @@ def estimate(
     model: ModelShape,
     hardware: HardwareSpec,
     workload: Workload,
-    memories: list[tuple[Memory, float]] | None = None,
 ) -> Estimate:
     """Memory of the fullest rank and time of one optimizer step for ``candidate``, term by term: each pipeline
     rank's memory, each rank's micro-batch (compute and each dimension's communication) and the pipeline over them,
-    the gradient reduction, the optimizer, and the CPU floor. ``memories``: ``rank_memories``' answer for this
-    candidate, when the caller has it already."""
+    the gradient reduction, the optimizer, and the CPU floor."""
     c = candidate
     sp = _Split.of(c, model, workload)
-    ranks = memories if memories is not None else _rank_memories(c, model, workload, sp)
+    ranks = _rank_memories(c, model, workload, sp)
     rank_memory = [mem for mem, _ in ranks]
     worst = max(rank_memory, key=lambda m: m.total)  # the first of the fullest
     # ranks sharing a node slow each other down (memory bandwidth, caches): measured, see calibrate.py

@@ -27,7 +27,7 @@ from parallel.plan.cost_model import (
     dimension_reasons,
     estimate,
     memory_budget,
-    rank_memories,
+    peak_memory,
     splits_model,
 )
 from parallel.plan.specs import GB, HardwareSpec, ModelShape, PlanError, Workload
@@ -229,10 +229,9 @@ def rank(
     for cand in enumerate_candidates(model=model, hardware=hardware, workload=workload):
         if allowed is not None and not trainable(cand, allowed):
             continue
-        memories = rank_memories(cand, model=model, workload=workload)
-        total = max(mem.total for mem, _ in memories)
+        total = peak_memory(cand, model=model, workload=workload)
         if total <= budget:
-            fits.append(estimate(cand, model=model, hardware=hardware, workload=workload, memories=memories))
+            fits.append(estimate(cand, model=model, hardware=hardware, workload=workload))
         else:
             misses.append((total, cand))
     for d in dims.DIMENSIONS:
@@ -311,10 +310,11 @@ def seed_reason(
             f"{', '.join(workload.recompute)} planned)"
         )
     parts += dimension_reasons(best, ranked, model=model, hardware=hardware, workload=workload, describe=describe)
-    others = [e for e in ranked[1:] if strategy_of(e.candidate) != strategy_of(c)]
+    chosen = strategy_of(c)
+    other = next((e for e in ranked[1:] if strategy_of(e.candidate) != chosen), None)
     tail = f"chosen {describe(c)}: {best.memory.total / GB:.3g} GB per rank, {best.step_time_s:.3g} s/step"
-    if others:
-        tail += f", {others[0].step_time_s / best.step_time_s:.2f}x faster than the best {strategy_of(others[0].candidate)} ({describe(others[0].candidate)})"
+    if other is not None:
+        tail += f", {other.step_time_s / best.step_time_s:.2f}x faster than the best {strategy_of(other.candidate)} ({describe(other.candidate)})"
     return "; ".join(parts) + "; " + tail
 
 
