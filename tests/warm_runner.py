@@ -7,7 +7,8 @@ environment, argv and output files and runs train.py as ``__main__`` (``runpy``)
 launches exactly as on the command line; its workers fork from it in turn (``topology.start_method=auto``). What
 it skips is only the ~6 s of imports per run that make up most of a short test run on 2 cores.
 
-The zygote runs no torch kernel (a forked child would inherit a used OpenMP pool) and holds no thread. Tests that
+The zygote runs no torch kernel (a forked child would inherit a used OpenMP pool) and starts no Python thread (the
+BLAS libraries that numpy and scipy load start their own pools, which they stop and restart around a fork). Tests that
 start ``python train.py`` cold (the user-facing paths: make, torchrun, the ``meshtrain`` command, Slurm,
 submitit, signals sent mid-run) do not come here.
 """
@@ -75,6 +76,10 @@ PRELOAD = (
     "trainer.observe.wandb_run",
     "trainer.sweeps.callback",
     "trainer.launch.ownership",
+    # a run from a Hugging Face folder (model.init_from, model=hf, data=chat's tokenizer) imported transformers'
+    # modelling code in its launcher process (with scipy, accelerate, torchao: ~2.8 s CPU measured, every such launch)
+    "transformers.modeling_utils",
+    "transformers.models.auto.modeling_auto",
 )
 
 
