@@ -286,10 +286,10 @@ PLANS: dict[str, Run | Compose | Covered | Skip] = {
         INTEGRATION + "test_dry_run_vs_real_run.py::test_plan_cli_dry_run_of_a_gpu_plan"
     ),
     "python -m parallel.plan model=llama3_8b topology=cluster_1024xh100 data.seq_len=131072 --dry-run": Covered(
-        "tests/unit/test_context_parallel.py::test_the_planner_picks_cp_at_128k_and_says_why"
+        INTEGRATION + "test_planner_full_size.py::test_the_planner_picks_cp_at_128k_and_says_why"
     ),
     "python -m parallel.plan model=qwen3_235b_a22b topology=cluster_1024xh100 --dry-run": Covered(
-        "tests/unit/test_planner_expert_parallel.py::test_qwen3_235b_on_1024_h100s_ranks_expert_parallel_first"
+        INTEGRATION + "test_planner_full_size.py::test_qwen3_235b_on_1024_h100s_ranks_expert_parallel_first"
     ),
     "python train.py parallel=hybrid trainer.dry_run=true": Covered(
         INTEGRATION + "test_dry_run_vs_real_run.py::test_dry_run_bytes_equal_a_real_run_of_the_same_layout"

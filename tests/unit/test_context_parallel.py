@@ -226,27 +226,6 @@ def test_cost_model_splits_tokens_and_counts_the_all_to_alls(compose_cfg):
     assert two.to_dict()["breakdown_s"]["cp_comm"] == two.cp_comm_s
 
 
-def test_the_planner_picks_cp_at_128k_and_says_why(compose_cfg):
-    from models.registry import typed_model
-    from parallel.plan.cli import plain, specs_from_cfg, workload_overrides
-    from parallel.plan.search import plan
-    from tests.helpers import assert_dry_run_matches_plan
-
-    overrides = workload_overrides(["model=llama3_8b", "topology=cluster_1024xh100", "data.seq_len=131072"])
-    assert overrides[-1] == "planner.seq_len=131072"
-    # without recomputation (a third of the candidates): still nothing without cp fits
-    cfg = compose_cfg(*overrides, "planner.recompute=none")
-    model, hardware, workload = specs_from_cfg(cfg, calibrate=False)
-    result = plan(model=model, hardware=hardware, workload=workload)
-    assert workload.seq_len == 131072 and result.best.candidate.cp > 1
-    assert all(e.candidate.cp > 1 for e in result.ranked)  # at 128k nothing without cp fits 80 GB
-    assert "long sequence (131072 tokens): no layout without context parallel fits → cp" in result.reason
-    # the first choice builds with the planned bytes (the done-when of issue 34)
-    assert_dry_run_matches_plan(
-        typed_model(plain(cfg.model)), result.best.candidate, model=model, hardware=hardware, workload=workload
-    )
-
-
 def test_dry_run_builds_cp_and_halves_the_activations(compose_cfg):
     """The dry run composes cp (the all-to-alls under the fake process group, seq_len / cp per rank): one rank's
     saved activations at cp=2 are about half of cp=1's at the same batch (the all-to-all's own buffers on top)."""

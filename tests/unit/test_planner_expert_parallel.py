@@ -1,9 +1,11 @@
 """The planner under expert parallel: the experts' memory and all-to-all terms on a hand-computed example, the MoE
-block's saved activations against what autograd saves (with and without ep), ep candidates, the 235B plan choosing
-ep, the keep-ep-inside-a-node pitfall, and the dry run building ep under the fake process group."""
+block's saved activations against what autograd saves (with and without ep), ep candidates, the keep-ep-inside-a-node
+pitfall, and the dry run building ep under the fake process group (the 235B plan choosing ep, a full-size search:
+tests/integration/test_planner_full_size.py)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import pytest
@@ -20,7 +22,6 @@ from parallel.plan.cost_model import (
 )
 from parallel.plan.search import enumerate_candidates, pitfalls, plan
 from parallel.plan.specs import HardwareSpec, Link, ModelShape, PlanError, Workload
-from tests.helpers import assert_dry_run_matches_plan
 
 #: two blocks: a mixture of 8 experts of width 32 (2 per token), then a dense SwiGLU of width 128
 MOE = ModelShape(
@@ -117,6 +118,19 @@ def test_meshtrain_runs_a_mixture_of_experts_whole_on_every_tp_rank():
     assert tp_collectives_per_layer(MOE, meshtrain=True, sparse=False) == 7
 
 
+@functools.cache
+def _planned(*overrides: str):
+    """(typed model config, (model, hardware, workload)) of a composition, composed once for the module's tests."""
+    cfg = compose(list(overrides))
+    return typed_model(plain(cfg.model)), specs_from_cfg(cfg, calibrate=False)
+
+
+def _moe_debug():
+    """qwen3_moe_debug at 64 tokens: (its typed model config, its ModelShape)."""
+    model_config, (shape, _, _) = _planned("model=qwen3_moe_debug", "data.seq_len=64")
+    return model_config, shape
+
+
 def _moe_block_saved_bytes(*, ep: int, recompute: str) -> int:
     """What qwen3_moe_debug's first MoE block keeps for backward for 2 x 64 tokens in bf16, counted by the dry run's
     own counter on fake tensors; under a fake process group with the experts split over ``ep`` ranks, checkpointed
@@ -130,8 +144,7 @@ def _moe_block_saved_bytes(*, ep: int, recompute: str) -> int:
     from parallel.techniques.checkpointing import checkpoint_block
     from parallel.techniques.ep import apply_ep
 
-    cfg = compose(["model=qwen3_moe_debug", "data.seq_len=64"])
-    block = build_meta_model(typed_model(plain(cfg.model))).layers["0"].feed_forward
+    block = build_meta_model(_moe_debug()[0]).layers["0"].feed_forward
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=ep)
     try:
         if ep > 1:
@@ -160,8 +173,7 @@ BY_HAND = {
 
 @pytest.mark.parametrize("ep,recompute", list(BY_HAND))
 def test_moe_saved_activations_are_what_autograd_keeps(ep, recompute):
-    cfg = compose(["model=qwen3_moe_debug", "data.seq_len=64"])
-    shape = specs_from_cfg(cfg, calibrate=False)[0]
+    shape = _moe_debug()[1]
     case = ActivationCase(
         seq_len=64, micro_batch=2, tp=1, sequence_parallel=False, recompute=recompute, element_bytes=2, ep=ep
     )
@@ -212,43 +224,19 @@ def test_recomputation_fallback_and_the_strict_refusal():
     assert "planner.recompute" not in str(refused.value)
 
 
-def test_qwen3_235b_on_1024_h100s_ranks_expert_parallel_first(compose_cfg):
-    # at its 512 x 4096 tokens no layout without context parallel fits 80 GB without recomputation (the routed rows'
-    # activations: about 1.2 GB per sparse layer and sample): cp splits them, so the first choice recomputes nothing
-    cfg = compose_cfg("model=qwen3_235b_a22b", "topology=cluster_1024xh100")
-    model, hardware, workload = specs_from_cfg(cfg)
-    assert workload.recompute == ("none",) and workload.recompute_fallback == ("none", "selective", "full")
-    assert model.context_parallel
-    p = plan(model=model, hardware=hardware, workload=workload)
-    best = p.best.candidate
-    assert best.recompute == "none" and "nothing fits without recomputation" not in p.reason
-    assert best.cp > 1 and "no layout without context parallel fits → cp" in p.reason
-    assert best.ep > 1 and model.n_experts % best.ep == 0 and (best.dp * best.cp) % best.ep == 0
-    assert best.ep * best.tp <= hardware.devices_per_node  # the all-to-alls stay on NVLink
-    assert p.ranked[0].ep_comm_s > 0
-    without = next(e for e in p.ranked if e.candidate.ep == 1)
-    assert without.step_time_s > p.ranked[0].step_time_s
-    assert f"→ ep={best.ep} (inside a node)" in p.reason and "faster than the best layout without ep" in p.reason
-    # and the first choice builds with the planned bytes (the done-when of issue 35)
-    assert_dry_run_matches_plan(typed_model(plain(cfg.model)), best, model=model, hardware=hardware, workload=workload)
-
-
 @pytest.fixture(scope="module")
 def moe_dry_runs():
     """qwen3_moe_debug as dp4 x pp2 (1F1B, FSDP2) on 8 ranks, with ep 2 (borrowed from dp: the experts' own FSDP2
     mesh is 2 ranks) and without, under the fake process group."""
     from parallel.plan.dry_run import dry_run
 
-    cfg = compose(
-        ["model=qwen3_moe_debug", "data.seq_len=64", "data.global_batch_size=16", "topology.nproc_per_node=8"]
+    model_config, (model, hardware, workload) = _planned(
+        "model=qwen3_moe_debug", "data.seq_len=64", "data.global_batch_size=16", "topology.nproc_per_node=8"
     )
-    model, hardware, workload = specs_from_cfg(cfg, calibrate=False)
     out = {}
     for ep in (1, 2):
         c = Candidate(dp=4, pp=2, ep=ep, micro_batches=4, schedule="1f1b", zero_stage=3)
-        out[ep] = dry_run(
-            model_config=typed_model(plain(cfg.model)), candidate=c, model=model, hardware=hardware, workload=workload
-        )
+        out[ep] = dry_run(model_config=model_config, candidate=c, model=model, hardware=hardware, workload=workload)
     return model, out
 
 
@@ -285,8 +273,7 @@ def test_all_to_alls_per_layer_are_the_blocks(recompute):
     from parallel.techniques.checkpointing import checkpoint_block
     from parallel.techniques.ep import A2AMeter, apply_ep
 
-    cfg = compose(["model=qwen3_moe_debug", "data.seq_len=64"])
-    block = build_meta_model(typed_model(plain(cfg.model))).layers["0"].feed_forward
+    block = build_meta_model(_moe_debug()[0]).layers["0"].feed_forward
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
     try:
         meter = A2AMeter()
@@ -307,18 +294,15 @@ def test_dry_run_of_ep_with_tp_and_recomputation_matches_the_plan(recompute):
     checkpointed as the plan says: every sampled rank's model state and saved activations are the plan's."""
     from parallel.plan.dry_run import dry_run
 
-    cfg = compose(
-        ["model=qwen3_moe_debug", "data.seq_len=64", "data.global_batch_size=16", "topology.nproc_per_node=8",
-         "trainer.precision=bf16-mixed"]
+    model_config, (model, hardware, workload) = _planned(
+        "model=qwen3_moe_debug", "data.seq_len=64", "data.global_batch_size=16", "topology.nproc_per_node=8",
+        "trainer.precision=bf16-mixed",
     )  # fmt: skip
-    model, hardware, workload = specs_from_cfg(cfg, calibrate=False)
     c = Candidate(
         dp=2, tp=2, pp=2, ep=2, micro_batches=4, schedule="1f1b", zero_stage=3, sequence_parallel=True,
         recompute=recompute,
     )  # fmt: skip
-    report = dry_run(
-        model_config=typed_model(plain(cfg.model)), candidate=c, model=model, hardware=hardware, workload=workload
-    )
+    report = dry_run(model_config=model_config, candidate=c, model=model, hardware=hardware, workload=workload)
     assert [r.rank for r in report.ranks] == [0, 3, 4, 7]
     for r in report.ranks:
         assert r.error is None, r.error
