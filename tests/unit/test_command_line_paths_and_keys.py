@@ -234,45 +234,16 @@ def test_the_planner_refuses_a_key_nothing_reads_as_training_does(capsys):
     assert "To append to your config use +paralel=fsdp" in err and "did you mean parallel=fsdp?" in err
 
 
-def options(group: str) -> list[str]:
-    return [f"{group}={path.stem}" for path in sorted((ROOT / "conf" / group).glob("*.yaml"))]
+OPTIONS = [
+    f"{group}={path.stem}"
+    for group in ("model", "data", "optim", "parallel", "topology", "logger", "experiment", "hparams_search")
+    for path in sorted((ROOT / "conf" / group).glob("*.yaml"))
+]
 
 
-#: the sections whose options set keys of their own section only: one option of each joins each model option
-SECTIONS = ("data", "optim", "parallel", "topology", "logger")
-
-
-def compositions() -> dict[str, tuple[str, ...]]:
-    """option -> the composition whose keys are checked for it. Each model option is composed with one option of
-    each section (their options taken in turn; data=images with model=cnn_bn, the model that reads images), so
-    28 compositions (0.2 s each) check the 49 options; experiment and hparams_search options, which set keys
-    across sections, are composed alone."""
-    turns = {g: [o for o in options(g) if o != "data=images"] for g in SECTIONS}
-    out: dict[str, tuple[str, ...]] = {}
-    for i, model in enumerate(options("model")):
-        picked = [
-            ("data=images" if model == "model=cnn_bn" and g == "data" else turns[g][i % len(turns[g])])
-            for g in SECTIONS
-        ]
-        for option in (model, *picked):
-            out.setdefault(option, (model, *picked))
-    for option in options("experiment") + options("hparams_search"):
-        out[option] = (option,)
-    return out
-
-
-COMPOSITIONS = compositions()
-
-
-def test_every_option_is_in_a_composition():
-    groups = ("model", *SECTIONS, "experiment", "hparams_search")
-    assert sorted(COMPOSITIONS) == sorted(o for g in groups for o in options(g))
-    assert all(option in composed for option, composed in COMPOSITIONS.items())
-
-
-@pytest.mark.parametrize("option", sorted(COMPOSITIONS))
+@pytest.mark.parametrize("option", OPTIONS)
 def test_every_shipped_option_sets_only_keys_something_reads(compose_cfg, option):
-    """Each composition is composed once per session (tests/composing.py): its other options' tests reuse it."""
     from conf.keys import unread_keys
 
-    assert unread_keys(compose_cfg(*COMPOSITIONS[option])) == {}, COMPOSITIONS[option]
+    extra = ("model=cnn_bn",) if option == "data=images" else ()
+    assert unread_keys(compose_cfg(option, *extra)) == {}
