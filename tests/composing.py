@@ -8,7 +8,31 @@ merging the defaults. Overrides of Hydra's own keys (``hydra.searchpath`` ...) b
 
 from __future__ import annotations
 
+import functools
 import pickle
+from pathlib import Path
+
+import yaml
+
+
+@functools.cache
+def primary_choices(conf_dir: Path) -> dict[str, str]:
+    """conf/config.yaml's own group choices (``model: gpt_small`` ...): the groups whose option a command line may
+    name or leave out alike."""
+    entries = yaml.safe_load((conf_dir / "config.yaml").read_text())["defaults"]
+    return {k: v for e in entries if isinstance(e, dict) for k, v in e.items() if isinstance(v, str) and "/" not in k}
+
+
+def canonical(groups: tuple[str, ...], conf_dir: Path) -> tuple[str, ...]:
+    """``groups`` without the choices conf/config.yaml makes anyway (``model=gpt_small``): composed with or without
+    them, Hydra's defaults list, and so the config, is the same. Only where every choice is of such a group: an
+    option of another group (``experiment=add_pp``) may override a group, and then an explicit default wins."""
+    primary = primary_choices(conf_dir)
+    pairs = [g.split("=", 1) for g in groups]
+    keys = [key for key, _ in pairs]
+    if any(key not in primary for key in keys) or len(set(keys)) < len(keys):  # a +/~ prefix, a Hydra group, a
+        return groups  # global option, or a group chosen twice: composed as written
+    return tuple(g for g, (key, value) in zip(groups, pairs) if primary[key] != value)
 
 
 def is_composition(override: str) -> bool:
@@ -21,8 +45,9 @@ class Composer:
     """``composer(overrides)``: the composed config (a fresh copy each call). Needs an initialized Hydra
     (``initialize_config_dir``) on a cache miss only."""
 
-    def __init__(self) -> None:
+    def __init__(self, conf_dir: Path | None = None) -> None:
         self.bases: dict[tuple[str, ...], bytes] = {}  # each composition, pickled
+        self.conf_dir = conf_dir  # the primary config's folder: its own group choices are not composed twice
 
     def __call__(self, overrides: list[str] | tuple[str, ...], *, initialize=None):
         from hydra import compose
@@ -30,6 +55,8 @@ class Composer:
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
         groups = tuple(sorted(o for o in overrides if is_composition(o)))  # Hydra takes group choices in any order
+        if self.conf_dir is not None:
+            groups = canonical(groups, self.conf_dir)
         if groups not in self.bases:
             if initialize is None:
                 base = compose("config", overrides=list(groups))

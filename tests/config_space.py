@@ -156,7 +156,7 @@ def composer():
     register_configs()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        yield Composer()  # group choices composed once, key=value overrides by Hydra's own code
+        yield Composer(CONF)  # group choices composed once, key=value overrides by Hydra's own code
     GlobalHydra.instance().clear()
 
 

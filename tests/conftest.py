@@ -16,7 +16,7 @@ def _composer():
 
     register_resolvers()
     register_configs()
-    return Composer()
+    return Composer(CONF)
 
 
 @pytest.fixture
