@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from models.registry import typed_model
-from parallel.plan.cli import compose, plain, specs_from_cfg
+from parallel.plan.cli import compose, plain, specs_from_cfg, workload_overrides
 from parallel.plan.cost_model import Candidate, rank_params
 from parallel.plan.dry_run import dry_run, sample_ranks
 from parallel.plan.specs import ModelShape
@@ -84,11 +84,13 @@ def test_meshtrain_tensor_parallel_replicates_embeddings_and_norms():
 @pytest.mark.parametrize(
     "name,recompute", [("gpt_small", "selective"), ("llama_debug", "full"), ("qwen3_debug", "selective")]
 )
-def test_recomputation_is_built_and_keeps_the_planned_bytes(name, recompute):
+def test_recomputation_is_built_and_keeps_the_planned_bytes(compose_cfg, name, recompute):
     """The dry run checkpoints the blocks as the layout's recompute says and counts what checkpointing keeps (block
     inputs, the selective policy's matmul and attention outputs) with the trainer's meter: the plan's bytes within
     1%, under cp 2 x tp 2 with sequence parallel, bf16, on rank 0 (embeddings and head: the whole model)."""
-    cfg = compose([f"model={name}", "data.seq_len=64", "data.global_batch_size=4", "planner.precision=mixed"])
+    cfg = compose_cfg(
+        *workload_overrides([f"model={name}", "data.seq_len=64", "data.global_batch_size=4", "planner.precision=mixed"])
+    )
     model, hardware, workload = specs_from_cfg(cfg, calibrate=False)
     c = Candidate(cp=2, tp=2, sequence_parallel=True, micro_batches=2, recompute=recompute)
     report = dry_run(

@@ -75,11 +75,13 @@ def test_lora_dry_run_measures_the_planned_bytes(compose_cfg):
     """The dry run builds the adapters as the trainer does and gives only them gradients and AdamW states: every
     sampled rank of dp2 x tp2 (sequence parallel, adapters sharded as their base) x pp2 with FSDP2 measures the
     planner's parameter, gradient and optimizer bytes."""
-    from parallel.plan.cli import compose
+    from parallel.plan.cli import workload_overrides
 
-    cfg = compose(
-        ["model=gpt_small", "data.seq_len=64", "data.global_batch_size=16", "topology.nproc_per_node=8"]
-        + ["model.lora.rank=4", "model.lora.targets=[wq,wv,w2]"]
+    cfg = compose_cfg(
+        *workload_overrides(
+            ["model=gpt_small", "data.seq_len=64", "data.global_batch_size=16", "topology.nproc_per_node=8"]
+            + ["model.lora.rank=4", "model.lora.targets=[wq,wv,w2]"]
+        )
     )
     model, hardware, workload = specs_from_cfg(cfg, calibrate=False)
     c = Candidate(dp=2, tp=2, pp=2, micro_batches=4, schedule="1f1b", zero_stage=3, sequence_parallel=True)
