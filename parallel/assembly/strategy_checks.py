@@ -57,9 +57,9 @@ def tensor_parallel_problems(run: RunSpec, strategy: Any = None) -> list[str]:
 
 def dimension_problems(run: RunSpec, strategy: Any = None) -> list[str]:
     """What each further dimension in use needs of the run (cp: heads and sequence; ep: whole experts): the
-    ``problems`` of its technique module (``MeshDim.technique``), imported only where its size is > 1."""
+    ``problems`` of its rules module (``MeshDim.rules``, torch-free), imported only where its size is > 1."""
     out: list[str] = []
     for d in dims.DIMENSIONS:
-        if d.technique and run.layout.size(d.name) > 1:
-            out += importlib.import_module(d.technique).problems(run, strategy)
+        if d.rules and run.layout.size(d.name) > 1:
+            out += importlib.import_module(d.rules).problems(run, strategy)
     return out

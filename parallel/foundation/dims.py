@@ -55,8 +55,11 @@ class MeshDim:
     label: str = ""
     """How the console names that share (``tp comm 12%``); "" for none."""
     technique: str = ""
-    """The module that applies it beside the others (``compose``): its ``problems(run, strategy)``, what it needs of
-    the run, checked before any worker starts; "" for dp, tp and pp, which the strategies name themselves."""
+    """The module that applies it beside the others (``compose``); "" for dp, tp and pp, which the strategies name
+    themselves."""
+    rules: str = ""
+    """The module whose ``problems(run, strategy)`` says what it needs of the run, checked before any worker starts
+    (no torch import: a refusal stays quick); "" for dp, tp and pp."""
 
     @property
     def title(self) -> str:
@@ -114,6 +117,7 @@ DIMENSIONS: tuple[MeshDim, ...] = (
         metrics=("cp_comm", "cp_collectives"),
         label="cp all-to-all",
         technique="parallel.techniques.cp",
+        rules="parallel.techniques.cp_rules",
     ),
     MeshDim(
         "ep",
@@ -130,6 +134,7 @@ DIMENSIONS: tuple[MeshDim, ...] = (
         metrics=("ep_a2a",),
         label="ep a2a",
         technique="parallel.techniques.ep",
+        rules="parallel.techniques.ep_rules",
     ),
 )
 

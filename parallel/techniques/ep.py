@@ -26,21 +26,16 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from models.moe import LocalDispatch, Routed, dispatch_seams, has_values, stacked_experts
-from models.registry import spec_or_none
-from parallel.foundation import dims
 from parallel.foundation.all_to_all import exchange, timed_all_to_all
 from parallel.foundation.intervals import IntervalLog, union_seconds
 from parallel.foundation.meshes import expert_meshes
-
-if TYPE_CHECKING:
-    from parallel.foundation.run import RunSpec
 
 
 class A2AMeter(IntervalLog):
@@ -212,33 +207,3 @@ class ExpertParallel:
 
 technique = ExpertParallel
 """What ``compose`` makes of this module for a run (``technique(mesh=..., sizes=..., settings=...)``)."""
-
-
-def problems(run: RunSpec, strategy: Any = None) -> list[str]:
-    """Expert parallel splits each MoE layer's experts into ep equal sets of whole experts: the model must be a
-    mixture of experts and ep must divide its expert count (that ep divides dp x cp is ``dims.borrow_problems``')."""
-    layout, model = run.layout, run.model
-    ep = layout.sizes.get("ep", 1)
-    if ep == 1:
-        return []
-    spec = spec_or_none(model)
-    if spec is None:
-        return []  # validation's model check says so
-    if spec.moe is None or spec.moe.n_experts is None:
-        return [
-            f"ep.size={ep} with model={model.get('name')}: expert parallel splits a mixture of experts' experts and "
-            "this model has none; set ep.size=1, or use a MoE model (model=qwen3_moe_debug)"
-        ]
-    experts = int(spec.moe.n_experts(model))
-    if experts < 1:
-        return [
-            f"ep.size={ep} with model={model.get('name')}: expert parallel splits a mixture of experts' experts and "
-            "this model has none; set ep.size=1"
-        ]
-    if experts % ep:
-        fits = [d for d in range(1, experts + 1) if experts % d == 0 and dims.lent("ep", layout.sizes) % d == 0]
-        return [
-            f"ep.size={ep} does not divide model.n_experts={experts}: each ep rank holds n_experts / ep whole "
-            f"experts; set ep.size to one of {', '.join(map(str, fits))}, or model.n_experts to a multiple of {ep}"
-        ]
-    return []

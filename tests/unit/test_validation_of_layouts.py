@@ -94,7 +94,7 @@ def test_each_strategy_lists_the_checks_of_the_dimensions_it_uses():
         if spec.resolved_before_launch:
             continue
         assert ("tp" in spec.dims) == (tensor_parallel_problems in spec.checks), name
-        # cp's and ep's own rules, through their technique modules (``MeshDim.technique``)
+        # cp's and ep's own rules, through their rules modules (``MeshDim.rules``)
         assert bool({"cp", "ep"} & set(spec.dims)) == (dimension_problems in spec.checks), name
         assert (spec.pipeline != "never") == (pipeline_problems in spec.checks), name
         assert (spec.fixed_pipeline is not None) == (fixed_pipeline_problems in spec.checks), name
