@@ -122,6 +122,13 @@ def layout_case(model: str, parallel: str = "hybrid", **groups: dict) -> dict:
     }
 
 
+def no_checkpoint(case: dict) -> dict:
+    """A ``case_multirun`` case that ends without the checkpoint the last step writes by default
+    (``trainer.checkpoint_every=0``): for runs whose metrics are compared and whose parameters are never read back (a
+    checkpoint changes no number; its save cost ~0.25 s CPU a rank on the debug models)."""
+    return {**case, "trainer": {**case.get("trainer", {}), "checkpoint_every": 0}}
+
+
 def case_multirun(
     cases: dict[str, dict], *overrides: str, base: Path, group: str, timeout: float = 1500
 ) -> dict[str, Path]:
