@@ -28,7 +28,7 @@ import re
 import pytest
 import torch
 
-from tests.helpers import FAST, assert_losses_close, case_multirun
+from tests.helpers import FAST, assert_losses_close, case_multirun, no_checkpoint
 from tests.hf_helpers import add_mtp_layers, hf_model, max_logit_difference, save_folder
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -82,12 +82,9 @@ def runs(tmp_path_factory, folder, mtp_folder):
         }
         for case in (*LAYOUTS, "single_mtp")
     }
-    common = (
-        *FAST,
-        "trainer.max_steps=3",
-        "trainer.checkpoint_every=3",
-        "pp.trace_step=0",
-    )
+    # the hybrid run's step-3 checkpoint is exported; the others' metrics are compared, with no checkpoint
+    cases = {case: c if case == "ep_pp" else no_checkpoint(c) for case, c in cases.items()}
+    common = (*FAST, "trainer.max_steps=3", "pp.trace_step=0")
     return case_multirun(cases, *common, base=tmp_path_factory.mktemp("runs"), group="ds_case", timeout=800)
 
 
