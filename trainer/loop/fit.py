@@ -13,7 +13,6 @@ summary.json, W&B, TensorBoard.
 
 from __future__ import annotations
 
-import gc
 import math
 import time
 from dataclasses import dataclass
@@ -207,11 +206,10 @@ class Trainer:
         self.sinks, self.preemption = list(sinks or []), preemption
         # What was built before the loop (imports, configs, the launcher's objects a forked worker inherited) lives
         # as long as the run: left out of later collections, whose full passes otherwise scan it and pause this
-        # rank while the others wait at the next collective (docs/benchmarks.md). A worker froze its imports
-        # already and keeps them frozen to its end (the model, a few thousand objects, stays collectable).
-        freezes = gc.get_freeze_count() == 0
-        if freezes:
-            gc.freeze()
+        # rank while the others wait at the next collective (docs/benchmarks.md). The worker froze it at its start
+        # (trainer/launch/worker.py ``run``, fit's one caller) and keeps it frozen to its end (the model, a few
+        # thousand objects, stays collectable). Not asked again here: gc.get_freeze_count() walks every frozen
+        # object (about 530,000: 40-60 ms CPU a rank, each run).
         self.started_at = time.perf_counter()
         status, step = "completed", start_step
         if start_step > 0 and self.ctx.is_rank0:  # a resumed run's best validation loss counts earlier evaluations
@@ -244,8 +242,6 @@ class Trainer:
             raise timeout from None
         finally:
             self._prefetch.close()
-            if freezes:
-                gc.unfreeze()  # the run's objects collectable again
         if self._checkpointer is not None:  # a background save still running: its marker comes now
             self._checkpointer.wait()
         summary = self._summary(wall=time.perf_counter() - self.started_at)
