@@ -117,6 +117,7 @@ def test_gpipe_bubble_parts_at_each_micro_batch_count(gpipe_run, tmp_path):
         *FAST,
         "trainer.max_steps=4",
         "pp.trace_step=0",
+        "trainer.checkpoint_every=0",  # summaries and metrics are read, no parameter
         run_dir=tmp_path / "sweep",
         multirun=True,
     )
@@ -159,4 +160,5 @@ UNEVEN = (
     "data.global_batch_size=32",
     "trainer.max_steps=6",
     "pp.trace_step=0",
+    "trainer.checkpoint_every=0",  # the split and the stages' times are read, no parameter
 )
