@@ -1,4 +1,4 @@
-"""The config space drawn by the property tests (tests/integration/test_config_space_refusals.py: every draw is
+"""The config space drawn by the property tests (tests/system/test_config_space_refusals.py: every draw is
 accepted or refused naming a key; tests/integration/test_config_space_runs.py: accepted draws run).
 
 The overrides are drawn key by key from valid values and, less often, from the kinds of bad input a

@@ -168,6 +168,7 @@ class Skip:
 SUITE = Skip("the test suite or lint itself (CI runs them: .ci/run)")
 BENCHMARK = Skip("a benchmark: minutes of measurement, never run for numbers in the suite (docs/benchmarks.md)")
 INTEGRATION = "tests/integration/"
+SYSTEM = "tests/system/"
 README_TEST = INTEGRATION + "test_readme_commands.py"
 
 PLANS: dict[str, Run | Compose | Covered | Skip] = {
@@ -201,6 +202,7 @@ PLANS: dict[str, Run | Compose | Covered | Skip] = {
     "make test-unit": SUITE,
     "make lint": SUITE,
     "pytest tests/unit": SUITE,
+    "pytest tests/system": SUITE,
     "pytest tests/integration": SUITE,
     # README: the commands table
     "python train.py parallel=NAME": Covered("tests/unit/test_config_groups.py::test_parallel_option_instantiates"),
@@ -286,10 +288,10 @@ PLANS: dict[str, Run | Compose | Covered | Skip] = {
         INTEGRATION + "test_dry_run_vs_real_run.py::test_plan_cli_dry_run_of_a_gpu_plan"
     ),
     "python -m parallel.plan model=llama3_8b topology=cluster_1024xh100 data.seq_len=131072 --dry-run": Covered(
-        INTEGRATION + "test_planner_full_size.py::test_the_planner_picks_cp_at_128k_and_says_why"
+        SYSTEM + "test_planner_full_size.py::test_the_planner_picks_cp_at_128k_and_says_why"
     ),
     "python -m parallel.plan model=qwen3_235b_a22b topology=cluster_1024xh100 --dry-run": Covered(
-        INTEGRATION + "test_planner_full_size.py::test_qwen3_235b_on_1024_h100s_ranks_expert_parallel_first"
+        SYSTEM + "test_planner_full_size.py::test_qwen3_235b_on_1024_h100s_ranks_expert_parallel_first"
     ),
     "python train.py parallel=hybrid trainer.dry_run=true": Covered(
         INTEGRATION + "test_dry_run_vs_real_run.py::test_dry_run_bytes_equal_a_real_run_of_the_same_layout"

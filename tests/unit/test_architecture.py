@@ -520,14 +520,17 @@ STARTS_PYTHON = re.compile(r"\bsys\.executable\b|\b(?:run_train|make_train|refus
 
 
 def test_tests_are_grouped_by_kind():
-    """tests/unit: in-process (no Python process started), never marked slow; tests/integration: start workers or
-    processes, every test marked slow."""
+    """tests/unit (the fast tier) and tests/system (in process but heavy: full-size planner searches, the config-space
+    property test): no Python process started, never marked slow; tests/integration: start workers or processes,
+    every test marked slow."""
     loose = sorted(p.name for p in (ROOT / "tests").glob("test_*.py"))
-    assert not loose, f"put these in tests/unit (in-process) or tests/integration (start workers): {loose}"
+    assert not loose, (
+        f"put these in tests/unit or tests/system (in-process) or tests/integration (start workers): {loose}"
+    )
     names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
     assert len(names) == len(set(names)), f"test file names must not repeat: {sorted(names)}"
     bad = []
-    for kind in ("unit", "integration"):
+    for kind in ("unit", "system", "integration"):
         for path in sorted((ROOT / "tests" / kind).glob("test_*.py")):
             tree = ast.parse(path.read_text())
             module_slow = any(
@@ -538,14 +541,18 @@ def test_tests_are_grouped_by_kind():
             )
             tests = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
             slow = [n.name for n in tests if module_slow or _marked_slow(n)]
-            if kind == "unit" and slow:
+            if kind != "integration" and slow:
                 bad.append(
-                    f"tests/unit/{path.name}: marked slow (starts workers? move it to tests/integration): {slow}"
+                    f"tests/{kind}/{path.name}: marked slow (starts workers? move it to tests/integration): {slow}"
                 )
             starts = sorted(set(STARTS_PYTHON.findall(path.read_text())))
-            if kind == "unit" and starts:
-                bad.append(f"tests/unit/{path.name}: starts a Python process ({starts}): move it to tests/integration")
+            if kind != "integration" and starts:
+                bad.append(
+                    f"tests/{kind}/{path.name}: starts a Python process ({starts}): move it to tests/integration"
+                )
             if kind == "integration" and len(slow) != len(tests):
                 fast = sorted({n.name for n in tests} - set(slow))
-                bad.append(f"tests/integration/{path.name}: not marked slow (in-process? move to tests/unit): {fast}")
+                bad.append(
+                    f"tests/integration/{path.name}: not marked slow (in-process? move to tests/unit or tests/system): {fast}"
+                )
     assert not bad, "\n".join(bad)

@@ -132,7 +132,7 @@ def test_cp_reaches_factorizations_strategies_and_candidates(compose_cfg):
     ranked = plan(model=model, hardware=hardware, workload=workload).ranked
     assert ranked and all(e.candidate.cp == 1 for e in ranked)  # cp is ranked where nothing without it fits
     assert "cp" in ranked[0].to_dict()
-    # (at 128k tokens, where nothing else fits, it is: tests/integration/test_planner_full_size.py)
+    # (at 128k tokens, where nothing else fits, it is: tests/system/test_planner_full_size.py)
 
 
 def test_cp_reaches_validation(compose_cfg):

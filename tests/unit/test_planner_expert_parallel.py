@@ -1,7 +1,7 @@
 """The planner under expert parallel: the experts' memory and all-to-all terms on a hand-computed example, the MoE
 block's saved activations against what autograd saves (with and without ep), ep candidates, the keep-ep-inside-a-node
 pitfall, and the dry run building ep under the fake process group (the 235B plan choosing ep, a full-size search:
-tests/integration/test_planner_full_size.py)."""
+tests/system/test_planner_full_size.py)."""
 
 from __future__ import annotations
 

@@ -5,14 +5,10 @@ with the same assertions. The planner's terms are checked there on hand-computed
 
 from __future__ import annotations
 
-import pytest
-
 from models.registry import typed_model
 from parallel.plan.cli import plain, specs_from_cfg, workload_overrides
 from parallel.plan.search import plan
 from tests.helpers import assert_dry_run_matches_plan
-
-pytestmark = pytest.mark.slow
 
 
 def test_qwen3_235b_on_1024_h100s_ranks_expert_parallel_first(compose_cfg):

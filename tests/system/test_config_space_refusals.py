@@ -12,8 +12,6 @@ import pytest
 from tests import config_space
 from tests.config_space import outcome, overrides
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture(scope="module")
 def composer():
