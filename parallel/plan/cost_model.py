@@ -432,7 +432,7 @@ def saved_layer_activation_bytes(model: ModelShape, layer: int, case: Activation
     rest recomputed) keeps the block's input, h·e (/t with sequence parallel), and those outputs; full
     recomputation keeps the block's input alone. Measured equal to the byte (GPT, Llama, Qwen3 x fp32 and bf16 x tp
     1 and 2 with and without sequence parallel x cp 1, 2 and 4 x each recomputation mode; 64 tokens); the tests
-    (``tests/unit/test_rotary_families_dry_run.py``, ``test_dry_run_fake_group.py``) hold whole stages to 1%.
+    (``tests/system/test_rotary_families_dry_run.py``, ``test_dry_run_fake_group.py``) hold whole stages to 1%.
     """
     tokens = case.seq_len * case.micro_batch
     shard_seq = case.tp if case.sequence_parallel else 1

@@ -1,6 +1,7 @@
 """The planner under expert parallel: the experts' memory and all-to-all terms on a hand-computed example, the MoE
 block's saved activations against what autograd saves (with and without ep), ep candidates, the keep-ep-inside-a-node
-pitfall, and the dry run building ep under the fake process group (the 235B plan choosing ep, a full-size search:
+pitfall, and one MoE block's all-to-alls under the fake process group (the dry runs of whole ep layouts:
+tests/system/test_dry_runs_match_the_plan.py; the 235B plan choosing ep, a full-size search:
 tests/system/test_planner_full_size.py)."""
 
 from __future__ import annotations
@@ -224,40 +225,6 @@ def test_recomputation_fallback_and_the_strict_refusal():
     assert "planner.recompute" not in str(refused.value)
 
 
-@pytest.fixture(scope="module")
-def moe_dry_runs():
-    """qwen3_moe_debug as dp4 x pp2 (1F1B, FSDP2) on 8 ranks, with ep 2 (borrowed from dp: the experts' own FSDP2
-    mesh is 2 ranks) and without, under the fake process group."""
-    from parallel.plan.dry_run import dry_run
-
-    model_config, (model, hardware, workload) = _planned(
-        "model=qwen3_moe_debug", "data.seq_len=64", "data.global_batch_size=16", "topology.nproc_per_node=8"
-    )
-    out = {}
-    for ep in (1, 2):
-        c = Candidate(dp=4, pp=2, ep=ep, micro_batches=4, schedule="1f1b", zero_stage=3)
-        out[ep] = dry_run(model_config=model_config, candidate=c, model=model, hardware=hardware, workload=workload)
-    return model, out
-
-
-def test_dry_run_builds_expert_parallel_and_its_bytes_match_the_plan(moe_dry_runs):
-    model, reports = moe_dry_runs
-    flat, ep = reports[1], reports[2]
-    assert [r.rank for r in ep.ranks] == [r.rank for r in flat.ranks] == [0, 3, 4, 6, 7]
-    assert [r.coords["ep"] for r in ep.ranks] == [0, 1, 0, 0, 1]
-    for with_ep, without in zip(ep.ranks, flat.ranks, strict=True):
-        assert with_ep.error is None and without.error is None, (with_ep.error, without.error)
-        # experts / ep sharded over the 2 ranks holding them: the plan's model state; the saved activations too
-        assert with_ep.ratio("model_state") == pytest.approx(1.0, abs=0.05), with_ep
-        assert with_ep.ratio("activations_per_micro_batch") == pytest.approx(1.0, abs=0.01), with_ep
-        # the ep run dispatched by all-to-all: each MoE block also keeps the 64 x 2 routed rows' reordering and its
-        # inverse (int64), as the plan says (stage 0 holds sparse layers 0 and 1, stage 1 layer 2 and the dense 3)
-        sparse = sum(model.sparse[i] for i in ({0: (0, 1), 1: (2, 3)}[with_ep.coords["pp"]]))
-        key = "activations_per_micro_batch"
-        assert with_ep.measured[key] - without.measured[key] == sparse * 2 * 64 * 2 * 8
-        assert with_ep.estimated[key] - without.estimated[key] == sparse * 2 * 64 * 2 * 8
-
-
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
 def test_all_to_alls_per_layer_are_the_blocks(recompute):
     """One MoE block under ep 2 (fake process group and tensors), checkpointed as the trainer does, forward and
@@ -286,25 +253,3 @@ def test_all_to_alls_per_layer_are_the_blocks(recompute):
     finally:
         dist.destroy_process_group()
     assert len(meter.take_intervals()) == ep_all_to_alls_per_layer(recompute=recompute)
-
-
-@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
-def test_dry_run_of_ep_with_tp_and_recomputation_matches_the_plan(recompute):
-    """dp2 x tp2 (sequence parallel; the MoE blocks whole on each tp rank) x pp2 x ep2 of qwen3_moe_debug in bf16,
-    checkpointed as the plan says: every sampled rank's model state and saved activations are the plan's."""
-    from parallel.plan.dry_run import dry_run
-
-    model_config, (model, hardware, workload) = _planned(
-        "model=qwen3_moe_debug", "data.seq_len=64", "data.global_batch_size=16", "topology.nproc_per_node=8",
-        "trainer.precision=bf16-mixed",
-    )  # fmt: skip
-    c = Candidate(
-        dp=2, tp=2, pp=2, ep=2, micro_batches=4, schedule="1f1b", zero_stage=3, sequence_parallel=True,
-        recompute=recompute,
-    )  # fmt: skip
-    report = dry_run(model_config=model_config, candidate=c, model=model, hardware=hardware, workload=workload)
-    assert [r.rank for r in report.ranks] == [0, 3, 4, 7]
-    for r in report.ranks:
-        assert r.error is None, r.error
-        assert r.ratio("model_state") == pytest.approx(1.0, abs=0.05), r
-        assert r.ratio("activations_per_micro_batch") == pytest.approx(1.0, abs=0.03), r

@@ -2,7 +2,7 @@
 frozen copy of the weights on every rank (sharded like them: no gradients, no optimizer state) and runs it forward
 on every micro-batch; with LoRA the reference is the base with the adapters off (no bytes); ``pass`` computes its
 log-probabilities once before step 1 (nothing per step). The dry run measures the copy as the trainer takes it
-(``parallel/foundation/state_bytes.py`` ``frozen_copy`` of the composed rank's parameters): tests/unit/test_dry_run_fake_group.py's
+(``parallel/foundation/state_bytes.py`` ``frozen_copy`` of the composed rank's parameters): tests/system/test_dry_run_fake_group.py's
 small cluster holds one."""
 
 from __future__ import annotations
