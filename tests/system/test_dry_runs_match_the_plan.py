@@ -8,37 +8,21 @@ there on hand-computed and debug-size examples."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import pytest
 
 from models.registry import typed_model
-from parallel.plan.cli import compose, plain, specs_from_cfg, workload_overrides
+from parallel.plan.cli import plain, specs_from_cfg, workload_overrides
 from parallel.plan.cost_model import Candidate, estimate
 from parallel.plan.dry_run import dry_run
-
-
-@functools.cache
-def _planned(*overrides: str):
-    """(typed model config, (model, hardware, workload)) of a composition, composed once for the module's tests."""
-    cfg = compose(list(overrides))
-    return typed_model(plain(cfg.model)), specs_from_cfg(cfg, calibrate=False)
-
-
-@functools.cache  # composing takes about a second: once per model
-def _muon_specs(*overrides: str):
-    cfg = compose(
-        ["optim=muon", "data.seq_len=64", "data.global_batch_size=16", "topology.nproc_per_node=8", *overrides]
-    )
-    model, hardware, workload = specs_from_cfg(cfg, calibrate=False)
-    return cfg, model, hardware, workload
+from tests.planning import MUON, planned
 
 
 @pytest.fixture(scope="module")
 def moe_dry_runs():
     """qwen3_moe_debug as dp4 x pp2 (1F1B, FSDP2) on 8 ranks, with ep 2 (borrowed from dp: the experts' own FSDP2
     mesh is 2 ranks) and without, under the fake process group."""
-    model_config, (model, hardware, workload) = _planned(
+    model_config, (model, hardware, workload) = planned(
         "model=qwen3_moe_debug", "data.seq_len=64", "data.global_batch_size=16", "topology.nproc_per_node=8"
     )
     out = {}
@@ -70,7 +54,7 @@ def test_dry_run_builds_expert_parallel_and_its_bytes_match_the_plan(moe_dry_run
 def test_dry_run_of_ep_with_tp_and_recomputation_matches_the_plan(recompute):
     """dp2 x tp2 (sequence parallel; the MoE blocks whole on each tp rank) x pp2 x ep2 of qwen3_moe_debug in bf16,
     checkpointed as the plan says: every sampled rank's model state and saved activations are the plan's."""
-    model_config, (model, hardware, workload) = _planned(
+    model_config, (model, hardware, workload) = planned(
         "model=qwen3_moe_debug", "data.seq_len=64", "data.global_batch_size=16", "topology.nproc_per_node=8",
         "trainer.precision=bf16-mixed",
     )  # fmt: skip
@@ -97,9 +81,9 @@ def test_dry_run_of_ep_with_tp_and_recomputation_matches_the_plan(recompute):
     ids=["dp2xtp2", "dp2xpp2", "dp2xep2", "tp2"],
 )
 def test_dry_run_optimizer_bytes_equal_the_plan(model_name, candidate):
-    cfg, model, hardware, workload = _muon_specs(f"model={model_name}")
+    model_config, (model, hardware, workload) = planned(*MUON, f"model={model_name}")
     report = dry_run(
-        model_config=typed_model(plain(cfg.model)),
+        model_config=model_config,
         candidate=candidate,
         model=model,
         hardware=hardware,

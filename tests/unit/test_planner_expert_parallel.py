@@ -6,13 +6,10 @@ tests/system/test_planner_full_size.py)."""
 
 from __future__ import annotations
 
-import functools
 from dataclasses import replace
 
 import pytest
 
-from models.registry import typed_model
-from parallel.plan.cli import compose, plain, specs_from_cfg
 from parallel.plan.cost_model import (
     ActivationCase,
     Candidate,
@@ -23,6 +20,7 @@ from parallel.plan.cost_model import (
 )
 from parallel.plan.search import enumerate_candidates, pitfalls, plan
 from parallel.plan.specs import HardwareSpec, Link, ModelShape, PlanError, Workload
+from tests.planning import planned
 
 #: two blocks: a mixture of 8 experts of width 32 (2 per token), then a dense SwiGLU of width 128
 MOE = ModelShape(
@@ -119,16 +117,9 @@ def test_meshtrain_runs_a_mixture_of_experts_whole_on_every_tp_rank():
     assert tp_collectives_per_layer(MOE, meshtrain=True, sparse=False) == 7
 
 
-@functools.cache
-def _planned(*overrides: str):
-    """(typed model config, (model, hardware, workload)) of a composition, composed once for the module's tests."""
-    cfg = compose(list(overrides))
-    return typed_model(plain(cfg.model)), specs_from_cfg(cfg, calibrate=False)
-
-
 def _moe_debug():
     """qwen3_moe_debug at 64 tokens: (its typed model config, its ModelShape)."""
-    model_config, (shape, _, _) = _planned("model=qwen3_moe_debug", "data.seq_len=64")
+    model_config, (shape, _, _) = planned("model=qwen3_moe_debug", "data.seq_len=64")
     return model_config, shape
 
 

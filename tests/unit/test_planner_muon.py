@@ -6,27 +6,17 @@ are the sharded matrices' volume."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import pytest
 import torch
 
-from parallel.plan.cli import compose, specs_from_cfg
 from parallel.plan.cost_model import Candidate, elementwise_optimizer_s, estimate, rank_muon_state_params
 from parallel.plan.muon_cost import ns_flops
-
-
-@functools.cache  # composing takes about a second: once per model
-def _specs(*overrides: str):
-    cfg = compose(
-        ["optim=muon", "data.seq_len=64", "data.global_batch_size=16", "topology.nproc_per_node=8", *overrides]
-    )
-    model, hardware, workload = specs_from_cfg(cfg, calibrate=False)
-    return cfg, model, hardware, workload
+from tests.planning import MUON, planned
 
 
 def test_the_workload_reads_optim_muon():
-    *_, workload = _specs("model=llama_debug", "optim.muon_gather=everywhere", "optim.ns_steps=3")
+    _, (_, _, workload) = planned(*MUON, "model=llama_debug", "optim.muon_gather=everywhere", "optim.ns_steps=3")
     assert (workload.optimizer, workload.muon_gather, workload.ns_steps) == ("muon", "everywhere", 3)
     assert workload.muon_bytes_per_param == (4, 4, 4)  # AdamW: (4, 4, 8)
 
@@ -42,7 +32,7 @@ def test_newton_schulz_flops_are_torchs_own_count():
 
 
 def test_spread_gathers_a_share_and_everywhere_gathers_all():
-    _, model, hardware, workload = _specs("model=llama_debug")
+    _, (model, hardware, workload) = planned(*MUON, "model=llama_debug")
     c = Candidate(dp=2, zero_stage=3)
     spread = estimate(c, model=model, hardware=hardware, workload=workload).muon
     everywhere = estimate(
@@ -60,7 +50,7 @@ def test_spread_gathers_a_share_and_everywhere_gathers_all():
 
 
 def test_the_elementwise_pass_moves_one_momentum_buffer_for_the_matrices():
-    _, model, hardware, workload = _specs("model=llama_debug")
+    _, (model, hardware, workload) = planned(*MUON, "model=llama_debug")
     c, layers = Candidate(dp=2, zero_stage=3), list(range(model.n_layers))
     matrices = sum(model.layer_matmul_params(i) for i in layers)
     assert rank_muon_state_params(model, layers, c=c, workload=workload, meshtrain=True) == matrices / 2
