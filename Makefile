@@ -19,12 +19,17 @@ $(VENV)/.installed: pyproject.toml
 train: $(VENV)/.installed
 	$(PY) train.py $(ARGS)
 
+# The tests keep Python's bytecode caches (__pycache__/, git-ignored) even where the shell sets
+# PYTHONDONTWRITEBYTECODE: without them every pytest worker and every training process the suite starts
+# compiles the project's modules again, and pytest rewrites every test module's asserts again.
+KEEP_BYTECODE = env -u PYTHONDONTWRITEBYTECODE
+
 test: $(VENV)/.installed
-	$(PY) -m pytest -n 2 --dist loadfile $(ARGS)
+	$(KEEP_BYTECODE) $(PY) -m pytest -n 2 --dist loadfile $(ARGS)
 
 # the fast tier (in-process tests) on both cores
 test-unit: $(VENV)/.installed
-	$(PY) -m pytest tests/unit -n 2 --dist worksteal $(ARGS)
+	$(KEEP_BYTECODE) $(PY) -m pytest tests/unit -n 2 --dist worksteal $(ARGS)
 
 # ruff: lint and formatting, configured in pyproject.toml; .ci/run runs it before the tests
 lint: $(VENV)/.installed
