@@ -18,7 +18,6 @@ from typing import Any
 from parallel.assembly.registry import TRAINABLE_RECOMPUTE, TRAINABLE_ZERO_STAGES, plannable, strategy_for
 from parallel.foundation import dims
 from parallel.foundation.checkpointing_modes import AC_MODES
-from parallel.foundation.layout import factorizations
 from parallel.pipeline.schedules import SCHEDULES
 from parallel.plan.cost_model import (
     Candidate,
@@ -155,7 +154,7 @@ def schedules_for(*, pp: int, m: int, n_layers: int) -> Iterator[tuple[str, int]
 
 def enumerate_candidates(*, model: ModelShape, hardware: HardwareSpec, workload: Workload) -> Iterator[Candidate]:
     B = workload.global_batch_size
-    for degrees in factorizations(hardware.world_size):
+    for degrees in dims.factorizations(hardware.world_size):
         sizes = dict(zip(dims.names(), degrees, strict=True))
         dp, tp, pp = sizes["dp"], sizes["tp"], sizes["pp"]
         if B % dp or not model.tp_divides(tp) or tp > hardware.devices_per_node or pp > model.n_layers:

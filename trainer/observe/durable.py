@@ -83,10 +83,11 @@ def _fsync_dir(folder: Path) -> None:
 
 def write_json(path: Path, obj: Any) -> None:
     """``obj`` as indented JSON (one top-level member per line, so a torn copy keeps the whole ones), atomically."""
-    write_bytes_atomic(path, (json.dumps(_clean(obj), indent=2, default=str) + "\n").encode())
+    write_text(path, json.dumps(_clean(obj), indent=2, default=str) + "\n")
 
 
 def write_text(path: Path, text: str) -> None:
+    """``text`` (UTF-8), atomically."""
     write_bytes_atomic(path, text.encode())
 
 
