@@ -171,3 +171,18 @@ def test_token_preparation_off_a_terminal_says_its_start_and_end(tmp_path):
     start = next(i for i, line in enumerate(said) if line.startswith("tokenizing: started ("))
     end = next(i for i, line in enumerate(said) if line.startswith("tokenizing: done, "))
     assert start < end and said[end].endswith(" s") and " documents, in " in said[end]
+
+
+def test_console_says_the_end_line_of_a_completed_run(lines):
+    log, out = lines
+    sink = ConsoleSink(total_steps=20, start_step=0, log=log, terminal=False)
+    done = {"first_loss": 5.0, "first_loss_step": 1, "final_loss": 4.25, "last_step": 20, "tokens_per_s": 1234.0}
+    sink.log_summary({**done, "status": "preempted"})
+    sink.log_summary({**done, "status": "completed", "final_loss": None})
+    assert out == []  # only a completed run with a loss has one
+    sink.log_summary({**done, "status": "completed", "samples_per_s": 56.0})
+    sink.log_summary({**done, "status": "completed"})
+    assert out == [
+        "done: loss 5.0000 at step 1 -> 4.2500 at step 20, 56 samples/s (median)",
+        "done: loss 5.0000 at step 1 -> 4.2500 at step 20, 1,234 tok/s (median)",
+    ]

@@ -34,7 +34,6 @@ from trainer.launch.environment import rendezvous_port
 from trainer.launch.loopback import WORKER_STORE
 from trainer.launch.preemption import EXIT_PREEMPTED, PreemptionFlag
 from trainer.loop.fit import Trainer
-from trainer.observe.console import throughput
 from trainer.observe.files_sink import output_listing
 from trainer.observe.rank_logs import TRACE_LOGGER_NAME, setup_rank_logging, teardown_rank_logging
 from trainer.observe.sinks import build_sinks, finish_sinks
@@ -271,16 +270,7 @@ def run(
         summary["restarts"] = restart_count()
         if summary["status"] == "preempted":  # which signal stopped it: the Slurm launcher's requeue reads it
             summary["stop_signals"] = list(preemption.received)
-        exit_code = 0
-        if env.rank == 0 and summary["status"] == "completed" and summary["final_loss"] is not None:
-            log.info(
-                "done: loss %.4f at step %d -> %.4f at step %d, %s (median)",
-                summary["first_loss"],
-                summary["first_loss_step"],
-                summary["final_loss"],
-                summary["last_step"],
-                throughput(summary),
-            )
+        exit_code = 0  # rank 0's console says the run's end line (ConsoleSink.log_summary)
         return summary if env.rank == 0 else None
     except BaseException as exc:
         error = exc

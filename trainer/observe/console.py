@@ -94,7 +94,18 @@ class ConsoleSink(Sink):
         self.last_line = (self.clock(), int(record["step"]))
 
     def log_summary(self, summary: dict) -> None:
-        self.close(exit_code=0)  # the loop is over: the bar goes before the run's last lines
+        """The bar goes (the loop is over), then a completed run's end line: its first and final loss and its median
+        throughput."""
+        self.close(exit_code=0)
+        if summary.get("status") == "completed" and summary.get("final_loss") is not None:
+            self.log.info(
+                "done: loss %.4f at step %d -> %.4f at step %d, %s (median)",
+                summary["first_loss"],
+                summary["first_loss_step"],
+                summary["final_loss"],
+                summary["last_step"],
+                throughput(summary),
+            )
 
     def close(self, *, exit_code: int) -> None:
         if self.progress is not None:
