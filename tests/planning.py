@@ -1,20 +1,47 @@
-"""The planner's inputs for a composition, shared by the planner's unit and system tests. Composing takes about a
-second, so each set of overrides is composed once per test process."""
+"""The planner's inputs for a composition, shared by the planner's unit and system tests. Hydra's compose takes
+0.1-0.3 s, so each set of group choices is composed once per test process, each set of overrides typed once."""
 
 from __future__ import annotations
 
 import functools
 
 from models.registry import typed_model
-from parallel.plan.cli import compose, plain, specs_from_cfg
+from parallel.plan.cli import plain, specs_from_cfg, workload_overrides
+from tests.composing import Composer
+from tests.helpers import CONF
 
 #: the Muon planner tests' run: optim=muon on 8 ranks, 16 sequences of 64 tokens
 MUON = ("optim=muon", "data.seq_len=64", "data.global_batch_size=16", "topology.nproc_per_node=8")
 
 
 @functools.cache
+def _composer() -> Composer:
+    from conf.resolvers import register_resolvers
+    from conf.schema import register_configs
+
+    register_resolvers()
+    register_configs()
+    return Composer(CONF)
+
+
+def _initialize():
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    return initialize_config_dir(config_dir=str(CONF), version_base="1.3")
+
+
+def plan_cfg(*overrides: str):
+    """The config ``python -m parallel.plan OVERRIDES`` plans (``parallel.plan.cli.compose``: ``data.seq_len`` and
+    ``data.global_batch_size`` also set ``planner.*``), each set of group choices composed once per test process
+    (tests/composing.py); a fresh copy each call."""
+    return _composer()(workload_overrides(list(overrides)), initialize=_initialize)
+
+
+@functools.cache
 def planned(*overrides: str):
     """(typed model config, (model, hardware, workload)) of ``overrides`` composed as the planner's command line
     composes them."""
-    cfg = compose(list(overrides))
+    cfg = plan_cfg(*overrides)
     return typed_model(plain(cfg.model)), specs_from_cfg(cfg, calibrate=False)

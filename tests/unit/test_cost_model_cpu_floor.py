@@ -8,14 +8,15 @@ import pytest
 
 from parallel.config import TopologyConfig
 from parallel.plan.calibrate import BUSY_BATCH, FIXED_COST_LAYOUTS, solve_fixed_costs
-from parallel.plan.cli import compose, specs_from_cfg, typed_section
+from parallel.plan.cli import specs_from_cfg, typed_section
 from parallel.plan.cost_model import Candidate, estimate
 from parallel.plan.specs import HardwareSpec, PlanError, Workload
+from tests.planning import plan_cfg
 
 
 @pytest.fixture(scope="module")
 def small():
-    cfg = compose(["model=gpt_small", "data.seq_len=64", "data.global_batch_size=16"])
+    cfg = plan_cfg("model=gpt_small", "data.seq_len=64", "data.global_batch_size=16")
     shape, hardware, workload = specs_from_cfg(cfg, calibrate=False)
     hardware = replace(hardware, cores_per_node=2, devices_per_node=4, tp_collective_s=4e-3, fixed_cost_cpu_share={})
     return shape, hardware, workload
@@ -62,11 +63,11 @@ def test_the_share_is_solved_back_from_a_calibration_steps_cpu_time(small):
 
 
 def test_topology_shares_are_read_and_bad_ones_refused():
-    cfg = compose(["topology=local_cpu", "topology.fixed_cost_cpu_share.tp_collective=0.7"])
+    cfg = plan_cfg("topology=local_cpu", "topology.fixed_cost_cpu_share.tp_collective=0.7")
     assert (
         HardwareSpec.from_topology(typed_section(TopologyConfig, cfg.topology)).fixed_cost_cpu_share["tp_collective_s"]
         == 0.7
     )
-    bad = compose(["topology=local_cpu", "topology.fixed_cost_cpu_share.fsdp_collective=1.5"])
+    bad = plan_cfg("topology=local_cpu", "topology.fixed_cost_cpu_share.fsdp_collective=1.5")
     with pytest.raises(PlanError, match=r"fixed_cost_cpu_share\.fsdp_collective=1\.5: must be a share from 0 to 1"):
         HardwareSpec.from_topology(typed_section(TopologyConfig, bad.topology))

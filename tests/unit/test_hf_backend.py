@@ -191,13 +191,14 @@ def test_dry_run_measures_the_plan(folders, name):
     rank: model state exactly, saved activations within 10% (the issue's bound; measured within 8%, bf16 DeepSeek-V3
     at 0.92 the widest, fp32 within 4%). The MoE families' experts run on fake tensors too (balanced routing)."""
     from models.registry import typed_model
-    from parallel.plan.cli import compose, model_from_folder, plain, specs_from_cfg
+    from parallel.plan.cli import model_from_folder, plain, specs_from_cfg
     from parallel.plan.cost_model import Candidate
     from parallel.plan.dry_run import dry_run
+    from tests.planning import plan_cfg
 
     overrides = [f"model.init_from={folders[name]}", "model.backend=transformers", "data.seq_len=32"]
     overrides += ["data.global_batch_size=4", "topology.nproc_per_node=2"]
-    cfg = compose(overrides)
+    cfg = plan_cfg(*overrides)
     model_from_folder(cfg, overrides)
     assert cfg.model.family == "hf"
     model, hardware, workload = specs_from_cfg(cfg, calibrate=False)

@@ -8,16 +8,17 @@ import pytest
 from models.registry import REGISTRY, typed_model
 from parallel.plan import calibrate
 from parallel.plan.calibrate import build_family, family_kwargs, measure_compute
-from parallel.plan.cli import compose, plain
+from parallel.plan.cli import plain
 from parallel.plan.dry_run import build_meta_model
 from parallel.plan.specs import PlanError
+from tests.planning import plan_cfg
 
 CLASSES = {"gpt_small": "GPT", "llama_debug": "Llama", "qwen3_debug": "Qwen3"}
 
 
 @pytest.mark.parametrize("name", sorted(CLASSES))
 def test_resized_builds_the_family_at_the_given_sizes(name):
-    cfg = compose([f"model={name}", "data.seq_len=64"])
+    cfg = plan_cfg(f"model={name}", "data.seq_len=64")
     family, kwargs = family_kwargs(typed_model(plain(cfg.model)), {"n_layers": 2, "vocab_size": 64})
     assert family is REGISTRY[cfg.model.family]
     model = build_family(family, kwargs)
@@ -27,20 +28,20 @@ def test_resized_builds_the_family_at_the_given_sizes(name):
 
 
 def test_per_block_widths_are_cut_to_the_blocks_kept():
-    cfg = compose(["model=gpt_small", "model.layer_d_ff=[512,256,128,64]"])
+    cfg = plan_cfg("model=gpt_small", "model.layer_d_ff=[512,256,128,64]")
     _, kwargs = family_kwargs(typed_model(plain(cfg.model)), {"n_layers": 2})
     assert kwargs["layer_d_ff"] == [512, 256]
 
 
 def test_a_planner_only_description_dry_runs_as_its_family():
-    cfg = compose(["model=llama3_8b"])
+    cfg = plan_cfg("model=llama3_8b")
     model = build_meta_model(typed_model(plain(cfg.model)))
     assert type(model).__name__ == "Llama" and len(model.layers) == cfg.model.n_layers
     assert next(model.parameters()).is_meta
 
 
 def test_a_family_without_resized_is_refused_by_name_when_resized():
-    cfg = compose(["model=cnn_bn", "data=images"])
+    cfg = plan_cfg("model=cnn_bn", "data=images")
     with pytest.raises(PlanError, match=r"model.family=cnn: .*max_seq_len=64.*no `resized`.*topology.calibrate=true"):
         family_kwargs(typed_model(plain(cfg.model)), {"max_seq_len": 64})
     family, kwargs = family_kwargs(
@@ -50,7 +51,7 @@ def test_a_family_without_resized_is_refused_by_name_when_resized():
 
 
 def test_calibrating_a_llama_config_times_a_llama(monkeypatch):
-    cfg = compose(["model=llama_debug", "data.seq_len=32"])
+    cfg = plan_cfg("model=llama_debug", "data.seq_len=32")
     built = []
 
     def spy(family, kwargs):
@@ -74,7 +75,7 @@ def test_a_ddp_bucket_is_charged_to_ddp_only_and_solved_back_from_a_whole_step()
     from parallel.plan.cost_model import Candidate, ddp_buckets, estimate
     from parallel.plan.specs import Workload
 
-    cfg = compose(["model=gpt_small", "data.seq_len=64", "data.global_batch_size=16"])
+    cfg = plan_cfg("model=gpt_small", "data.seq_len=64", "data.global_batch_size=16")
     shape, hardware, workload = specs_from_cfg(cfg, calibrate=False)
     hardware = replace(hardware, devices_per_node=2, ddp_bucket_s=0.0)
     with_cost = replace(hardware, ddp_bucket_s=0.009)
