@@ -175,9 +175,10 @@ def dry_run_layout(checked_run: CheckedRun, *, run_dir: Path) -> dict:
     world_size = checked_run.run.layout.world_size
     ranks = None if world_size > 16 else list(range(world_size))  # every rank, or a sample
     try:
-        report = dry_run_for(checked_run.run, checked_run.request, ranks=ranks)
+        report, warnings = dry_run_for(checked_run.run, checked_run.request, ranks=ranks)
     except PlanError as exc:  # a model the planner cannot describe
         raise ConfigError([f"trainer.dry_run=true: {exc}"]) from None
+    log_planner_warnings(warnings)
     print_dry_run(report)
     run_dir.mkdir(parents=True, exist_ok=True)
     summary = {"status": "dry_run", "dry_run": report.to_dict()}
@@ -191,11 +192,16 @@ def dry_run_layout(checked_run: CheckedRun, *, run_dir: Path) -> dict:
     return summary
 
 
-def checked(cfg: DictConfig) -> CheckedRun:
-    """parallel=auto resolved, then validation and the typed run; its and the planner's warnings logged. Raises
-    ConfigError."""
-    from parallel.plan.api import layout_warnings
+def log_planner_warnings(warnings: list[str]) -> None:
+    """The seed's pitfalls for the layout this run uses (``parallel/plan/api.py`` ``layout_warnings``; none for
+    models the planner cannot describe)."""
+    for warning in warnings:
+        log.warning("warning (planner): %s", warning)
 
+
+def checked(cfg: DictConfig) -> CheckedRun:
+    """parallel=auto resolved, then validation and the typed run; validation's warnings logged (the planner's:
+    ``preflight``, or the dry run's door call). Raises ConfigError."""
     if cfg.parallel.name == "auto":
         from parallel.plan.specs import PlanError
         from trainer.launch.auto import resolve_auto
@@ -208,18 +214,17 @@ def checked(cfg: DictConfig) -> CheckedRun:
     for warning in validated.warnings:
         log.warning("warning: %s", warning)
     run = run_spec(cfg, validated.layout)  # the model typed once: the planner's request reads the run's
-    checked_run = CheckedRun(validated=validated, run=run, request=planner_request(cfg, model=run.model))
-    # the seed's pitfalls for the layout this run uses (none for models the planner cannot describe)
-    for warning in layout_warnings(checked_run.run, checked_run.request):
-        log.warning("warning (planner): %s", warning)
-    return checked_run
+    return CheckedRun(validated=validated, run=run, request=planner_request(cfg, model=run.model))
 
 
 def preflight(cfg: DictConfig, *, run_dir: Path, clock: StartClock) -> tuple[CheckedRun, dict]:
-    """Everything that can refuse a run before a worker starts: parallel=auto, validation, the resume
-    checkpoint, the data (prepared once here) and its vocabulary. Raises ConfigError, DataError or
+    """Everything that can refuse a run before a worker starts: parallel=auto, validation (the planner's warnings for
+    the layout logged), the resume checkpoint, the data (prepared once here) and its vocabulary. Raises ConfigError, DataError or
     CheckpointError (exit code 2); returns the checked run and the resolved config for the workers."""
+    from parallel.plan.api import layout_warnings
+
     checked_run = checked(cfg)
+    log_planner_warnings(layout_warnings(checked_run.run, checked_run.request))
     cfg_dict = resolved_container(cfg)
 
     from hydra.utils import instantiate

@@ -82,14 +82,14 @@ def choose_layout(request: PlannerRequest) -> tuple[Plan, dict[str, str]]:
     return result, strategies
 
 
-def dry_run_for(run: RunSpec, request: PlannerRequest, *, ranks: list[int] | None):
+def dry_run_for(run: RunSpec, request: PlannerRequest, *, ranks: list[int] | None) -> tuple[Any, list[str]]:
     """``trainer.dry_run=true``: the run's own layout built for ``ranks`` (None: a sample) under a fake process
-    group, measured beside the planner's estimate (``parallel/plan/dry_run.py``). Raises ``PlanError`` for a model
-    the planner cannot describe."""
+    group, measured beside the planner's estimate (``parallel/plan/dry_run.py``), and the planner's warnings for that
+    layout (``layout_warnings``). Raises ``PlanError`` for a model the planner cannot describe."""
     from parallel.plan.dry_run import dry_run, sample_ranks
 
     model, hardware, workload = planner_inputs(request, calibrate=False)
-    return dry_run(
+    report = dry_run(
         model_config=run.model,
         candidate=candidate_of(run),
         model=model,
@@ -97,6 +97,7 @@ def dry_run_for(run: RunSpec, request: PlannerRequest, *, ranks: list[int] | Non
         workload=workload,
         ranks=ranks if ranks is not None else sample_ranks(**run.layout.sizes),
     )
+    return report, layout_warnings(run, request)
 
 
 def predicted_step_time(run: RunSpec, request: PlannerRequest) -> float:
