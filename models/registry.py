@@ -19,7 +19,7 @@ from typing import Any
 
 from models.hf_adapter import read_keys
 from models.shape import ModelShape, PlanError
-from models.spec import ConfigView, ModelSpec, PipelineUnits, hydra_schema, import_object
+from models.spec import ModelSpec, PipelineUnits, hydra_schema, import_object, make_config
 
 REGISTRY: dict[str, ModelSpec] = {}
 
@@ -106,7 +106,7 @@ def typed_model(values: Any) -> Any:
     try:
         return spec_for(values).typed(values)
     except (UnknownModel, TypeError):
-        return ConfigView(values)
+        return make_config(None, values)  # a read-only ConfigView
 
 
 def model_shape(model: Any) -> ModelShape:

@@ -191,9 +191,12 @@ def hydra_schema(cls: type) -> type:
 ModelConfig = hydra_schema(ModelArgs)
 
 
-def make_config(cls: type, values: Mapping[str, Any]) -> Any:
+def make_config(cls: type | None, values: Mapping[str, Any]) -> Any:
     """An instance of the config dataclass ``cls`` from a plain mapping (nested mappings become its nested
-    dataclasses); a key ``cls`` does not have is a ``TypeError`` naming it and the keys it has."""
+    dataclasses); a key ``cls`` does not have is a ``TypeError`` naming it and the keys it has. ``cls`` None (a
+    config without a schema): a read-only ``ConfigView`` of the values."""
+    if cls is None:
+        return ConfigView(values)
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
@@ -457,7 +460,7 @@ class ModelSpec:
         of the family's ``config`` dataclass (frozen for the built-in families), or a read-only ``ConfigView`` for a
         model without a schema."""
         if self.config is None:
-            return ConfigView(values)
+            return make_config(None, values)
         # the first of its schemas holding every key (a description for the planner has keys of its own)
         for schema in dict.fromkeys((self.config, *(self.schemas or {}).values())):
             if set(values) <= {f.name for f in dataclasses.fields(schema)}:
