@@ -95,7 +95,8 @@ def choose_split(model: nn.Module, *, ctx: WorkerContext, num_stages: int) -> Sp
     if ctx.rank == 0:
         mb = max(1, ctx.per_replica_batch() // max(1, layout.micro_batches))
         inputs, targets = ctx.sample_batch(mb)
-        costs = profile_blocks(model, inputs[:mb], targets[:mb], loss_fn=ctx.loss_fn())
+        # each part timed alone, the parts in the model's own order (pipeline_parts without the family's units)
+        costs = profile_blocks(model, inputs[:mb], targets[:mb], loss_fn=ctx.loss_fn(), parts=pipeline_parts(model))
         box[0] = costs
         ctx.log.info(
             "balanced split: measured block costs (ms) pre %.2f, blocks %s, post %.2f",

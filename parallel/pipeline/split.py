@@ -116,7 +116,14 @@ def even_split(n_blocks: int, num_stages: int) -> tuple[int, ...]:
 
 
 def profile_blocks(
-    model: Any, inputs: Any, targets: Any, *, loss_fn: Any, warmup: int = 2, iters: int = 5
+    model: Any,
+    inputs: Any,
+    targets: Any,
+    *,
+    loss_fn: Any,
+    parts: tuple[Sequence[str], Sequence[str], Sequence[str]],
+    warmup: int = 2,
+    iters: int = 5,
 ) -> BlockCosts:
     """Forward+backward seconds of the embedding, each block and the head, on one micro-batch: the fastest of
     ``iters`` rounds, each round timing every part once (after ``warmup`` rounds). Interference only adds time; a
@@ -126,12 +133,12 @@ def profile_blocks(
 
     Each part runs on a detached copy of its input so its backward stops at its own boundary; the
     model must expose ``layers`` (a ModuleDict) and skip parts set to None, as ``models.gpt.model.GPT`` does.
+    ``parts``: the names of the parts before the blocks, the blocks' keys and the parts after them
+    (``parallel/pipeline/stages.py`` ``pipeline_parts``).
     """
     import torch
 
-    from parallel.pipeline.stages import pipeline_parts
-
-    pre_names, block_names, post_names = pipeline_parts(model)
+    pre_names, block_names, post_names = parts
 
     def run_pre():
         out = _run_only(model, inputs, keep=set(pre_names))

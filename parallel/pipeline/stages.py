@@ -17,6 +17,7 @@ from torch import nn
 
 from models.spec import PipelineUnits
 from parallel.pipeline.schedules import stage_ranks
+from parallel.pipeline.split import uniform_split
 
 
 def pipeline_parts(model: nn.Module, units: PipelineUnits | None = None) -> tuple[list[str], list[str], list[str]]:
@@ -78,6 +79,26 @@ def placed_stages(
     what the trainer's pipeline engine builds and the dry run measures."""
     ranks = stage_ranks(schedule=schedule, pp=pp, num_stages=num_stages)
     return stage_specs(n_blocks=n_blocks, split_points=split_points, stage_ranks=ranks)
+
+
+def model_stages(
+    model: nn.Module,
+    units: PipelineUnits | None,
+    *,
+    split_points: Sequence[int] | None,
+    schedule: str,
+    pp: int,
+    num_stages: int,
+) -> tuple[tuple[int, ...], list[StageSpec]]:
+    """``model``'s blocks cut into ``num_stages`` stages at ``split_points`` (None: the trainer's uniform policy,
+    ``split.uniform_split``), each on the pp rank ``schedule`` places it (``placed_stages``): the split points and
+    the stages, as the dry run measures them."""
+    pre, blocks, post = pipeline_parts(model, units)
+    if split_points is None:
+        split_points = uniform_split(len(blocks), num_stages, pre=bool(pre), post=bool(post))
+    points = tuple(split_points)
+    stages = placed_stages(n_blocks=len(blocks), split_points=points, schedule=schedule, pp=pp, num_stages=num_stages)
+    return points, stages
 
 
 def build_stage_module(model: nn.Module, *, spec: StageSpec, units: PipelineUnits | None = None) -> nn.Module:

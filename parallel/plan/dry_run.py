@@ -30,7 +30,7 @@ from parallel.foundation import dims
 from parallel.foundation.precision import PLANNER_PRECISIONS
 from parallel.foundation.run import ComposeSettings
 from parallel.foundation.state_bytes import held_state_bytes
-from parallel.pipeline.stages import build_stage_module
+from parallel.pipeline.stages import build_stage_module, model_stages
 from parallel.plan.cost_model import Candidate, estimate
 from parallel.plan.specs import HardwareSpec, ModelShape, Workload
 
@@ -97,20 +97,6 @@ def build_meta_model(model_config: Any, *, seq_len: int | None = None):
         model = build_family(family, kwargs)
     add_adapters(model, model_config, seed=0, draw=False)  # as the trainer builds it (parallel/assembly/context.py)
     return model
-
-
-def _stage_plan(model, c: Candidate, *, split_points: tuple[int, ...] | None, units=None):
-    from parallel.pipeline.split import uniform_split
-    from parallel.pipeline.stages import pipeline_parts, placed_stages
-
-    pre, blocks, post = pipeline_parts(model, units)
-    num_stages = c.pp * c.stages_per_rank
-    if split_points is None:  # the trainer's uniform policy
-        split_points = tuple(uniform_split(len(blocks), num_stages, pre=bool(pre), post=bool(post)))
-    stages = placed_stages(
-        n_blocks=len(blocks), split_points=split_points, schedule=c.schedule, pp=c.pp, num_stages=num_stages
-    )
-    return split_points, stages
 
 
 def _fake_parameters(module, *, dtype) -> None:
@@ -385,7 +371,14 @@ def dry_run(
     family = family_kwargs(model_config, {})[0]
     meta_model = build_meta_model(model_config, seq_len=workload.seq_len)
     tp_plan = family.parallelize_fn() if c.tp > 1 else None
-    split_points, specs = _stage_plan(meta_model, c, split_points=c.split_points, units=family.pipeline)
+    split_points, specs = model_stages(
+        meta_model,
+        family.pipeline,
+        split_points=c.split_points,
+        schedule=c.schedule,
+        pp=c.pp,
+        num_stages=c.pp * c.stages_per_rank,
+    )
     from dataclasses import replace
 
     c = replace(c, split_points=tuple(split_points) if c.pp > 1 else None, sequence_parallel=sp)
