@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from parallel.assembly.compose import Composition, PipelinePlan, compose
@@ -371,17 +371,11 @@ def dry_run(
     family = family_kwargs(model_config, {})[0]
     meta_model = build_meta_model(model_config, seq_len=workload.seq_len)
     tp_plan = family.parallelize_fn() if c.tp > 1 else None
+    num_stages = c.pp * c.stages_per_rank
     split_points, specs = model_stages(
-        meta_model,
-        family.pipeline,
-        split_points=c.split_points,
-        schedule=c.schedule,
-        pp=c.pp,
-        num_stages=c.pp * c.stages_per_rank,
+        meta_model, family.pipeline, split_points=c.split_points, schedule=c.schedule, pp=c.pp, num_stages=num_stages
     )
-    from dataclasses import replace
-
-    c = replace(c, split_points=tuple(split_points) if c.pp > 1 else None, sequence_parallel=sp)
+    c = replace(c, split_points=split_points if c.pp > 1 else None, sequence_parallel=sp)
     est = estimate(c, model=model, hardware=hardware, workload=workload)
     world = c.world_size
     reports = []
