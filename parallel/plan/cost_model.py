@@ -785,27 +785,31 @@ def _kind_memories(c: Candidate, model: ModelShape, workload: Workload, sp: _Spl
     workload, ``ActivationCase`` and virtual stages, each per kind of rank."""
     memo = model.remember(("rank_memories", workload), dict)
     degrees = ("states", tuple(c.sizes.items()), c.zero_stage)
-    case = ActivationCase(
-        seq_len=sp.s,
-        micro_batch=sp.b,
-        tp=c.tp,
-        sequence_parallel=c.sequence_parallel,
-        recompute=c.recompute,
-        element_bytes=sp.e,
-        cp=c.cp,
-        ep=c.ep,
-    )
+    # the activations' key: the ``ActivationCase``'s fields (the case itself is made on a miss only) and v
+    case = ("saved", sp.s, sp.b, c.tp, c.sequence_parallel, c.recompute, sp.e, c.cp, c.ep, sp.v)
     placement = sp.placement
     per_kind = []
     for kind, r in zip(placement.kinds, placement.kind_rank, strict=True):
         layers, first, last = placement.layers_of[r], kind[1], kind[2]
-        states_key, saved_key = (*degrees, kind), ("saved", case, sp.v, kind)
-        if states_key not in memo:
+        states_key, saved_key = (*degrees, kind), (*case, kind)
+        states = memo.get(states_key)
+        if states is None:
             states_of = Candidate(sizes=dict(c.sizes), zero_stage=c.zero_stage)
-            memo[states_key] = _rank_states(states_of, model, workload, layers, first=first, last=last)
-        if saved_key not in memo:
-            memo[saved_key] = _rank_saved_bytes(model, workload, case, layers, v=sp.v, last=last)
-        per_kind.append((memo[states_key], memo[saved_key]))
+            states = memo[states_key] = _rank_states(states_of, model, workload, layers, first=first, last=last)
+        saved = memo.get(saved_key)
+        if saved is None:
+            of = ActivationCase(
+                seq_len=sp.s,
+                micro_batch=sp.b,
+                tp=c.tp,
+                sequence_parallel=c.sequence_parallel,
+                recompute=c.recompute,
+                element_bytes=sp.e,
+                cp=c.cp,
+                ep=c.ep,
+            )
+            saved = memo[saved_key] = _rank_saved_bytes(model, workload, of, layers, v=sp.v, last=last)
+        per_kind.append((states, saved))
     return per_kind
 
 
@@ -870,16 +874,20 @@ class _LinkCosts:
     @classmethod
     def of(cls, c: Candidate, model: ModelShape, hardware: HardwareSpec, sp: _Split) -> _LinkCosts:
         tokens, e = sp.b * sp.s, sp.e
-        tp_link = hardware.link_for(span=c.tp, stride=c.stride("tp"))
-        ar_of = {  # per block: dense or sparse
-            sparse: tp_collectives_per_layer(model, meshtrain=sp.meshtrain, recompute=c.recompute, sparse=sparse)
-            for sparse in (False, True)
-        }
-        tp_ar = ring_allreduce_s(tokens * model.d_model * e, n=c.tp, link=tp_link)
-        tp_ar += hardware.tp_collective_s if c.tp > 1 else 0.0
-        return cls(
-            ar_of, tp_ar, _cp_per_layer(c, model, hardware, tokens, e), _ep_per_layer(c, model, hardware, tokens, e)
+        ar_of = model.remember(  # per block: dense or sparse
+            ("tp_calls_per_layer", sp.meshtrain, c.recompute),
+            lambda: {
+                sparse: tp_collectives_per_layer(model, meshtrain=sp.meshtrain, recompute=c.recompute, sparse=sparse)
+                for sparse in (False, True)
+            },
         )
+        tp_ar = 0.0  # each dimension's term is read only where its degree is above 1 (``_stages``)
+        if c.tp > 1:
+            tp_link = hardware.link_for(span=c.tp, stride=c.stride("tp"))
+            tp_ar = ring_allreduce_s(tokens * model.d_model * e, n=c.tp, link=tp_link) + hardware.tp_collective_s
+        cp = _cp_per_layer(c, model, hardware, tokens, e) if c.cp > 1 else 0.0
+        ep = _ep_per_layer(c, model, hardware, tokens, e) if c.ep > 1 else 0.0
+        return cls(ar_of, tp_ar, cp, ep)
 
 
 def _cp_per_layer(c: Candidate, model: ModelShape, hardware: HardwareSpec, tokens: float, e: int) -> float:
@@ -926,19 +934,28 @@ def _stage_compute(
 ) -> float:
     """Pipeline rank ``r``'s forward and backward of one micro-batch (and a held reference's forward); attention spans
     the whole sequence (4·s·h per token, s the full length)."""
-    passes = {"none": 3.0, "selective": 3.0, "full": 4.0}[c.recompute] + sp.reference  # a held reference's forward
+    key = ("stage_flops", tuple(layers), r == 0, r == sp.last, c.recompute, sp.s_full, sp.reference, sp.meshtrain)
+    flops, whole, share = model.remember(key, lambda: _stage_flops(model, sp, layers, c.recompute, r))
+    rank_flops = (flops - whole) / c.tp + whole
+    tokens = sp.b * sp.s
+    return (rank_flops * tokens / hardware.flops + hardware.microbatch_overhead_s * share) * busy
+
+
+def _stage_flops(model: ModelShape, sp: _Split, layers: list[int], recompute: str, r: int) -> tuple[float, ...]:
+    """(FLOPs per token of rank ``r``'s micro-batch, those of its mixtures of experts, its share of the fixed
+    overhead): a function of its blocks, its ends of the model and the recomputation alone, shared by every
+    candidate placing the same blocks there."""
+    passes = {"none": 3.0, "selective": 3.0, "full": 4.0}[recompute] + sp.reference  # a held reference's forward
     groups = model.layer_groups(layers)
     flops = sum(n * passes * model.layer_forward_flops_per_token(i, sp.s_full) for i, n in groups)
-    if c.recompute == "selective":
+    if recompute == "selective":
         flops += 4 * sp.s_full * model.d_model * len(layers)
     if r == sp.last:
         flops += (3 + sp.reference) * model.logit_forward_flops_per_token()
     # meshtrain runs a mixture of experts whole on every tp rank: its FLOPs are not divided by t
     whole = sum(n * passes * 2 * model.layer_moe_active_params(i) for i, n in groups) if sp.meshtrain else 0.0
     share = (len(layers) + (r == 0) + (r == sp.last)) / (model.n_layers + 2)
-    rank_flops = (flops - whole) / c.tp + whole
-    tokens = sp.b * sp.s
-    return (rank_flops * tokens / hardware.flops + hardware.microbatch_overhead_s * share) * busy
+    return flops, whole, share
 
 
 def _pp_per_micro_batch(c: Candidate, model: ModelShape, hardware: HardwareSpec, sp: _Split) -> float:
@@ -1105,8 +1122,10 @@ def estimate(
     dp_comm_s = _dp_comm(c, model, hardware, workload, sp, worst, worst_layers, compute_s, fixed_calls)
     optimizer_s = elementwise_optimizer_s(c, model, hardware, workload, worst, worst_layers, meshtrain=sp.meshtrain)
     muon = muon_step_cost(model, worst_layers, c=c, hardware=hardware, workload=workload)
-    muon = replace(muon, gather_s=muon_gather_s(muon))
-    optimizer_s += muon.ns_s + muon.gather_s  # optim=muon: the rank's orthogonalisations and their gathers
+    muon_used = workload.optimizer == "muon"  # AdamW's is all zeros (``MuonCost()``): nothing to add or scale
+    if muon_used:
+        muon = replace(muon, gather_s=muon_gather_s(muon))
+        optimizer_s += muon.ns_s + muon.gather_s  # optim=muon: the rank's orthogonalisations and their gathers
     budget = memory_budget(hardware, workload)
     step = st.pipeline_s + dp_comm_s + optimizer_s
     work, t = _cpu_floor(c, hardware, st, optimizer_s, fixed_calls, step, on_node)
@@ -1128,7 +1147,7 @@ def estimate(
         rank_memory=tuple(rank_memory),
         rank_activation_per_micro_batch=tuple(pm for _, pm in ranks),
         rank_work_s=work,
-        muon=replace(muon, ns_s=muon.ns_s * t, gather_s=muon.gather_s * t),
+        muon=replace(muon, ns_s=muon.ns_s * t, gather_s=muon.gather_s * t) if muon_used else muon,
     )
 
 
