@@ -1155,11 +1155,14 @@ def estimate(
 
 
 def splits_model(sizes: dict[str, int], *, model: ModelShape, workload: Workload) -> bool:
-    """Whether the layout's context- and expert-parallel degrees split this model: ep whole experts per rank (a
-    mixture of experts only); cp a family with context-parallel attention, whole heads of each tp rank and equal
-    chunks of the sequence (Ulysses)."""
+    """Whether the layout's degrees split this model: a dimension the planner does not vary for it (``planned_dims``)
+    stays at 1; ep whole experts per rank; cp a family with context-parallel attention, whole heads of each tp rank
+    and equal chunks of the sequence (Ulysses)."""
+    planned = planned_dims(model)
+    if any(size > 1 for name, size in sizes.items() if name not in planned):
+        return False
     tp, cp, ep = sizes["tp"], sizes.get("cp", 1), sizes.get("ep", 1)
-    if ep > 1 and (not model.n_experts or model.n_experts % ep):
+    if ep > 1 and model.n_experts % ep:
         return False
     return cp == 1 or bool(model.context_parallel and not (model.n_heads // tp) % cp and not workload.seq_len % cp)
 
