@@ -172,7 +172,8 @@ DIMENSION_SECTION = "## Where each dimension is named today, file by file"
 
 def files_naming(dim: str, root: Path = ROOT) -> set[str]:
     """Product files whose code names ``dim``: a name ``dim``, ``dim_...``, ``..._dim`` or ``..._dim_...``, or a
-    string constant ``dim``, ``dim.size``, ``dim_...`` (comments and docstrings are not code)."""
+    string constant ``dim``, ``dim.size``, ``dim_...`` (comments and docstrings are not code). A file none of whose
+    words (comments and docstrings included) is such a name is not parsed: each of those strings is such a word."""
     import re
 
     name = re.compile(rf"(\w+_)?{dim}(_\w+)?")
@@ -180,6 +181,8 @@ def files_naming(dim: str, root: Path = ROOT) -> set[str]:
     found = set()
     for package in ("conf", "models", "parallel", "trainer"):
         for path in sorted((root / package).rglob("*.py")):
+            if not any(name.fullmatch(w) for w in set(re.findall(r"\w+", path.read_text()))):
+                continue
             names, strings = code_words(path, path.stat().st_mtime_ns)
             if any(name.fullmatch(n) for n in names) or any(string.fullmatch(s) for s in strings):
                 found.add(path.relative_to(root).as_posix())
