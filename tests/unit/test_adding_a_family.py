@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from tests.composing import Composer
 from tests.families.tiny_decoder import write_conf
 from tests.helpers import CONF, FAST
 from trainer.validate import ConfigError, validate
@@ -32,30 +33,35 @@ def registered(monkeypatch):
     return SPEC
 
 
+#: this module's compositions: conf/ with the family's YAML on Hydra's search path, each composed once
+COMPOSER = Composer()
+
+
 def compose(search_path: str, *overrides: str):
-    from hydra import compose as hydra_compose
+    """conf/ with ``model=tiny_decoder`` from ``search_path`` as train.py composes it: the group choices and the search
+    path composed once (tests/composing.py), the key=value ``overrides`` applied to a copy."""
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            return hydra_compose("config", overrides=["model=tiny_decoder", search_path, *overrides])
-    finally:
+    def initialize():
         GlobalHydra.instance().clear()
+        return initialize_config_dir(config_dir=str(CONF), version_base="1.3")
+
+    return COMPOSER(["model=tiny_decoder", search_path, *overrides], initialize=initialize)
 
 
 def test_the_family_is_found_by_its_name_and_checked_by_its_spec(registered, tmp_path):
     from models.registry import spec_for
 
-    cfg = compose(write_conf(tmp_path), "parallel=single")
+    search_path = write_conf(tmp_path)
+    cfg = compose(search_path, "parallel=single")
     assert spec_for(cfg.model) is registered
     validate(cfg, environ={})
     with pytest.raises(ConfigError) as err:
-        validate(compose(write_conf(tmp_path / "b"), "parallel=single", "model.n_kv_heads=3"), environ={})
+        validate(compose(search_path, "parallel=single", "model.n_kv_heads=3"), environ={})
     assert "model.n_kv_heads=3 does not divide model.n_heads=4" in str(err.value)
     with pytest.raises(ConfigError) as err:  # its d_ff rule is Llama's, and the message says so
-        validate(compose(write_conf(tmp_path / "c"), "parallel=single", "model.d_ff=-1"), environ={})
+        validate(compose(search_path, "parallel=single", "model.d_ff=-1"), environ={})
     assert "model.d_ff=-1: must be >= 0 (0 means Llama's rule" in str(err.value)
 
 
