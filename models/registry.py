@@ -132,6 +132,16 @@ def model_shape(model: Any) -> ModelShape:
     return replace(shape, lora_rank=rank, lora_targets=tuple(str(t) for t in lora.get("targets") or ()))
 
 
+def planner_model(values: Any) -> tuple[Any, ModelShape | None, str | None]:
+    """A model's plain values as the planner reads them, looked up once: its typed config (``typed_model``), its
+    shape (``model_shape``) and, where the planner cannot describe it (no formulas: shape None), why."""
+    model = typed_model(values)
+    try:
+        return model, model_shape(model), None
+    except PlanError as exc:
+        return model, None, str(exc)
+
+
 def spec_for_model_type(model_type: Any) -> ModelSpec | None:
     """The registered family whose Hugging Face adapter reads ``config.json``'s ``model_type``, or None."""
     for spec in REGISTRY.values():

@@ -213,8 +213,9 @@ def checked(cfg: DictConfig) -> CheckedRun:
     validated = validate(cfg)
     for warning in validated.warnings:
         log.warning("warning: %s", warning)
-    run = run_spec(cfg, validated.layout)  # the model typed once: the planner's request reads the run's
-    return CheckedRun(validated=validated, run=run, request=planner_request(cfg, model=run.model))
+    request = planner_request(cfg)  # the model typed once: the typed run reads the request's
+    run = run_spec(cfg, validated.layout, model=request.model_config)
+    return CheckedRun(validated=validated, run=run, request=request)
 
 
 def preflight(cfg: DictConfig, *, run_dir: Path, clock: StartClock) -> tuple[CheckedRun, dict]:

@@ -11,7 +11,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from models.registry import model_shape
 from parallel.config import PlannerConfig, TopologyConfig
 from parallel.foundation.precision import planner_precision
 from parallel.foundation.run import ComposeSettings, RunSpec
@@ -29,11 +28,13 @@ Inputs = tuple[ModelShape, HardwareSpec, Workload]
 @dataclass(frozen=True)
 class PlannerRequest:
     """What the planner reads of a run, typed (the trainer's ``trainer/typed/run_spec.py`` ``planner_request`` and the
-    command line's ``specs_from_cfg`` make it): the model's typed config, the topology and planner sections, the batch,
-    the sequence, the trainer's precision, the optim section's values (``optim=muon``'s keys; None: AdamW) and whether
-    the run holds a frozen reference on its ranks."""
+    command line's ``specs_from_cfg`` make it): the model's typed config and its shape (``models.registry``
+    ``planner_model``: None, with ``shape_problem``, for a model the planner cannot describe), the topology and planner
+    sections, the batch, the sequence, the trainer's precision, the optim section's values (``optim=muon``'s keys;
+    None: AdamW) and whether the run holds a frozen reference on its ranks."""
 
     model_config: Any
+    model_shape: ModelShape | None
     topology: TopologyConfig
     planner: PlannerConfig
     global_batch_size: int
@@ -41,12 +42,15 @@ class PlannerRequest:
     trainer_precision: str | None
     optim: Mapping[str, Any] | None = None
     reference_copy: bool = False
+    shape_problem: str | None = None
 
 
 def planner_inputs(request: PlannerRequest, *, calibrate: bool | None = None) -> Inputs:
-    """Model, hardware (measured when ``calibrate``, by default ``topology.calibrate``) and workload of a run."""
-    model_config, topology = request.model_config, request.topology
-    model = model_shape(model_config)
+    """Model, hardware (measured when ``calibrate``, by default ``topology.calibrate``) and workload of a run. Raises
+    ``PlanError`` for a model the planner cannot describe."""
+    model_config, topology, model = request.model_config, request.topology, request.model_shape
+    if model is None:
+        raise PlanError(request.shape_problem or f"model={model_config.get('name', '?')}: no shape for the planner")
     hardware = HardwareSpec.from_topology(topology)
 
     def workload(hw: HardwareSpec) -> Workload:

@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 
 from conf.command_line import shell_expanded
 from models.objectives import holds_reference
-from models.registry import UnknownModel, hf_model, typed_model
+from models.registry import UnknownModel, hf_model, planner_model, typed_model
 from models.spec import hydra_schema, make_config
 from parallel.config import PlannerConfig, TopologyConfig
 from parallel.foundation import dims
@@ -131,8 +131,11 @@ def specs_from_cfg(cfg: Any, *, calibrate: bool | None = None) -> Inputs:
     """Model, hardware (measured when ``topology.calibrate``) and workload of a composed config."""
     data = cfg.get("data") or {}
     trainer = cfg.get("trainer")
+    model, shape, problem = planner_model(plain(cfg.model))
     request = PlannerRequest(
-        model_config=typed_model(plain(cfg.model)),
+        model_config=model,
+        model_shape=shape,
+        shape_problem=problem,
         topology=typed_section(TopologyConfig, cfg.topology),
         planner=typed_section(PlannerConfig, cfg.planner),
         global_batch_size=int(data.get("global_batch_size") or 0),

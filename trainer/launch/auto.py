@@ -62,8 +62,9 @@ def resolve_auto(cfg: DictConfig) -> None:
     """Plan (the config's planner inputs, the strategies this checkout can train), print the ranking, then rewrite
     ``cfg`` to ask for the first choice. Raises ``PlanError`` when nothing fits."""
     t0 = time.perf_counter()
+    request = planner_request(cfg)
     try:
-        result, strategies = choose_layout(planner_request(cfg))
+        result, strategies = choose_layout(request)
     except PlanError as exc:
         raise PlanError(f"parallel=auto: {exc}") from None
     best, workload = result.best, result.workload

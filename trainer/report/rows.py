@@ -132,8 +132,9 @@ def planner_prediction(config: dict[str, Any]) -> float | None:
 
     try:
         cfg = OmegaConf.create(config)
-        run = run_spec(cfg, build_layout(cfg))
-        return predicted_step_time(run, planner_request(cfg, model=run.model))
+        request = planner_request(cfg)
+        run = run_spec(cfg, build_layout(cfg), model=request.model_config)
+        return predicted_step_time(run, request)
     except (PlanError, ConfigError, OmegaConfBaseException, KeyError, TypeError, ValueError):
         return None
 

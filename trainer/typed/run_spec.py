@@ -15,7 +15,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from models.objectives import OBJECTIVES as PREFERENCE_OBJECTIVES
 from models.objectives import PreferenceObjective, holds_reference
-from models.registry import spec_for, typed_model
+from models.registry import planner_model, spec_for, typed_model
 from models.spec import make_config
 from parallel.config import PlannerConfig, TopologyConfig
 from parallel.foundation import dims
@@ -39,12 +39,15 @@ def model_config(cfg: DictConfig) -> Any:
     return typed_model(plain_values(cfg.model))
 
 
-def planner_request(cfg: DictConfig, *, model: Any = None) -> PlannerRequest:
-    """What the planner reads of this config (``parallel/plan/api.py``), typed: the model, topology and planner
-    sections, the batch, the sequence, the precision, the optimizer and the reference the ranks hold. ``model``: the
-    typed model config when the caller has it already (the ``RunSpec``'s), else typed here."""
+def planner_request(cfg: DictConfig) -> PlannerRequest:
+    """What the planner reads of this config (``parallel/plan/api.py``), typed: the model (its typed config and shape,
+    one registry lookup), topology and planner sections, the batch, the sequence, the precision, the optimizer and
+    the reference the ranks hold. The typed run shares its model config (``run_spec(..., model=)``)."""
+    model, shape, problem = planner_model(plain_values(cfg.model))
     return PlannerRequest(
-        model_config=model if model is not None else model_config(cfg),
+        model_config=model,
+        model_shape=shape,
+        shape_problem=problem,
         topology=make_config(TopologyConfig, plain_values(cfg.topology)),
         planner=make_config(PlannerConfig, plain_values(cfg.planner)),
         global_batch_size=int(cfg.data.global_batch_size or 0),
