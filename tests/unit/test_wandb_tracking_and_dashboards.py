@@ -189,16 +189,42 @@ def test_a_client_starts_its_own_service_and_leaves_none_behind(tmp_path, monkey
     for processes started later from this one."""
     import logging
     import os
+    import sys
+    import threading
 
     from trainer.observe.wandb_client import WandbClient
 
     monkeypatch.setenv("WANDB_SERVICE", "2-99999-tcp-localhost-9")  # a service that is not there
+    launch_before = "wandb.sdk.launch" in sys.modules
     client = WandbClient(mode="offline", project="p", run_dir=tmp_path, config={}, log=logging.getLogger("t"))
     client.log_metrics({"train/loss": 1.0}, step=1)
     assert client.ready() and client.error is None, client.error
+    client.log_metrics({"train/loss": 0.5}, step=2)
+    # what records nothing for an offline run is not started: W&B's telemetry export threads, W&B Launch's import
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("Otel")]
+    assert launch_before or "wandb.sdk.launch" not in sys.modules
     client.finish()
     assert "WANDB_SERVICE" not in os.environ
     assert len(list(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))) == 1
+
+
+def test_staged_launch_inputs_are_still_applied(monkeypatch):
+    """The client skips W&B Launch's import at init only while no launch input can have been staged (the module
+    that stages them was never imported): once it is, W&B's own step runs as before."""
+    import sys
+
+    from wandb.sdk.wandb_run import Run
+
+    from trainer.observe.wandb_client import _without_idle_work
+
+    applied = []
+    monkeypatch.setattr(Run, "_detect_and_apply_job_inputs", lambda run: applied.append(run))
+    monkeypatch.delitem(sys.modules, "wandb.sdk.launch.inputs.internal", raising=False)
+    _without_idle_work(None, mode="online")  # online: the process-wide settings are left as they are
+    Run._detect_and_apply_job_inputs("unstaged")
+    monkeypatch.setitem(sys.modules, "wandb.sdk.launch.inputs.internal", object())
+    Run._detect_and_apply_job_inputs("staged")
+    assert applied == ["staged"]
 
 
 def test_a_rerun_of_the_report_replaces_its_wandb_run(tmp_path):

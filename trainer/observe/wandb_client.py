@@ -1,8 +1,9 @@
 """A guarded W&B run: the real ``wandb`` library, offline unless told otherwise. A training run's rank 0 logs through
 it (``wandb_sink.py``), and so does the sweep report (``trainer/report/cli.py``).
 
-W&B's import and ``init`` cost 1.5–3 s (it starts its own service process). They run in a background
-thread started by the first logged step (after the first training step); steps logged before the run is ready are queued and sent in order, so
+W&B's import and ``init`` took 1.5–2.3 s of rank 0's CPU in a training run; without the work that records nothing
+here (``_without_idle_work``) 0.4–0.8 s, most of it the import. They run in a background thread started by the first
+logged step (after the first training step); steps logged before the run is ready are queued and sent in order, so
 W&B adds nothing to the time to the first step. An online run that cannot reach its server within
 ``logger.wandb.init_timeout`` falls back to offline with a warning instead of retrying for minutes.
 ``finish`` is always called, with a non-zero exit code when the run failed.
@@ -20,12 +21,41 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from trainer.observe.wandb_run import RunIdentity, define_metrics, wandb_key, wandb_metrics
+
+
+def _without_idle_work(wandb: Any, *, mode: str) -> None:
+    """Leave out two things ``wandb.init`` does that record nothing for this run (their CPU is taken from the
+    training ranks while they step: docs/benchmarks.md, the ddp pair).
+
+    - W&B's own telemetry to W&B's servers (OpenTelemetry export threads, a timing per ``log`` call) is set up from
+      the process-wide settings, online unless told, whatever the run's mode: an offline run declares the process
+      offline, so nothing is set up to send (it had nowhere to send it). An online run keeps it
+      (``WANDB_ERROR_REPORTING=false`` is W&B's own switch).
+    - ``wandb.init`` applies W&B Launch inputs staged in this process by importing W&B Launch (its agent, public
+      API and HTTP client) even when none were: inputs are staged only through the module that holds them, so
+      while that module was never imported there is nothing to apply and the import is skipped.
+    """
+    if mode == "offline":
+        wandb.setup(settings=wandb.Settings(mode="offline"))
+    from wandb.sdk.wandb_run import Run
+
+    apply = getattr(Run, "_detect_and_apply_job_inputs", None)
+    if apply is None or getattr(apply, "meshtrain_skips_unstaged", False):  # another W&B version: left as it is
+        return
+
+    def apply_staged(run: Any) -> None:
+        if "wandb.sdk.launch.inputs.internal" in sys.modules:
+            apply(run)
+
+    apply_staged.meshtrain_skips_unstaged = True  # type: ignore[attr-defined]
+    Run._detect_and_apply_job_inputs = apply_staged
 
 
 class WandbClient:
@@ -45,6 +75,7 @@ class WandbClient:
         init_timeout: float = 15.0,
         system_stats: bool = False,
         console: str = "off",
+        save_requirements: bool = False,
         identity: RunIdentity | None = None,
         git: dict[str, Any] | None = None,
     ):
@@ -71,7 +102,12 @@ class WandbClient:
         )
         if identity is not None:
             kwargs.update(id=identity.id, resume="allow")
-        settings = dict(console=console, x_disable_stats=not system_stats, x_disable_machine_info=not system_stats)
+        settings = dict(
+            console=console,
+            x_disable_stats=not system_stats,
+            x_disable_machine_info=not system_stats,
+            x_save_requirements=save_requirements,
+        )
         # the commit is recorded even with machine info off (it also sits in the config under run.git)
         if git and git.get("commit"):
             settings.update(
@@ -91,6 +127,7 @@ class WandbClient:
         try:
             import wandb
 
+            _without_idle_work(wandb, mode=mode)
             try:
                 self.run = self._init_while_id_in_use(
                     lambda: wandb.init(

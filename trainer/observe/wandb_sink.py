@@ -54,6 +54,7 @@ class WandbSink(Sink):
             init_timeout=float(w.init_timeout),
             system_stats=bool(w.system_stats),
             console=str(w.console),
+            save_requirements=bool(w.save_requirements),
             log=log,
             identity=self.identity,
             git=prov.get("git"),
