@@ -222,22 +222,24 @@ def rank(
     *, model: ModelShape, hardware: HardwareSpec, workload: Workload, allowed: tuple[str, ...] | None
 ) -> tuple[tuple[Estimate, ...], tuple[Estimate, ...], int]:
     """(the candidates that fit, fastest first; the ``CLOSEST_MISSES`` over the budget, smallest first; how many were
-    over it). Memory decides first: a candidate over the budget is not timed (most of a large model's are)."""
-    fits, misses = [], []
+    over it). Memory decides first: a candidate over the budget is not timed (most of a large model's are), nor one
+    the sequence-split rule drops (most of the rest)."""
+    within, misses = [], []
     budget = memory_budget(hardware, workload)
     for cand in enumerate_candidates(model=model, hardware=hardware, workload=workload):
         if allowed is not None and not trainable(cand, allowed):
             continue
         total = peak_memory(cand, model=model, workload=workload)
         if total <= budget:
-            fits.append(estimate(cand, model=model, hardware=hardware, workload=workload))
+            within.append(cand)
         else:
             misses.append((total, cand))
     for d in dims.DIMENSIONS:
-        if d.splits_sequence and any(e.candidate.size(d.name) == 1 for e in fits):
+        if d.splits_sequence and any(c.size(d.name) == 1 for c in within):
             # a sequence split only where nothing without it fits (long sequences): the cost model has no term for
             # the kernel efficiency short per-rank chunks lose, so at ordinary lengths its all-to-alls look free
-            fits = [e for e in fits if e.candidate.size(d.name) == 1]
+            within = [c for c in within if c.size(d.name) == 1]
+    fits = [estimate(c, model=model, hardware=hardware, workload=workload) for c in within]
     fits.sort(key=lambda e: (round(e.step_time_s, 12), e.candidate.micro_batches, e.memory.total))
     misses.sort(key=lambda x: x[0])
     closest = tuple(
