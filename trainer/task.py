@@ -24,7 +24,8 @@ from parallel.plan.api import PlannerRequest
 from trainer.observe.durable import write_json
 from trainer.observe.startup import STARTED_KEY, StartClock
 from trainer.sweeps.jobs import sweep_name
-from trainer.typed.run_spec import planner_request, run_spec
+from trainer.typed.planner_request import planner_request
+from trainer.typed.run_spec import run_spec
 from trainer.validate import ConfigError, ValidatedRun, validate
 
 log = logging.getLogger("meshtrain")

@@ -34,7 +34,8 @@ from trainer.checks.suggest import layout_words, layouts_that_fit, runnable
 from trainer.checks.topology import check_backend, check_cores, check_topology
 from trainer.hf.checks import check_init_from
 from trainer.launch.environment import ExternalLaunch, detect_external_launch
-from trainer.typed.run_spec import memory_budget_bytes, plain_values, run_spec
+from trainer.typed.run_spec import memory_budget_bytes, run_spec
+from trainer.typed.sections import plain_values
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ Inputs = tuple[ModelShape, HardwareSpec, Workload]
 
 @dataclass(frozen=True)
 class PlannerRequest:
-    """What the planner reads of a run, typed (the trainer's ``trainer/typed/run_spec.py`` ``planner_request`` and the
+    """What the planner reads of a run, typed (the trainer's ``trainer/typed/planner_request.py`` and the
     command line's ``specs_from_cfg`` make it): the model's typed config and its shape (``models.registry``
     ``planner_model``: None, with ``shape_problem``, for a model the planner cannot describe), the topology and planner
     sections, the batch, the sequence, the trainer's precision, the optim section's values (``optim=muon``'s keys;

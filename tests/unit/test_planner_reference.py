@@ -19,7 +19,7 @@ DPO = ("trainer.objective=dpo", "data.seq_len=64", "data.global_batch_size=8", "
 
 def test_the_key_reaches_the_workload(compose_cfg):
     from parallel.plan.api import planner_inputs
-    from trainer.typed.run_spec import planner_request  # what parallel=auto and trainer.dry_run plan with
+    from trainer.typed.planner_request import planner_request  # what parallel=auto and trainer.dry_run plan with
 
     for extra, held in ((("trainer.preference.reference=copy",), True), ((), False)):
         cfg = compose_cfg("model=llama_debug", *DPO, *extra)

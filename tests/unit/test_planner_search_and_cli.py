@@ -17,7 +17,8 @@ from parallel.plan.search import (
 )
 from parallel.plan.specs import PlanError
 from trainer.launch.auto import apply_candidate
-from trainer.typed.run_spec import planner_request, run_spec
+from trainer.typed.planner_request import planner_request
+from trainer.typed.run_spec import run_spec
 from trainer.validate import ConfigError, validate
 
 ROOT = CONF.parent

@@ -5,7 +5,7 @@ exists, FSDP as the only sharding). The config is rewritten in place (``apply_ca
 layout, the workers and summary.json all see the chosen layout as if the user had typed it, together with the
 precision and activation recomputation the plan assumed (``trainer.precision``, ``trainer.activation_checkpointing``).
 The planner itself reads only typed objects (``parallel/plan/api.py``); ``trainer/typed/run_spec.py``'s
-``planner_request`` makes them.
+``trainer/typed/planner_request.py`` makes them.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from parallel.plan.cost_model import Candidate
 from parallel.plan.search import TRAINER_AC, describe, strategy_of
 from parallel.plan.specs import PlanError
 from parallel.plan.tables import print_table
-from trainer.typed.run_spec import planner_request
+from trainer.typed.planner_request import planner_request
 
 log = logging.getLogger("meshtrain")
 

@@ -127,7 +127,8 @@ def planner_prediction(config: dict[str, Any]) -> float | None:
 
     from parallel.plan.api import predicted_step_time
     from parallel.plan.specs import PlanError
-    from trainer.typed.run_spec import planner_request, run_spec
+    from trainer.typed.planner_request import planner_request
+    from trainer.typed.run_spec import run_spec
     from trainer.validate import ConfigError, build_layout
 
     try:

@@ -3,59 +3,29 @@
 Validation's strategy checks read the ``RunSpec`` this module builds, and so does every worker (through its
 ``WorkerContext``); ``parallel/`` and ``models/`` never see a config node. The trainer's own parts (the loop, sinks,
 checkpoints) keep the config beside it, on the worker's ``TrainerContext`` (``trainer/launch/worker.py``). No torch
-import: validation builds a ``RunSpec`` too.
+import: validation builds a ``RunSpec`` too. What the planner reads of the config is its own typed object
+(``trainer/typed/planner_request.py``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import DictConfig
 
 from models.objectives import OBJECTIVES as PREFERENCE_OBJECTIVES
-from models.objectives import PreferenceObjective, holds_reference
-from models.registry import planner_model, spec_for, typed_model
-from models.spec import make_config
-from parallel.config import PlannerConfig, TopologyConfig
+from models.objectives import PreferenceObjective
+from models.registry import spec_for, typed_model
 from parallel.foundation import dims
 from parallel.foundation.layout import ParallelLayout
 from parallel.foundation.memory import rank_budget_bytes
 from parallel.foundation.run import BatchSpec, ComposeSettings, DDPSettings, Float8Settings, PipelineOptions, RunSpec
-from parallel.plan.api import PlannerRequest
-
-
-def plain_values(node: DictConfig) -> dict[str, Any]:
-    """A config section's plain values, resolved where its interpolations resolve (validation reads the model
-    before ``${data.*}`` is checked: such a node is taken as written)."""
-    try:
-        return OmegaConf.to_container(node, resolve=True, enum_to_str=True)  # type: ignore[return-value]
-    except OmegaConfBaseException:
-        return OmegaConf.to_container(node, resolve=False, enum_to_str=True)  # type: ignore[return-value]
+from trainer.typed.sections import plain_values
 
 
 def model_config(cfg: DictConfig) -> Any:
     """``cfg.model`` typed (``models.registry.typed_model``)."""
     return typed_model(plain_values(cfg.model))
-
-
-def planner_request(cfg: DictConfig) -> PlannerRequest:
-    """What the planner reads of this config (``parallel/plan/api.py``), typed: the model (its typed config and shape,
-    one registry lookup), topology and planner sections, the batch, the sequence, the precision, the optimizer and
-    the reference the ranks hold. The typed run shares its model config (``run_spec(..., model=)``)."""
-    model, shape, problem = planner_model(plain_values(cfg.model))
-    return PlannerRequest(
-        model_config=model,
-        model_shape=shape,
-        shape_problem=problem,
-        topology=make_config(TopologyConfig, plain_values(cfg.topology)),
-        planner=make_config(PlannerConfig, plain_values(cfg.planner)),
-        global_batch_size=int(cfg.data.global_batch_size or 0),
-        seq_len=int(cfg.data.seq_len or 0),
-        trainer_precision=str(cfg.trainer.precision),
-        optim=plain_values(cfg.optim) if cfg.get("optim") is not None else None,
-        reference_copy=holds_reference(str(cfg.trainer.objective), str(cfg.trainer.preference.reference)),
-    )
 
 
 def fp8_settings(cfg: DictConfig, model: Any) -> Float8Settings:
