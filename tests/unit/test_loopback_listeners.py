@@ -42,7 +42,7 @@ def test_a_served_store_listens_on_loopback_only_where_torch_listens_everywhere(
 
     plain = dist.TCPStore(LOOPBACK, 0, None, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10))
     assert mine(plain.port) - {"127.0.0.1"}, "torch's TCPStore now binds its host: update loopback.py and docs"
-    served, args = local_rendezvous(port=0, timeout_s=10)
+    served, args, env = local_rendezvous(port=0, timeout_s=10)
     assert mine(served.port) == {"127.0.0.1"}
     assert args == {
         "rdzv_endpoint": f"127.0.0.1:{served.port}",
@@ -52,8 +52,10 @@ def test_a_served_store_listens_on_loopback_only_where_torch_listens_everywhere(
     client = tcp_store(LOOPBACK, served.port, world_size=None, is_master=False, timeout=timedelta(seconds=10))
     client.set("k", "v")
     assert served.get("k") == b"v"
+    with env:  # the workers' environment joins this store
+        assert os.environ[WORKER_STORE] == args["rdzv_endpoint"]
     port = served.port
-    del client, served
+    del client, served, env
     assert not mine(port), "the store's listening socket outlived it"
 
 

@@ -102,14 +102,17 @@ def _wait_for_master(addr: str, port: int, wait_s: float, *, node: int, nnodes: 
             time.sleep(0.5)
 
 
-def _rendezvous(topo: Any, *, multi_node: bool, port: int, wait_s: int) -> tuple[Any, dict[str, Any]]:
-    """LaunchConfig's rendezvous arguments, and the store this process serves for them (None: the agent's).
-    Nodes meet at topology.master_addr:master_port, node 0 hosting; a single node's rendezvous is served on
-    127.0.0.1 by this process, so that nothing the job opens listens beyond the machine (loopback.py)."""
+def _rendezvous(
+    topo: Any, *, multi_node: bool, port: int, wait_s: int
+) -> tuple[Any, dict[str, Any], contextlib.AbstractContextManager]:
+    """The store this process serves for the rendezvous (None: the agent's), LaunchConfig's rendezvous arguments and
+    the environment to start the workers in. Nodes meet at topology.master_addr:master_port, node 0 hosting; a single
+    node's rendezvous is served on 127.0.0.1 by this process, so that nothing the job opens listens beyond the
+    machine, its workers' environment pinned to loopback (loopback.py)."""
     if not multi_node:
         return local_rendezvous(port=port, timeout_s=wait_s)
     configs = {"is_host": int(topo.node_rank) == 0, "join_timeout": wait_s, "read_timeout": wait_s}
-    return None, {"rdzv_endpoint": f"{topo.master_addr}:{port}", "rdzv_configs": configs}
+    return None, {"rdzv_endpoint": f"{topo.master_addr}:{port}", "rdzv_configs": configs}, contextlib.nullcontext()
 
 
 def _elastic(cfg: DictConfig, cfg_dict: dict, *, layout: ParallelLayout, run_dir: Path, run_meta: dict) -> dict | None:
@@ -134,7 +137,7 @@ def _elastic(cfg: DictConfig, cfg_dict: dict, *, layout: ParallelLayout, run_dir
     wait_s = int(math.ceil(float(topo.rendezvous_timeout_s)))
     if multi_node:
         _announce_node(topo, nnodes=layout.nnodes, port=port, wait_s=wait_s)
-    served, rdzv = _rendezvous(topo, multi_node=multi_node, port=port, wait_s=wait_s)
+    served, rdzv, workers_env = _rendezvous(topo, multi_node=multi_node, port=port, wait_s=wait_s)
     # all nodes of one job must agree on the run id; a single node gets a fresh one per job
     run_id = f"meshtrain-{topo.master_addr}-{port}" if multi_node else f"meshtrain-{uuid.uuid4().hex[:8]}"
     # rank 0 keeps the console (the rich progress bar); other local ranks write to files
@@ -160,7 +163,7 @@ def _elastic(cfg: DictConfig, cfg_dict: dict, *, layout: ParallelLayout, run_dir
     clock.say(f"starting {nproc} worker(s) on this node ({start_method})")
     try:
         meta = {**run_meta, "start_method": start_method}
-        with contextlib.nullcontext() if multi_node else local_only_env(worker_store=rdzv["rdzv_endpoint"]):
+        with workers_env:
             results = elastic_launch(config, worker.main)(cfg_dict, str(run_dir), layout, meta)
     except (RendezvousError, DistNetworkError, DistStoreError) as exc:
         if not multi_node:

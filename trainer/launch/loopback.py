@@ -95,9 +95,10 @@ def tcp_store(host: str, port: int, *, world_size: int | None, is_master: bool, 
         raise
 
 
-def local_rendezvous(*, port: int, timeout_s: float) -> tuple[Any, dict[str, Any]]:
-    """The rendezvous store of a single-node job, served from 127.0.0.1 (``port`` 0: a free one), and the
-    ``LaunchConfig`` arguments that make the agent join it. Keep the store alive while the agent runs."""
+def local_rendezvous(*, port: int, timeout_s: float) -> tuple[Any, dict[str, Any], contextlib.AbstractContextManager]:
+    """The rendezvous store of a single-node job, served from 127.0.0.1 (``port`` 0: a free one), the
+    ``LaunchConfig`` arguments that make the agent join it, and the environment its workers start with, joining this
+    store (``local_only_env``, to enter around the agent). Keep the store alive while the agent runs."""
     store = tcp_store(
         LOOPBACK,
         port,
@@ -108,4 +109,4 @@ def local_rendezvous(*, port: int, timeout_s: float) -> tuple[Any, dict[str, Any
         multi_tenant=True,
     )
     args = {"rdzv_endpoint": f"{LOOPBACK}:{store.port}", "rdzv_configs": {"is_host": False}, "local_addr": LOOPBACK}
-    return store, args
+    return store, args, local_only_env(worker_store=args["rdzv_endpoint"])
