@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from models.registry import REGISTRY, typed_model
@@ -59,6 +61,12 @@ def test_calibrating_a_llama_config_times_a_llama(monkeypatch):
         return model
 
     monkeypatch.setattr(calibrate, "build_family", spy)
+    # what is built and returned, not how well it is timed: one round of one timed step each (a whole calibration's
+    # rounds: tests/integration/test_planner_vs_measured_steps.py)
+    monkeypatch.setattr(
+        calibrate, "_median_of_rounds", functools.partial(calibrate._median_of_rounds, rounds=1, reps=1)
+    )
+    monkeypatch.setattr(calibrate, "_timed", functools.partial(calibrate._timed, min_time=0.0, min_reps=1, warmup=1))
     c = measure_compute(typed_model(plain(cfg.model)), seq_len=32, threads=1)
     assert [type(m).__name__ for m in built] == ["Llama"]
     assert c["shape"].gated_mlp and c["shape"].n_kv_heads == 2  # Llama's formulas, not the GPT's

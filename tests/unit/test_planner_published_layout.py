@@ -24,10 +24,14 @@ def test_the_layout_string_names_degrees_and_options():
 
 def test_gpu_hours_per_trillion_tokens(capsys, monkeypatch):
     """The JSON's GPU-hours equal step time x devices / tokens per step, for the first choice and the layout. The
-    JSON and the table commands search the same inputs: the second reuses the first's plan (searched once)."""
+    JSON and the table commands compose and search the same inputs: the second reuses the first's composition (a
+    copy) and plan (searched once)."""
+    import pickle
+
     from parallel.plan import cli
 
     searched, search = {}, cli.plan
+    composed, compose = {}, cli.compose
 
     def plan_once(**inputs):
         key = repr(inputs)
@@ -35,7 +39,14 @@ def test_gpu_hours_per_trillion_tokens(capsys, monkeypatch):
             searched[key] = search(**inputs)
         return searched[key]
 
+    def compose_once(overrides):
+        key = tuple(overrides)
+        if key not in composed:
+            composed[key] = pickle.dumps(compose(overrides))
+        return pickle.loads(composed[key])
+
     monkeypatch.setattr(cli, "plan", plan_once)
+    monkeypatch.setattr(cli, "compose", compose_once)
     argv = ["model=llama3_8b", "topology=cluster_1024xh100", "data.seq_len=4096", "data.global_batch_size=1024"]
     assert main([*argv, "--json", "--top", "1", "--layout", "dp=128 pp=8 m=8 zero=3"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -46,7 +57,7 @@ def test_gpu_hours_per_trillion_tokens(capsys, monkeypatch):
     assert main([*argv, "--top", "1", "--layout", "dp=128 pp=8 m=8 zero=3", "--reference-gpu-hours", "50000"]) == 0
     text = capsys.readouterr().out
     assert "first choice: " in text and "--layout: hybrid dp=128 pp=8" in text and "published 50,000, ratio" in text
-    assert len(searched) == 1
+    assert len(searched) == 1 and len(composed) == 1
 
 
 def test_the_h800_cluster_has_the_published_links(compose_cfg):
