@@ -25,18 +25,6 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-#: suffixes of counts as people write them, largest first
-COUNT_SUFFIXES = (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3))
-
-
-def count_text(n: float) -> str:
-    """A count as people write it, one decimal at most: 870.7K, 124.4M, 1.2B, 175B (``1e-9 * n`` with a B
-    suffix printed a 0.9M-parameter model as "0.0008707B")."""
-    for suffix, scale in COUNT_SUFFIXES:
-        if abs(round(n / scale, 1)) >= 1:  # rounded first: 999,950 is 1M, not 1000K
-            return f"{n / scale:.1f}".removesuffix(".0") + suffix
-    return f"{n:.0f}"
-
 
 def targeted(fqn: str, targets: Iterable[str]) -> bool:
     """A module FQN matches a LoRA target (``model.lora.targets``) by its last name (``wq``) or as an ``fnmatch``

@@ -15,11 +15,11 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
-from models.shape import count_text, kv_repeats
+from models.shape import kv_repeats
 from parallel.foundation.dims import Sized, lenders, multiplying, with_dim_kwargs
 from parallel.pipeline.schedules import SCHEDULES, schedule_spec, stage_to_rank
 from parallel.plan.muon_cost import MuonCost, muon_step_cost, rank_muon_params
-from parallel.plan.specs import HardwareSpec, Link, ModelShape, Workload
+from parallel.plan.specs import HardwareSpec, Link, ModelShape, Workload, count_text
 
 #: schedules the cost model knows (their bubble and in-flight rules are on ``ScheduleSpec``)
 MODELED_SCHEDULES = tuple(name for name, spec in SCHEDULES.items() if spec.modeled)

@@ -25,6 +25,19 @@ __all__ = ["ModelShape", "PlanError", "HardwareSpec", "Workload", "Link"]
 
 GB = 1e9
 
+#: suffixes of counts as people write them, largest first
+COUNT_SUFFIXES = (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3))
+
+
+def count_text(n: float) -> str:
+    """A count as people write it, one decimal at most: 870.7K, 124.4M, 1.2B, 175B (``1e-9 * n`` with a B
+    suffix printed a 0.9M-parameter model as "0.0008707B")."""
+    for suffix, scale in COUNT_SUFFIXES:
+        if abs(round(n / scale, 1)) >= 1:  # rounded first: 999,950 is 1M, not 1000K
+            return f"{n / scale:.1f}".removesuffix(".0") + suffix
+    return f"{n:.0f}"
+
+
 #: the planner's precision -> the trainer.precision that trains it (parallel=auto sets it)
 #: bytes of one fp32 moment (Adam's first or second, Muon's momentum) per parameter
 MOMENT_BYTES = 4

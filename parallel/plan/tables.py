@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import sys
 
-from models.shape import count_text
 from parallel.foundation import dims
 from parallel.plan.cost_model import Estimate, planned_dims
 from parallel.plan.search import TRAINER_AC, Plan, describe, strategy_of
-from parallel.plan.specs import GB, TRAINER_PRECISION, HardwareSpec, ModelShape, Workload
+from parallel.plan.specs import GB, TRAINER_PRECISION, HardwareSpec, ModelShape, Workload, count_text
 
 
 def plan_json(p: Plan, *, top: int) -> dict:

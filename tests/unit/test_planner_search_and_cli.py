@@ -250,6 +250,6 @@ def test_plan_output_names_the_three_traps_with_their_numbers(compose_cfg):
     "count,text", [(870_656, "870.7K"), (1.236e9, "1.2B"), (124_439_808, "124.4M"), (175e9, "175B"), (999_950, "1M")]
 )
 def test_counts_read_as_people_write_them(count, text):
-    from models.shape import count_text
+    from parallel.plan.specs import count_text
 
     assert count_text(count) == text
