@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -31,6 +32,15 @@ def dataset(corpus, tmp_path_factory) -> Path:
     prepare(
         inputs=[str(corpus[0])], output=str(out), vocab_size=300, val_fraction=0.2, progress=False, log=lambda *a: None
     )
+    return out
+
+
+@pytest.fixture(scope="module")
+def default_prepared(corpus, tmp_path_factory) -> Path:
+    """The corpus prepared with prepare's defaults but a 300-token vocabulary: tests that damage or rewrite such a
+    dataset take a copy (copytree) of this one."""
+    out = tmp_path_factory.mktemp("default_prepared") / "ds"
+    prepare(inputs=[str(corpus[0])], output=str(out), vocab_size=300, progress=False)
     return out
 
 
@@ -76,9 +86,8 @@ def test_prepare_twice_is_a_no_op_and_a_changed_setting_rebuilds(corpus, dataset
     assert "skipped" not in rebuilt and rebuilt["tokenizer"]["vocab_size"] == 280
 
 
-def test_an_interrupted_run_leaves_no_dataset_that_looks_complete(corpus, dataset, tmp_path, monkeypatch):
-    out = tmp_path / "ds"
-    prepare(inputs=[str(corpus[0])], output=str(out), vocab_size=300, progress=False)
+def test_an_interrupted_run_leaves_no_dataset_that_looks_complete(corpus, default_prepared, tmp_path, monkeypatch):
+    out = shutil.copytree(default_prepared, tmp_path / "ds")
     real_write = ShardWriter._write
     calls = []
 
@@ -121,9 +130,11 @@ def test_loader_batches_depend_on_seed_and_step_only_and_cross_shards(corpus, tm
     assert (a.val_batch(1)[0] == b.val_batch(1)[0]).all()
 
 
-def test_bad_datasets_are_refused_with_the_file_and_the_fix(corpus, tmp_path):
+def test_bad_datasets_are_refused_with_the_file_and_the_fix(corpus, default_prepared, tmp_path):
     def fresh(name: str, **kw) -> Path:
         out = tmp_path / name
+        if not kw:
+            return shutil.copytree(default_prepared, out)
         prepare(inputs=[str(corpus[0])], output=str(out), vocab_size=300, progress=False, **kw)
         return out
 
