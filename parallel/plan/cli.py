@@ -22,8 +22,9 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from conf.command_line import shell_expanded
+from models.hf_family import hf_model
 from models.objectives import holds_reference
-from models.registry import UnknownModel, hf_model, planner_model, typed_model
+from models.registry import UnknownModel, planner_model, typed_model
 from models.spec import hydra_schema, make_config
 from parallel.config import PlannerConfig, TopologyConfig
 from parallel.foundation import dims
@@ -89,7 +90,7 @@ def composed(overrides: list[str]):
 
 def model_from_folder(cfg: Any, overrides: list[str]) -> None:
     """``model.init_from=DIR`` without a ``model=``: the model DIR's config.json describes replaces the default one,
-    as training takes it (``models.registry.hf_model``; trainer/hf/start.py), the command line's ``model.*`` over it.
+    as training takes it (``models.hf_family.hf_model``; trainer/hf/start.py), the command line's ``model.*`` over it.
     Raises PlanError naming the folder and why (no config.json, a model_type no family reads)."""
     start = OmegaConf.select(cfg, "model.init_from")
     keys = [o.lstrip("+~").split("=", 1)[0] for o in overrides]

@@ -16,7 +16,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from models.hf_adapter import HFConfigError
-from models.registry import UnknownModel, hf_model
+from models.hf_family import hf_model
+from models.registry import UnknownModel
 from models.spec import hydra_schema
 from trainer.hf.folder import HFFolder, HFFolderError
 
