@@ -167,21 +167,14 @@ def test_hparams_search_and_slurm_launcher_compose(compose_cfg):
     assert {"nodes", "tasks_per_node", "gpus_per_node", "partition"} <= set(launcher)
 
 
-def test_planner_prediction_of_a_jobs_config():
+def test_planner_prediction_of_a_jobs_config(compose_cfg):
     """The report asks the planner about each job's own layout; models it cannot describe get none."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
-    from conf.schema import register_configs
-    from parallel.plan.cli import CONF
     from trainer.report.rows import planner_prediction
 
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        piped = {m: compose("config", overrides=["parallel=pp", f"pp.micro_batches={m}"]) for m in (2, 8)}
-        cnn = compose("config", overrides=["model=cnn_bn", "data=images"])
+    piped = {m: compose_cfg("parallel=pp", f"pp.micro_batches={m}") for m in (2, 8)}
+    cnn = compose_cfg("model=cnn_bn", "data=images")
     times = {m: planner_prediction(OmegaConf.to_container(c)) for m, c in piped.items()}
     assert all(t is not None and t > 0 for t in times.values())
     assert times[8] != times[2]  # the layout's micro-batching reaches the cost model
