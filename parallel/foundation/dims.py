@@ -139,9 +139,17 @@ DIMENSIONS: tuple[MeshDim, ...] = (
 )
 
 
+_names_of: tuple[tuple[MeshDim, ...], tuple[str, ...]] | None = None
+"""(the table, its names): every Candidate the planner makes asks for them."""
+
+
 def names() -> tuple[str, ...]:
-    """The dimension names in written order (``dp``, ``tp``, ``pp``), borrowing ones included."""
-    return tuple(d.name for d in DIMENSIONS)
+    """The dimension names in written order (``dp``, ``tp``, ``pp``), borrowing ones included (worked out once per
+    table: a table swapped in, as tests do, is read anew)."""
+    global _names_of
+    if _names_of is None or _names_of[0] is not DIMENSIONS:
+        _names_of = (DIMENSIONS, tuple(d.name for d in DIMENSIONS))
+    return _names_of[1]
 
 
 def multiplying() -> tuple[str, ...]:
@@ -234,6 +242,8 @@ def spanned(over: Iterable[str], sizes: Mapping[str, int]) -> tuple[str, ...]:
 def full_sizes(given: Mapping[str, int]) -> dict[str, int]:
     """Every dimension's size in written order, 1 where ``given`` has none; a name not in the table is refused."""
     known = names()
+    if tuple(given) == known:  # already every dimension, in order (the planner's candidates)
+        return {n: int(v) for n, v in given.items()}
     unknown = [k for k in given if k not in known]
     if unknown:
         raise TypeError(f"unknown mesh dimension(s) {unknown}; the dimensions are {', '.join(known)}")

@@ -695,7 +695,7 @@ class _Placement:
         return cls(tuple(tuple(layers) for layers in layers_of), last, tuple(index), kind_rank, tuple(kind_of))
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Split:
     """How a candidate cuts the workload, read by every term: tokens per sample on a rank (``s``; ``s_full``
     unsplit), virtual stages per rank, activation bytes per element, samples per micro-batch, the ranks that see
