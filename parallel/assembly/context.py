@@ -16,9 +16,10 @@ from torch import nn
 
 from models.lora import add_adapters, init_lora
 from parallel.foundation.layout import ParallelLayout
-from parallel.foundation.memory import BuildPeak, tensor_bytes
+from parallel.foundation.memory import BuildPeak
 from parallel.foundation.meshes import loss_mesh, sequence_mesh
 from parallel.foundation.run import ComposeSettings, RunSpec
+from parallel.foundation.state_bytes import local_bytes
 from parallel.foundation.ties import retie, tied_parameters
 
 
@@ -119,7 +120,7 @@ class WorkerContext:
     def _record_build(self, module: nn.Module, *, placed: bool = False) -> None:
         """Largest parameter + buffer bytes materialised at once (the whole model when built on cpu; the sum
         of the parts placed so far when built on meta), and the peak memory growth so far."""
-        held = tensor_bytes([*module.parameters(), *module.buffers()])
+        held = local_bytes([*module.parameters(), *module.buffers()], materialised=True)
         if placed:
             self._placed_bytes += held
             held = self._placed_bytes

@@ -69,13 +69,3 @@ class BuildPeak:
         if peak is not None:
             self.growth = max(self.growth or 0, int(peak) - self.base)
         return self.growth
-
-
-def tensor_bytes(tensors) -> int:
-    """Bytes of storage the tensors hold on this rank (a DTensor counts its local shard; meta counts 0)."""
-    total = 0
-    for t in tensors:
-        local = t.to_local() if hasattr(t, "to_local") else t
-        if not local.is_meta:
-            total += local.numel() * local.element_size()
-    return int(total)

@@ -10,15 +10,18 @@ from collections.abc import Iterable
 from typing import Any
 
 
-def local_bytes(tensors: Iterable[Any]) -> int:
-    """Sum of the local (per-rank) storage of ``tensors``: a DTensor counts its shard only."""
+def local_bytes(tensors: Iterable[Any], *, materialised: bool = False) -> int:
+    """Sum of the local (per-rank) storage of ``tensors``: a DTensor counts its shard only. ``materialised``: only
+    storage that exists, a tensor on the meta device (a model not materialised yet) counting nothing; else every
+    tensor its size (the dry run's fake tensors what they stand for)."""
     from torch.distributed.tensor import DTensor
 
     total = 0
     for t in tensors:
         local = t.to_local() if isinstance(t, DTensor) else t
-        total += local.numel() * local.element_size()
-    return total
+        if not (materialised and local.is_meta):
+            total += local.numel() * local.element_size()
+    return int(total)
 
 
 def frozen_copy(params: Iterable[Any]) -> list[Any]:

@@ -28,7 +28,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from parallel.assembly.context import WorkerContext
 from parallel.foundation.dims import coord_names
 from parallel.foundation.layout import ParallelLayout
-from parallel.foundation.memory import tensor_bytes
+from parallel.foundation.state_bytes import local_bytes
 from trainer.launch.attempts import previous_attempt_report, restart_count, write_exit_record
 from trainer.launch.environment import rendezvous_port
 from trainer.launch.loopback import WORKER_STORE
@@ -257,7 +257,7 @@ def run(
             )
         )
         engine = strategy.build(ctx=ctx)
-        ctx.model_init.update(local_param_bytes=tensor_bytes(engine.parameters()))
+        ctx.model_init.update(local_param_bytes=local_bytes(engine.parameters(), materialised=True))
         log.info(clock.line(f"model built ({cfg.model.get('name')}): {ctx.model_init}"))
         trainer = Trainer(ctx=ctx, engine=engine)
         start_step = trainer.resume()
