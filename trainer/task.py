@@ -221,8 +221,8 @@ def checked(cfg: DictConfig) -> CheckedRun:
 
 def preflight(cfg: DictConfig, *, run_dir: Path, clock: StartClock) -> tuple[CheckedRun, dict]:
     """Everything that can refuse a run before a worker starts: parallel=auto, validation (the planner's warnings for
-    the layout logged), the resume checkpoint, the data (prepared once here) and its vocabulary. Raises ConfigError, DataError or
-    CheckpointError (exit code 2); returns the checked run and the resolved config for the workers."""
+    the layout logged), the resume checkpoint, the data (prepared once here) and its vocabulary. Raises ConfigError,
+    DataError or CheckpointError (exit code 2); returns the checked run and the resolved config for the workers."""
     from parallel.plan.api import layout_warnings
 
     checked_run = checked(cfg)
