@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -32,6 +33,33 @@ def conversations(n: int, *, seed: int = 0, max_words: int = 8) -> list[dict]:
             messages.append({"role": "assistant", "content": sentence(rng, int(rng.integers(1, max_words)))})
         out.append({"messages": messages})
     return out
+
+
+#: data=preference's sequence length in the preference tests
+PREFERENCE_SEQ = 64
+
+
+def preference_pairs(n: int, *, seed: int = 0) -> list[dict]:
+    """``n`` conversational preference pairs in TRL's form: a user prompt, a chosen and a rejected reply."""
+    rng = np.random.default_rng(seed)
+    return [
+        {
+            "prompt": [{"role": "user", "content": sentence(rng, 4)}],
+            "chosen": [{"role": "assistant", "content": sentence(rng, 3)}],
+            "rejected": [{"role": "assistant", "content": sentence(rng, 5)}],
+        }
+        for _ in range(n)
+    ]
+
+
+def preference_data(rows: list, tokenizer: Path, tmp_path: Path, **kw: Any):
+    """A ``PreferenceData`` over ``rows`` written to ``tmp_path``: 4 sequences of ``PREFERENCE_SEQ`` tokens a step,
+    nothing held out, unless ``kw`` says otherwise."""
+    from trainer.data.preference import PreferenceData
+
+    path = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    kw = {"global_batch_size": 4, "seq_len": PREFERENCE_SEQ, "val_fraction": 0.0, **kw}
+    return PreferenceData(path=str(path), tokenizer=str(tokenizer), cache_dir=str(tmp_path / "cache"), **kw)
 
 
 def write_jsonl(path: Path, rows: list) -> Path:

@@ -1,7 +1,7 @@
 """data=preference and the preference objectives in one process: TRL's three line forms read and tokenized as TRL
 splits them, bad lines refused with file:line, pairs kept adjacent with their reference column, the DPO and SimPO
-losses' formulas, and the anchor: meshtrain's DPO loss and rewards on a tiny Qwen3 equal TRL's DPOTrainer's on the
-same pairs (TRL as a test dependency, no TRL code copied)."""
+losses' formulas. The anchor, meshtrain's DPO loss and rewards equal to TRL's DPOTrainer's on the same pairs, is
+tests/system/test_preference_vs_trl.py (it builds TRL's trainer)."""
 
 from __future__ import annotations
 
@@ -13,35 +13,18 @@ import pytest
 import torch
 
 from models.objectives import PreferenceObjective
-from models.preference import PreferenceLoss, mean_stats, reference_column, sequence_logps
-from tests.chat_helpers import VOCAB, sentence, write_jsonl, write_tokenizer
-from trainer.data.preference import PreferenceData, parse_pair
+from models.preference import PreferenceLoss, mean_stats
+from tests.chat_helpers import PREFERENCE_SEQ as SEQ
+from tests.chat_helpers import preference_data as data_of
+from tests.chat_helpers import preference_pairs as pairs
+from tests.chat_helpers import write_tokenizer
+from trainer.data.preference import parse_pair
 from trainer.data.shards import DataError
-
-SEQ = 64
-
-
-def pairs(n: int, *, seed: int = 0) -> list[dict]:
-    rng = np.random.default_rng(seed)
-    return [
-        {
-            "prompt": [{"role": "user", "content": sentence(rng, 4)}],
-            "chosen": [{"role": "assistant", "content": sentence(rng, 3)}],
-            "rejected": [{"role": "assistant", "content": sentence(rng, 5)}],
-        }
-        for _ in range(n)
-    ]
 
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
     return write_tokenizer(tmp_path_factory.mktemp("tok"))
-
-
-def data_of(rows, folder, tmp_path, **kw) -> PreferenceData:
-    path = write_jsonl(tmp_path / "pairs.jsonl", rows)
-    kw = {"global_batch_size": 4, "seq_len": SEQ, "val_fraction": 0.0, **kw}
-    return PreferenceData(path=str(path), tokenizer=str(folder), cache_dir=str(tmp_path / "cache"), **kw)
 
 
 def test_trl_forms_read_to_the_same_messages():
@@ -116,51 +99,6 @@ def test_dpo_and_simpo_formulas():
     d = (-10 / 4 - -12 / 6) - 0.5 / 2.0
     assert losses[0].item() == pytest.approx(-math.log(1 / (1 + math.exp(-2.0 * d))), rel=1e-6)
     assert PreferenceLoss.count(torch.zeros(6, 9)).item() == 3
-
-
-def test_dpo_loss_and_rewards_equal_trls_dpo_trainer(tokenizer, tmp_path):
-    """The same pairs, policy and reference: TRL's DPOTrainer (fp32, its own tokenization, its reference forward)
-    and meshtrain's data=preference rows through the meshtrain twins of the two models and PreferenceLoss."""
-    pytest.importorskip("trl")
-    from datasets import Dataset
-    from transformers import AutoTokenizer
-    from trl import DPOConfig, DPOTrainer
-
-    from tests.hf_helpers import hf_model, meshtrain_twin
-
-    shape = {"vocab_size": VOCAB, "max_position_embeddings": 128, "num_key_value_heads": 2, "head_dim": 32}
-    policy, ref = hf_model("qwen3", seed=0, **shape), hf_model("qwen3", seed=1, **shape)
-    with torch.no_grad():  # a peaked reference: log-ratios of nats, not hundredths (rewards far from rounding)
-        ref.lm_head.weight.mul_(8.0)
-    rows = pairs(4, seed=3)
-    data = data_of(rows, tokenizer, tmp_path, global_batch_size=8)
-    data.prepare()
-    x, y = data.global_batch(0)
-    twin_policy, twin_ref = (meshtrain_twin("qwen3", m, max_seq_len=SEQ)[0] for m in (policy, ref))
-    loss_fn = PreferenceLoss(PreferenceObjective(name="dpo", beta=0.1))
-    with torch.no_grad():
-        y[:, -1] = reference_column(sequence_logps(twin_ref(x), y[:, :-1])[0])
-        ours = float(loss_fn(twin_policy(x), y)) / 4  # the sum over the batch's 4 pairs
-    means = mean_stats(loss_fn.take(torch.device("cpu")))
-
-    tok = AutoTokenizer.from_pretrained(tokenizer)
-    args = DPOConfig(output_dir=str(tmp_path / "trl"), report_to="none", beta=0.1, use_cpu=True, bf16=False,
-                     max_length=None, per_device_train_batch_size=4)  # fmt: skip
-    trainer = DPOTrainer(model=policy, ref_model=ref, args=args, train_dataset=Dataset.from_list(rows),
-                         processing_class=tok)  # fmt: skip
-    # meshtrain's batch holds the 4 pairs in a seeded order, TRL's in file order: the means are over the same pairs
-    collated = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
-    with torch.no_grad():
-        theirs = float(trainer.compute_loss(policy, collated))
-    metrics = {k: v[-1] for k, v in trainer._metrics["eval"].items()}
-    print(f"DPO loss: meshtrain {ours:.8f}, TRL {theirs:.8f}; rewards chosen {means['rewards_chosen']:.8f} / "
-          f"{metrics['rewards/chosen']:.8f}, rejected {means['rewards_rejected']:.8f} / "
-          f"{metrics['rewards/rejected']:.8f}")  # fmt: skip
-    assert ours == pytest.approx(theirs, rel=1e-5)
-    assert means["rewards_chosen"] == pytest.approx(metrics["rewards/chosen"], rel=1e-5)
-    assert means["rewards_rejected"] == pytest.approx(metrics["rewards/rejected"], rel=1e-5)
-    assert means["rewards_accuracy"] == pytest.approx(metrics["rewards/accuracies"])
-    assert means["logps_chosen"] == pytest.approx(metrics["logps/chosen"], rel=1e-6)
 
 
 def test_a_frozen_copy_swaps_the_initial_weights_in_and_back_out():
