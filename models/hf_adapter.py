@@ -82,8 +82,12 @@ class Source:
 
     def put(self, hf: torch.Tensor, value: torch.Tensor) -> None:
         """Write meshtrain's whole ``value`` into its place in the whole HF tensor ``hf`` (``take``'s inverse)."""
-        rows = [self.hf_row(r, value.shape[0]) for r in range(value.shape[0])]
-        (hf.T if self.transpose else hf)[rows] = value
+        n = value.shape[0]
+        target = hf.T if self.transpose else hf
+        if not self.heads:  # hf_row is part * n + row: one block of rows, written as a slice
+            target[self.part * n : (self.part + 1) * n] = value
+            return
+        target[[self.hf_row(r, n) for r in range(n)]] = value
 
     def hf_tensors(self, shape: Shape) -> dict[str, Shape]:
         """The HF tensors (name -> shape) this one is read from."""
