@@ -49,6 +49,8 @@ def import_for_workers(cfg: Any) -> None:
     OpenMP pool."""
     for name in WORKER_IMPORTS:
         importlib.import_module(name)
+    if cfg.logger.wandb.mode != "disabled":  # rank 0's W&B run: its import (0.5 s of CPU) not in its first steps
+        importlib.import_module("wandb")
     for target in (cfg.parallel.get("_target_"), cfg.model.get("_target_")):
         if isinstance(target, str) and "." in target:
             module = target.partition(":")[0] if ":" in target else target.rpartition(".")[0]

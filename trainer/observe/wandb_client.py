@@ -2,9 +2,9 @@
 it (``wandb_sink.py``), and so does the sweep report (``trainer/report/cli.py``).
 
 W&B's import and ``init`` took 1.5–2.3 s of rank 0's CPU in a training run; without the work that records nothing
-here (``_without_idle_work``) 0.4–0.8 s, most of it the import. They run in a background thread started by the first
-logged step (after the first training step); steps logged before the run is ready are queued and sent in order, so
-W&B adds nothing to the time to the first step. An online run that cannot reach its server within
+here (``_without_idle_work``) 0.4–0.8 s, nearly all of it ``import wandb``, which a worker forked on CPU finds done
+by the launcher (``trainer/launch/start_method.py``). They run in a background thread started by the first logged
+step (after the first training step); steps logged before the run is ready are queued and sent in order. An online run that cannot reach its server within
 ``logger.wandb.init_timeout`` falls back to offline with a warning instead of retrying for minutes.
 ``finish`` is always called, with a non-zero exit code when the run failed.
 
