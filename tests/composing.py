@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import hashlib
 import os
 import pickle
 from pathlib import Path
@@ -134,14 +135,18 @@ def is_composition(override: str) -> bool:
 
 class Composer:
     """``composer(overrides)``: the composed config (a fresh copy each call). Needs an initialized Hydra
-    (``initialize_config_dir``) on a cache miss only."""
+    (``initialize_config_dir``) on a cache miss only.
 
-    def __init__(self, conf_dir: Path | None = None) -> None:
+    With ``shared`` (a folder every process of one test session sees: the xdist workers'), each composition is
+    written there once, pickled, and another process reads it instead of composing it again; one it cannot read (a
+    class only the writer defines, a file being written) it composes itself."""
+
+    def __init__(self, conf_dir: Path | None = None, *, shared: Path | None = None) -> None:
         self.bases: dict[tuple[str, ...], bytes] = {}  # each composition, pickled
         self.conf_dir = conf_dir  # the primary config's folder: its own group choices are not composed twice
+        self.shared = shared
 
     def __call__(self, overrides: list[str] | tuple[str, ...], *, initialize=None):
-        from hydra import compose
         from hydra._internal.config_loader_impl import ConfigLoaderImpl
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -149,11 +154,35 @@ class Composer:
         if self.conf_dir is not None:
             groups = canonical(groups, self.conf_dir)
         if groups not in self.bases:
-            with lean_hydra(), initialize() if initialize is not None else contextlib.nullcontext():
-                base = compose("config", overrides=list(groups))
-            self.bases[groups] = pickle.dumps(base)
+            self.bases[groups] = self._from_shared(groups) or self._composed(groups, initialize)
         cfg = pickle.loads(self.bases[groups])  # a fresh copy: 7x cheaper than copy.deepcopy of a DictConfig
         rest = [o for o in overrides if not is_composition(o)]
         if rest:
             ConfigLoaderImpl._apply_overrides_to_config(OverridesParser.create().parse_overrides(rest), cfg)
         return cfg
+
+    def _shared_file(self, groups: tuple[str, ...]) -> Path | None:
+        if self.shared is None:
+            return None
+        key = hashlib.sha256(repr((str(self.conf_dir), groups)).encode()).hexdigest()[:40]
+        return self.shared / f"{key}.pkl"
+
+    def _from_shared(self, groups: tuple[str, ...]) -> bytes | None:
+        path = self._shared_file(groups)
+        try:
+            data = path.read_bytes() if path is not None else None
+            return data if data is not None and pickle.loads(data) is not None else None
+        except Exception:  # noqa: BLE001 - absent, or unreadable here: composed in this process
+            return None
+
+    def _composed(self, groups: tuple[str, ...], initialize) -> bytes:
+        from hydra import compose
+
+        with lean_hydra(), initialize() if initialize is not None else contextlib.nullcontext():
+            data = pickle.dumps(compose("config", overrides=list(groups)))
+        path = self._shared_file(groups)
+        if path is not None:
+            part = path.with_suffix(f".{os.getpid()}.part")
+            part.write_bytes(data)
+            os.replace(part, path)  # whole or absent for a reader
+        return data

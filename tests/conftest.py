@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.composing import Composer
@@ -9,14 +11,19 @@ from tests.helpers import CONF, make_train, run_train
 
 
 @pytest.fixture(scope="session")
-def _composer():
-    """One per session; the resolvers and schemas are registered once (24 ms a time, measured)."""
+def _composer(tmp_path_factory):
+    """One per session; the resolvers and schemas are registered once (24 ms a time, measured). Under xdist the
+    workers share their compositions through the session's temporary folder (tests/composing.py)."""
     from conf.resolvers import register_resolvers
     from conf.schema import register_configs
 
     register_resolvers()
     register_configs()
-    return Composer(CONF)
+    shared = None
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # basetemp is <the session's folder>/popen-gwN
+        shared = tmp_path_factory.getbasetemp().parent / "compositions"
+        shared.mkdir(exist_ok=True)
+    return Composer(CONF, shared=shared)
 
 
 @pytest.fixture
