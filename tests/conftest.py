@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tests.composing import Composer
+from tests.composing import Composer, lean_hydra
 from tests.helpers import CONF, make_train, run_train
 
 
@@ -40,7 +40,7 @@ def compose_cfg(_composer):
     def _compose(*overrides: str, return_hydra_config: bool = False):
         if not return_hydra_config:
             return _composer(overrides, initialize=initialize)
-        with initialize():
+        with lean_hydra(), initialize():  # Hydra's compose less the work it repeats (tests/composing.py)
             return compose("config", overrides=list(overrides), return_hydra_config=True)
 
     yield _compose
