@@ -186,3 +186,10 @@ class Composer:
             part.write_bytes(data)
             os.replace(part, path)  # whole or absent for a reader
         return data
+
+
+@functools.cache
+def session_composer(conf_dir: Path) -> Composer:
+    """The one Composer of this process for ``conf_dir``: the ``compose_cfg`` fixture (tests/conftest.py, which gives
+    it the xdist workers' shared folder) and tests/planning.py compose each set of group choices once between them."""
+    return Composer(conf_dir)

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tests.composing import Composer, lean_hydra
+from tests.composing import lean_hydra, session_composer
 from tests.helpers import CONF, make_train, run_train
 
 
@@ -19,11 +19,11 @@ def _composer(tmp_path_factory):
 
     register_resolvers()
     register_configs()
-    shared = None
+    composer = session_composer(CONF)  # tests/planning.py composes through it too
     if os.environ.get("PYTEST_XDIST_WORKER"):  # basetemp is <the session's folder>/popen-gwN
-        shared = tmp_path_factory.getbasetemp().parent / "compositions"
-        shared.mkdir(exist_ok=True)
-    return Composer(CONF, shared=shared)
+        composer.shared = tmp_path_factory.getbasetemp().parent / "compositions"
+        composer.shared.mkdir(exist_ok=True)
+    return composer
 
 
 @pytest.fixture

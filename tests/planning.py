@@ -7,7 +7,7 @@ import functools
 
 from models.registry import typed_model
 from parallel.plan.cli import plain, specs_from_cfg, workload_overrides
-from tests.composing import Composer
+from tests.composing import Composer, session_composer
 from tests.helpers import CONF
 
 #: the Muon planner tests' run: optim=muon on 8 ranks, 16 sequences of 64 tokens
@@ -21,7 +21,7 @@ def _composer() -> Composer:
 
     register_resolvers()
     register_configs()
-    return Composer(CONF)
+    return session_composer(CONF)  # the compose_cfg fixture's: their compositions are shared
 
 
 def _initialize():
