@@ -142,3 +142,42 @@ def test_wrong_type_fails_at_compose(compose_cfg):
 def test_default_config_validates(compose_cfg):
     run = validate(compose_cfg(), environ={})
     assert run.layout.world_size == 2 and run.layout.nproc_per_node == 2
+
+
+def _nodes(node, path: str = "") -> list[tuple]:
+    """Every node of a config: its path, value or node type, typed class, reference type and flags."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    meta = node._metadata
+    out = [(path, type(node).__name__, OmegaConf.get_type(node), meta.ref_type, meta.flags)]
+    if isinstance(node, DictConfig) and not node._is_none() and not node._is_missing():
+        for key in node.keys():
+            out += _nodes(node._get_node(key), f"{path}.{key}")
+    elif isinstance(node, ListConfig) and not node._is_none() and not node._is_missing():
+        for i in range(len(node)):
+            out += _nodes(node._get_node(i), f"{path}[{i}]")
+    else:
+        out.append((path, node._value()))
+    return out
+
+
+def test_the_tests_composer_composes_what_hydra_composes(compose_cfg, tmp_path):
+    """tests/composing.py's lean_hydra (Hydra's compose less the parsing, copying and interpolation maps it repeats)
+    gives the config plain Hydra gives, node by node, the hydra node included; a defaults list with an interpolation
+    (``b: ${a}``) too."""
+    from hydra import compose, initialize_config_dir
+
+    from tests.composing import lean_hydra
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "config.yaml").write_text("defaults:\n  - a: x\n  - b: ${a}\n  - _self_\ntop: 1\n")
+    for group, option in (("a", "x"), ("a", "y"), ("b", "x"), ("b", "y")):
+        (tmp_path / group / f"{option}.yaml").write_text(f"{group}{option}: 1\n")
+    for conf, overrides, times in ((CONF, ["model=qwen3_moe_debug", "hparams_search=val_loss"], 1), (tmp_path, [], 2)):
+        with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+            plain = compose("config", overrides=overrides, return_hydra_config=True)
+            with lean_hydra():  # the second time from the files lean_hydra parsed the first time
+                lean = [compose("config", overrides=overrides, return_hydra_config=True) for _ in range(times)]
+        assert all(_nodes(cfg) == _nodes(plain) for cfg in lean)
+    assert lean[0].b == {"bx": 1}
