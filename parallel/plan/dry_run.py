@@ -250,22 +250,43 @@ def _measure_rank(
         _clear_dtensor_caches()
 
 
+def _zeros_like(p):
+    """``torch.zeros_like(p)``; a DTensor's made from a zeroed local shard with its placements (no DTensor dispatch:
+    the same tensor at a tenth of the cost on cold sharding caches)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(p, DTensor):
+        return torch.zeros_like(p)
+    local = torch.zeros_like(p.to_local())
+    return DTensor.from_local(local, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
+
+
 def _optimizer_with_state(parts, workload: Workload):
     """The run's optimizer over the rank's trainable parameters (LoRA: frozen weights get no gradient, no state)
     with its state created on meta tensors: AdamW's moments by a real step; ``optim=muon``'s momentum buffers for
-    the blocks' matrices as its step creates them, and AdamW's moments for the rest."""
+    the blocks' matrices as its step creates them, and AdamW's moments for the rest.
+
+    AdamW's step runs on each parameter's local shard (a DTensor's ``to_local``, as a parameter of its own): its
+    moments are elementwise, each the shape of its parameter, so a shard's are the shard's moments the trainer's step
+    creates on the DTensor, without a dozen DTensor dispatches per tensor on cold sharding caches (measured: the
+    same bytes; the four Hugging Face dry runs of tests/unit/test_hf_backend.py 1.1 -> 0.4 s CPU here)."""
     import torch
+    from torch.distributed.tensor import DTensor
 
     named = [(n, p) for part in parts for n, p in part.module.named_parameters() if p.requires_grad]
     for _, p in named:
-        p.grad = torch.zeros_like(p)
+        p.grad = _zeros_like(p)
     if workload.optimizer == "muon":
         from parallel.optim.muon import Muon
 
         opt = Muon(named, muon_gather=workload.muon_gather, implementation="for-loop")
         opt.allocate_state()
         return opt
-    opt = torch.optim.AdamW([p for _, p in named], lr=1e-4, foreach=False)
+    shards = [torch.nn.Parameter(p.to_local() if isinstance(p, DTensor) else p.detach()) for _, p in named]
+    for shard in shards:
+        shard.grad = torch.zeros_like(shard)
+    opt = torch.optim.AdamW(shards, lr=1e-4, foreach=False)
     opt.step()  # creates the moments, on meta tensors
     return opt
 
