@@ -150,7 +150,8 @@ class Composer:
         from hydra._internal.config_loader_impl import ConfigLoaderImpl
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
-        groups = tuple(sorted(o for o in overrides if is_composition(o)))  # Hydra takes group choices in any order
+        # Hydra takes choices of different groups in any order, and of one group the last: sorted by group, stably
+        groups = tuple(sorted((o for o in overrides if is_composition(o)), key=lambda o: o.split("=", 1)[0]))
         if self.conf_dir is not None:
             groups = canonical(groups, self.conf_dir)
         if groups not in self.bases:

@@ -181,3 +181,10 @@ def test_the_tests_composer_composes_what_hydra_composes(compose_cfg, tmp_path):
                 lean = [compose("config", overrides=overrides, return_hydra_config=True) for _ in range(times)]
         assert all(_nodes(cfg) == _nodes(plain) for cfg in lean)
     assert lean[0].b == {"bx": 1}
+
+
+def test_of_two_choices_of_one_group_the_last_wins_as_in_hydra(compose_cfg):
+    """compose_cfg(overrides..., suggested words...) composes what the command line would: Hydra takes the last
+    choice of a group (a refusal's suggested parallel=NAME after the run's own), so the composer keeps their order."""
+    assert compose_cfg("parallel=pp", "parallel=single").parallel.name == "single"
+    assert compose_cfg("parallel=single", "parallel=pp").parallel.name == "pp"
