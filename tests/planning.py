@@ -45,3 +45,13 @@ def planned(*overrides: str):
     composes them."""
     cfg = plan_cfg(*overrides)
     return typed_model(plain(cfg.model)), specs_from_cfg(cfg, calibrate=False)
+
+
+def plan_cli_composes_once(monkeypatch) -> None:
+    """``python -m parallel.plan``'s own composition (``parallel.plan.cli.compose``: Hydra's compose of the command
+    line's overrides, ``workload_overrides`` applied) answered by ``plan_cfg``, the same config with each set of group
+    choices composed once per session: ``main`` in-process plans what the command plans. The command's own compose
+    runs in tests/unit/test_command_line_paths_and_keys.py and as a process in tests/integration."""
+    from parallel.plan import cli
+
+    monkeypatch.setattr(cli, "compose", lambda overrides: plan_cfg(*overrides))

@@ -16,6 +16,7 @@ from parallel.plan.search import (
     strategy_of,
 )
 from parallel.plan.specs import PlanError
+from tests.planning import plan_cli_composes_once
 from trainer.launch.auto import apply_candidate
 from trainer.typed.planner_request import planner_request
 from trainer.typed.run_spec import run_spec
@@ -40,10 +41,12 @@ def planned(searched: dict, **inputs):
 
 @pytest.fixture
 def remembering(searched, monkeypatch):
-    """``python -m parallel.plan``'s ``main`` searching through ``planned``."""
+    """``python -m parallel.plan``'s ``main`` searching through ``planned``, composing through the session's
+    compositions (``plan_cli_composes_once``)."""
     from parallel.plan import cli
 
     monkeypatch.setattr(cli, "plan", lambda **inputs: planned(searched, **inputs))
+    plan_cli_composes_once(monkeypatch)
 
 
 @pytest.mark.parametrize(
@@ -135,9 +138,10 @@ def test_plan_json_contract(capsys, remembering):
     assert [c["step_time_s"] for c in cands] == sorted(c["step_time_s"] for c in cands)
 
 
-def test_plan_cli_refuses_clearly(capsys):
+def test_plan_cli_refuses_clearly(capsys, monkeypatch):
     """``python -m parallel.plan`` exits with ``main``'s code: 2 and the reason on stderr (the command as a process,
     torch-free: tests/integration/test_command_line_processes.py)."""
+    plan_cli_composes_once(monkeypatch)
     assert main(["model=cnn_bn", "data=images"]) == 2
     assert "has no parameter/FLOP formulas" in capsys.readouterr().err
     assert main(["model=gpt_175b", "topology=gpu_node"]) == 2
