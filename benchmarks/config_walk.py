@@ -40,6 +40,12 @@ class Module:
     classes: set[str] = field(default_factory=set)
 
 
+def parse(path: Path) -> ast.Module:
+    """The syntax tree of one file, read-only here (tests/unit/test_config_walk.py gives the test process's trees,
+    parsed once with the structure checks')."""
+    return ast.parse(path.read_text())
+
+
 def load(root: Path) -> dict[str, Module]:
     modules = {}
     for package in PACKAGES:
@@ -47,7 +53,7 @@ def load(root: Path) -> dict[str, Module]:
             parts = list(path.relative_to(root).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()
-            mod = Module(".".join(parts), ast.parse(path.read_text()))
+            mod = Module(".".join(parts), parse(path))
             for node in mod.tree.body:
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     mod.functions[node.name] = node

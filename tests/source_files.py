@@ -1,5 +1,6 @@
 """The product's Python files parsed once per test process: the structure checks (tests/unit/test_architecture.py,
-tests/unit/test_facts_once.py) walk the same few hundred files in many tests. The trees are read-only."""
+tests/unit/test_facts_once.py) and the config walk (tests/unit/test_config_walk.py) walk the same few hundred files
+in many tests. The trees are read-only."""
 
 from __future__ import annotations
 

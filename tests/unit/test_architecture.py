@@ -515,6 +515,20 @@ def _marked_slow(node: ast.AST) -> bool:
     return any("slow" in ast.unparse(d) for d in getattr(node, "decorator_list", []))
 
 
+def _defined_functions(body: list[ast.AST]) -> list[ast.FunctionDef]:
+    """Every ``def`` in these statements, nested ones included: what ``ast.walk`` finds, walking statements only (a
+    ``def`` is a statement, and no expression holds one)."""
+    found = []
+    for node in body:
+        if isinstance(node, ast.FunctionDef):
+            found.append(node)
+        for _, value in ast.iter_fields(node):
+            if isinstance(value, list):
+                blocks = [v for v in value if isinstance(v, (ast.stmt, ast.excepthandler, ast.match_case))]
+                found += _defined_functions(blocks)
+    return found
+
+
 #: what starts a Python interpreter (``python train.py``, ``python -m ...``, ``python -c``, ``make train``)
 STARTS_PYTHON = re.compile(r"\bsys\.executable\b|\b(?:run_train|make_train|refused_before_torch)\(")
 
@@ -532,20 +546,21 @@ def test_tests_are_grouped_by_kind():
     bad = []
     for kind in ("unit", "system", "integration"):
         for path in sorted((ROOT / "tests" / kind).glob("test_*.py")):
-            tree = ast.parse(path.read_text())
+            source = path.read_text()
+            tree = ast.parse(source)
             module_slow = any(
                 isinstance(n, ast.Assign)
                 and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in n.targets)
                 and "slow" in ast.unparse(n.value)
                 for n in tree.body
             )
-            tests = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
+            tests = [n for n in _defined_functions(tree.body) if n.name.startswith("test_")]
             slow = [n.name for n in tests if module_slow or _marked_slow(n)]
             if kind != "integration" and slow:
                 bad.append(
                     f"tests/{kind}/{path.name}: marked slow (starts workers? move it to tests/integration): {slow}"
                 )
-            starts = sorted(set(STARTS_PYTHON.findall(path.read_text())))
+            starts = sorted(set(STARTS_PYTHON.findall(source)))
             if kind != "integration" and starts:
                 bad.append(
                     f"tests/{kind}/{path.name}: starts a Python process ({starts}): move it to tests/integration"

@@ -8,6 +8,7 @@ import importlib.util
 import sys
 
 from tests.helpers import ROOT
+from tests.source_files import parsed
 
 
 def walker():
@@ -15,6 +16,7 @@ def walker():
     module = importlib.util.module_from_spec(spec)
     sys.modules["config_walk"] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
+    module.parse = parsed  # the product's files parsed once per process, with test_architecture's and test_facts_once's
     return module
 
 
