@@ -3,8 +3,12 @@ W&B workspace spec (wandb-workspaces) and the report's interactive W&B charts.""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
+
+import pytest
 
 from trainer.observe.wandb_run import RunIdentity, wandb_key, wandb_metrics
 
@@ -93,11 +97,34 @@ def _fake_sweep(root):
     return jobs
 
 
-def test_sweep_workspace_spec(tmp_path):
+@pytest.fixture(scope="module")
+def reported_sweep(tmp_path_factory):
+    """The fake sweep reported twice with an offline W&B report run and the workspace: ``write_report``, then
+    ``python -m trainer.report DIR --wandb offline --wandb-workspace`` (its main, in this process). Per report:
+    the run folder it names, the sweep folder's own W&B runs after it and the run id kept in wandb_run.json."""
+    from trainer.observe.wandb_read import segment_dirs
     from trainer.report.cli import main as report_main
+    from trainer.report.cli import write_report
 
-    _fake_sweep(tmp_path)
-    assert report_main([str(tmp_path), "--wandb", "disabled", "--wandb-workspace"]) == 0
+    root = tmp_path_factory.mktemp("sweep")
+    _fake_sweep(root)
+    reports = []
+    for rerun in (False, True):
+        if rerun:
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                assert report_main([str(root), "--wandb", "offline", "--wandb-workspace"]) == 0
+            named = [line.split(": ", 1)[1] for line in printed.getvalue().splitlines() if line.startswith("W&B sum")]
+            wandb_dir = named[0]
+        else:
+            wandb_dir = write_report(root, wandb_mode="offline")["wandb_dir"]
+        run_id = json.loads((root / "wandb_run.json").read_text())["id"]
+        reports.append({"wandb_dir": Path(wandb_dir), "own": segment_dirs(root), "id": run_id})
+    return root, reports
+
+
+def test_sweep_workspace_spec(reported_sweep):
+    tmp_path, reports = reported_sweep
     spec = json.loads((tmp_path / "wandb_workspace.json").read_text())
     assert spec["project"] == "meshtrain" and spec["displayName"].startswith("sweep-test")
     sections = spec["spec"]["section"]["panelBankConfig"]["sections"]
@@ -129,10 +156,14 @@ def test_sweep_workspace_spec(tmp_path):
     # wandb leet <sweep>/wandb browses every job's run: relative links, not the sweep folder's own runs
     from trainer.observe.wandb_read import segment_dirs
 
-    links = sorted((tmp_path / "wandb").iterdir())
-    assert [p.name for p in links] == [f"offline-run-20260101_00000{n}-job{n}" for n in range(4)]
+    # (the run folders there: the jobs' links and the report's own run; W&B's debug logs are not runs)
+    own = reports[-1]["own"]
+    runs = sorted(p for p in (tmp_path / "wandb").iterdir() if "run-" in p.name and p.name != "latest-run")
+    assert [p.name for p in runs] == [f"offline-run-20260101_00000{n}-job{n}" for n in range(4)] + [own[0].name]
+    links = runs[:4]
     assert all(p.is_symlink() and (p / f"run-job{n}.wandb").exists() for n, p in enumerate(links))
-    assert str(links[0].readlink()) == "../0/wandb/offline-run-20260101_000000-job0" and segment_dirs(tmp_path) == []
+    assert not runs[4].is_symlink() and segment_dirs(tmp_path) == own == [runs[4]]
+    assert str(links[0].readlink()) == "../0/wandb/offline-run-20260101_000000-job0"
     runset = spec["spec"]["section"]["runSets"][0]
     assert runset["filters"]["filters"][0]["key"]["name"] == "group"
     assert runset["filters"]["filters"][0]["value"] == "sweep-test"
@@ -227,20 +258,13 @@ def test_staged_launch_inputs_are_still_applied(monkeypatch):
     assert applied == ["staged"]
 
 
-def test_a_rerun_of_the_report_replaces_its_wandb_run(tmp_path):
+def test_a_rerun_of_the_report_replaces_its_wandb_run(reported_sweep):
     """Each ``trainer.report`` of one sweep: the same W&B run id (kept in the sweep's wandb_run.json; online the
     run is resumed) and one report run folder under <sweep>/wandb, not one more per rerun."""
-    from trainer.observe.wandb_read import segment_dirs
-    from trainer.report.cli import write_report
-
-    _fake_sweep(tmp_path)
-    ids = []
-    for _ in range(2):
-        out = write_report(tmp_path, wandb_mode="offline")
-        own = segment_dirs(tmp_path)
-        assert [p.resolve() for p in own] == [Path(out["wandb_dir"]).resolve()]
-        ids.append(json.loads((tmp_path / "wandb_run.json").read_text())["id"])
-        assert own[0].name.endswith(f"-{ids[-1]}")
-    assert ids[0] == ids[1]
+    tmp_path, reports = reported_sweep
+    for report in reports:
+        assert [p.resolve() for p in report["own"]] == [report["wandb_dir"].resolve()]
+        assert report["own"][0].name.endswith(f"-{report['id']}")
+    assert reports[0]["id"] == reports[1]["id"]
     jobs_linked = sorted(p.name for p in (tmp_path / "wandb").glob("*run-*-job*") if p.is_symlink())
     assert jobs_linked == [f"offline-run-20260101_00000{n}-job{n}" for n in range(4)]
