@@ -16,3 +16,18 @@ def gloo_one_rank(tmp_path):
         yield
     finally:
         dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def wandb_service_polled_often():
+    """A W&B run (offline) started in the test's process starts W&B's service, a process, and waits for its port
+    file, polled every 0.2 s (wandb/sdk/lib/service/service_port_file.py): the service had written it after a few
+    ms, so each run sat ~0.2 s idle in the test worker. Polled every 5 ms instead; the service, its start and
+    the run are W&B's own. Fails if W&B renames what it polls with, rather than quietly waiting again."""
+    import time
+
+    from wandb.sdk.lib.service import service_port_file
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(service_port_file, "_SLEEP", lambda seconds: time.sleep(min(seconds, 0.005)))
+        yield

@@ -52,7 +52,7 @@ def test_no_tracker_leaves_the_console_and_the_files(compose_cfg, tmp_path):
     assert (tmp_path / "resolved_config.yaml").is_file() and not (tmp_path / "wandb").exists()
 
 
-def test_every_sink_gets_the_steps_and_the_end(compose_cfg, tmp_path):
+def test_every_sink_gets_the_steps_and_the_end(compose_cfg, tmp_path, wandb_service_polled_often):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     sinks = _sinks(compose_cfg, tmp_path, "logger=[wandb,tensorboard]")

@@ -98,7 +98,7 @@ def _fake_sweep(root):
 
 
 @pytest.fixture(scope="module")
-def reported_sweep(tmp_path_factory):
+def reported_sweep(tmp_path_factory, wandb_service_polled_often):
     """The fake sweep reported twice with an offline W&B report run and the workspace: ``write_report``, then
     ``python -m trainer.report DIR --wandb offline --wandb-workspace`` (its main, in this process). Per report:
     the run folder it names, the sweep folder's own W&B runs after it and the run id kept in wandb_run.json."""
@@ -214,7 +214,7 @@ def test_init_is_retried_while_the_run_id_is_in_use(monkeypatch):
         WandbClient._init_while_id_in_use(lambda: (_ for _ in ()).throw(RuntimeError("id in use")), patience_s=0)
 
 
-def test_a_client_starts_its_own_service_and_leaves_none_behind(tmp_path, monkeypatch):
+def test_a_client_starts_its_own_service_and_leaves_none_behind(tmp_path, monkeypatch, wandb_service_polled_often):
     """An inherited WANDB_SERVICE (the caller's Python wrote a report first) is not the run's service: one that
     outlives a killed rank 0 kept the run id in use for the elastic restart. After finish, no WANDB_SERVICE is left
     for processes started later from this one."""
