@@ -122,9 +122,11 @@ def test_the_planner_plans_the_folders_model_as_training_builds_it(compose_cfg, 
 
     from models.registry import model_shape
     from parallel.plan.cli import main
+    from tests.planning import plan_cli_composes_once
     from trainer.hf.start import adopt
     from trainer.typed.run_spec import model_config
 
+    plan_cli_composes_once(monkeypatch)  # the command's own Hydra compose runs in the test below
     folder = tmp_path / "models" / "Qwen3-0.6B"
     folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps(QWEN3_0_6B))
@@ -225,6 +227,7 @@ def test_every_printed_train_command_parses_as_bash_passes_it(monkeypatch):
 
 
 def test_the_planner_refuses_a_key_nothing_reads_as_training_does(capsys):
+    """Through the command's own composition (``parallel.plan.cli.compose``: Hydra's compose, as the command runs)."""
     from parallel.plan.cli import main
 
     assert main(["+paralel=fsdp"]) == 2
