@@ -13,6 +13,7 @@ prepare commands' own ``main`` (exit code 2, one line on stderr)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import struct
 from collections.abc import Callable
@@ -37,10 +38,16 @@ Damage = Callable[[Path], None]
 # ---- ways to damage a file ------------------------------------------------------------------
 
 
+def write_anew(path: Path, data: bytes) -> None:
+    """``path`` written anew: a damaged copy links the undamaged folder's files (``damaged_copy``), so the link is
+    broken first and the undamaged file is never written through."""
+    path.unlink(missing_ok=True)
+    path.write_bytes(data)
+
+
 def text(name: str, content: str | bytes) -> Damage:
     def damage(folder: Path) -> None:
-        path = folder / name
-        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        write_anew(folder / name, content if isinstance(content, bytes) else content.encode())
 
     return damage
 
@@ -50,7 +57,7 @@ def cut(name: str, keep: float = 0.5) -> Damage:
 
     def damage(folder: Path) -> None:
         data = (folder / name).read_bytes()
-        (folder / name).write_bytes(data[: int(len(data) * keep)])
+        write_anew(folder / name, data[: int(len(data) * keep)])
 
     return damage
 
@@ -61,7 +68,7 @@ def edit(name: str, change: Callable[[dict], object]) -> Damage:
     def damage(folder: Path) -> None:
         value = json.loads((folder / name).read_text())
         change(value)
-        (folder / name).write_text(json.dumps(value))
+        write_anew(folder / name, json.dumps(value).encode())
 
     return damage
 
@@ -93,7 +100,7 @@ def header(change: Callable[[dict], object], *, replace: bool = False) -> Damage
         changed = change(value)
         raw = json.dumps(changed if replace else value).encode()
         raw += b" " * (-len(raw) % 8)
-        path.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + length :])
+        write_anew(path, struct.pack("<Q", len(raw)) + raw + data[8 + length :])
 
     return damage
 
@@ -117,7 +124,7 @@ def sharded(then: Damage | None = None) -> Damage:
         for name, half in zip(names, halves):
             save_file({k: tensors[k] for k in half}, str(folder / name), metadata={"format": "pt"})
         weight_map = {k: name for name, half in zip(names, halves) for k in half}
-        (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+        write_anew(folder / INDEX, json.dumps({"metadata": {}, "weight_map": weight_map}).encode())
         if then is not None:
             then(folder)
 
@@ -197,13 +204,24 @@ def start(tmp_path_factory):
     root = tmp_path_factory.mktemp("start")
     hf = hf_model("qwen3", vocab_size=VOCAB, max_position_embeddings=SEQ, num_key_value_heads=2, head_dim=32)
     folder = write_tokenizer(save_folder(hf, root / "qwen3"))
-    return folder, write_jsonl(root / "chats.jsonl", conversations(8))
+    chats = write_jsonl(root / "chats.jsonl", conversations(8))
+    before = untouched(root)
+    yield folder, chats
+    assert untouched(root) == before
 
 
 def damaged_copy(src: Path, to: Path, damage: Damage) -> Path:
-    shutil.copytree(src, to)
+    """``src`` copied to ``to`` as hard links (no bytes copied: the run folder is 3.5 MB), then damaged; each damage
+    writes the files it changes anew (``write_anew``), and each undamaged folder's fixture checks at its end that
+    ``untouched`` still holds."""
+    shutil.copytree(src, to, copy_function=os.link)
     damage(to)
     return to
+
+
+def untouched(folder: Path) -> dict[Path, tuple[int, int]]:
+    """Each file's size and modification time under ``folder``: a damage written through a link would change them."""
+    return {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def start_from(compose_cfg, folder: Path, chats: Path, cache: Path) -> None:
@@ -297,7 +315,9 @@ def dataset(tmp_path_factory):
         (root / "docs").mkdir(exist_ok=True)
         (root / "docs" / f"{i}.txt").write_text(f"document {i} says hello to the world. " * 20)
     prepare(inputs=[str(root / "docs")], output=str(root / "ds"), vocab_size=300, progress=False, log=lambda *a: None)
-    return root / "ds"
+    before = untouched(root / "ds")
+    yield root / "ds"
+    assert untouched(root / "ds") == before
 
 
 @pytest.mark.parametrize("case", sorted(DATASET))
@@ -340,7 +360,7 @@ RUN_CONFIG: dict[str, tuple[Damage, str]] = {
 
 def _overwrite(path: Path) -> None:
     """Garbage of the same size: the marker's sizes hold, the contents do not."""
-    path.write_bytes(b"x" * path.stat().st_size)
+    write_anew(path, b"x" * path.stat().st_size)
 
 
 @pytest.fixture(scope="module")
@@ -356,7 +376,9 @@ def run_folder(compose_cfg_module, tmp_path_factory):
     marker["files"] = {p.name: p.stat().st_size for p in step.iterdir() if p.name != MARKER}
     marker["scheduler"] = {}
     (step / MARKER).write_text(json.dumps(marker))
-    return run
+    before = untouched(run)
+    yield run
+    assert untouched(run) == before
 
 
 @pytest.fixture(scope="module")
@@ -435,7 +457,9 @@ def tokenizer_folder(start, tmp_path_factory):
     docs = folder.parent / "docs"
     docs.mkdir()
     (docs / "a.txt").write_text("one two three. " * 50)
-    return folder, docs
+    before = untouched(folder)
+    yield folder, docs
+    assert untouched(folder) == before
 
 
 @pytest.mark.parametrize("case", sorted(TOKENIZER_FOLDER))
