@@ -170,6 +170,18 @@ def test_sweep_workspace_spec(reported_sweep):
     assert runset["grouping"] == [{"section": "config", "name": "pp.value.split_points"}]
 
 
+def test_a_rerun_of_the_report_replaces_its_wandb_run(reported_sweep):
+    """Each ``trainer.report`` of one sweep: the same W&B run id (kept in the sweep's wandb_run.json; online the
+    run is resumed) and one report run folder under <sweep>/wandb, not one more per rerun."""
+    tmp_path, reports = reported_sweep
+    for report in reports:
+        assert [p.resolve() for p in report["own"]] == [report["wandb_dir"].resolve()]
+        assert report["own"][0].name.endswith(f"-{report['id']}")
+    assert reports[0]["id"] == reports[1]["id"]
+    jobs_linked = sorted(p.name for p in (tmp_path / "wandb").glob("*run-*-job*") if p.is_symlink())
+    assert jobs_linked == [f"offline-run-20260101_00000{n}-job{n}" for n in range(4)]
+
+
 def test_report_charts_are_wandb_charts(tmp_path):
     from trainer.report.cli import interactive_charts
     from trainer.report.rows import build_rows
@@ -256,15 +268,3 @@ def test_staged_launch_inputs_are_still_applied(monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb.sdk.launch.inputs.internal", object())
     Run._detect_and_apply_job_inputs("staged")
     assert applied == ["staged"]
-
-
-def test_a_rerun_of_the_report_replaces_its_wandb_run(reported_sweep):
-    """Each ``trainer.report`` of one sweep: the same W&B run id (kept in the sweep's wandb_run.json; online the
-    run is resumed) and one report run folder under <sweep>/wandb, not one more per rerun."""
-    tmp_path, reports = reported_sweep
-    for report in reports:
-        assert [p.resolve() for p in report["own"]] == [report["wandb_dir"].resolve()]
-        assert report["own"][0].name.endswith(f"-{report['id']}")
-    assert reports[0]["id"] == reports[1]["id"]
-    jobs_linked = sorted(p.name for p in (tmp_path / "wandb").glob("*run-*-job*") if p.is_symlink())
-    assert jobs_linked == [f"offline-run-20260101_00000{n}-job{n}" for n in range(4)]
