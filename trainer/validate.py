@@ -313,6 +313,8 @@ def check_model_data(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> No
             f"are {given}; use {option}, or a model family that reads {given}"
         )
         return
+    if spec.data_check is None:  # nothing to ask of the data: no need to convert the data section
+        return
     for problem in spec.data_problems(f.model(cfg), ConfigView(plain_values(cfg.data))):
         f.error(problem)
 
