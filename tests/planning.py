@@ -39,12 +39,16 @@ def plan_cfg(*overrides: str):
     return _composer()(workload_overrides(list(overrides)), initialize=_initialize)
 
 
+def planner_inputs(cfg):
+    """(typed model config, (model, hardware, workload)) of a composed config, as the planner's command line types
+    it: what ``dry_run`` and ``estimate`` take."""
+    return typed_model(plain(cfg.model)), specs_from_cfg(cfg, calibrate=False)
+
+
 @functools.cache
 def planned(*overrides: str):
-    """(typed model config, (model, hardware, workload)) of ``overrides`` composed as the planner's command line
-    composes them."""
-    cfg = plan_cfg(*overrides)
-    return typed_model(plain(cfg.model)), specs_from_cfg(cfg, calibrate=False)
+    """``planner_inputs`` of ``overrides`` composed as the planner's command line composes them."""
+    return planner_inputs(plan_cfg(*overrides))
 
 
 def plan_cli_composes_once(monkeypatch) -> None:

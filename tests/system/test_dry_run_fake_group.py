@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from models.registry import typed_model
-from parallel.plan.cli import compose, plain, specs_from_cfg, workload_overrides
+from parallel.plan.cli import compose, workload_overrides
 from parallel.plan.cost_model import Candidate, rank_params
 from parallel.plan.dry_run import dry_run, sample_ranks
 from parallel.plan.specs import ModelShape
+from tests.planning import planner_inputs
 
 
 def test_sampled_ranks_are_each_stages_first_and_last_and_one_in_the_middle():
@@ -26,17 +26,15 @@ def small_cluster():
     """dp2 x tp2 x pp2 (8 ranks) of gpt_small with sequence parallel, FSDP2 and 1F1B: every piece at once, and a
     frozen reference model on every rank (DPO's ``trainer.preference.reference=copy``)."""
     cfg = compose(["model=gpt_small", "data.seq_len=64", "data.global_batch_size=16", "topology.nproc_per_node=8"])
-    model, hardware, workload = specs_from_cfg(cfg, calibrate=False)
+    model_config, (model, hardware, workload) = planner_inputs(cfg)
     workload = replace(workload, reference_copy=True)
     c = Candidate(dp=2, tp=2, pp=2, micro_batches=4, schedule="1f1b", zero_stage=3, sequence_parallel=True)
     return (
-        cfg,
+        model_config,
         model,
         hardware,
         workload,
-        dry_run(
-            model_config=typed_model(plain(cfg.model)), candidate=c, model=model, hardware=hardware, workload=workload
-        ),
+        dry_run(model_config=model_config, candidate=c, model=model, hardware=hardware, workload=workload),
     )
 
 
@@ -60,12 +58,10 @@ def test_small_cluster_measured_bytes_match_the_estimate(small_cluster):
 
 
 def test_a_layout_that_cannot_be_built_is_reported_with_rank_and_fix(small_cluster):
-    cfg, model, hardware, workload, _ = small_cluster
+    model_config, model, hardware, workload, _ = small_cluster
     # ZB-V places two stages per rank in a V; with one stage per rank torch refuses the schedule
     bad = Candidate(dp=1, tp=1, pp=2, micro_batches=4, schedule="zbv", stages_per_rank=1)
-    report = dry_run(
-        model_config=typed_model(plain(cfg.model)), candidate=bad, model=model, hardware=hardware, workload=workload
-    )
+    report = dry_run(model_config=model_config, candidate=bad, model=model, hardware=hardware, workload=workload)
     errors = [r.error for r in report.ranks]
     assert all(e is not None for e in errors), errors
     assert "rank 0 (pp=0, dp=0, cp=0, tp=0): schedule failed" in errors[0] and "fix: pp.schedule=zbv" in errors[0]
@@ -91,10 +87,10 @@ def test_recomputation_is_built_and_keeps_the_planned_bytes(compose_cfg, name, r
     cfg = compose_cfg(
         *workload_overrides([f"model={name}", "data.seq_len=64", "data.global_batch_size=4", "planner.precision=mixed"])
     )
-    model, hardware, workload = specs_from_cfg(cfg, calibrate=False)
+    model_config, (model, hardware, workload) = planner_inputs(cfg)
     c = Candidate(cp=2, tp=2, sequence_parallel=True, micro_batches=2, recompute=recompute)
     report = dry_run(
-        model_config=typed_model(plain(cfg.model)),
+        model_config=model_config,
         candidate=c,
         model=model,
         hardware=hardware,

@@ -229,17 +229,16 @@ def test_cost_model_splits_tokens_and_counts_the_all_to_alls(compose_cfg):
 def test_dry_run_builds_cp_and_halves_the_activations(compose_cfg):
     """The dry run composes cp (the all-to-alls under the fake process group, seq_len / cp per rank): one rank's
     saved activations at cp=2 are about half of cp=1's at the same batch (the all-to-all's own buffers on top)."""
-    from models.registry import typed_model
-    from parallel.plan.cli import plain, specs_from_cfg
     from parallel.plan.cost_model import Candidate
     from parallel.plan.dry_run import dry_run
+    from tests.planning import planner_inputs
 
     cfg = compose_cfg("model=llama_debug", "data.seq_len=512", "data.global_batch_size=1", "planner.precision=fp32")
-    model, hardware, workload = specs_from_cfg(cfg, calibrate=False)
+    model_config, (model, hardware, workload) = planner_inputs(cfg)
     acts = {}
     for cp in (1, 2):
         report = dry_run(
-            model_config=typed_model(plain(cfg.model)),
+            model_config=model_config,
             candidate=Candidate(cp=cp),
             model=model,
             hardware=hardware,

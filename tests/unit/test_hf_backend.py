@@ -190,21 +190,20 @@ def test_dry_run_measures_the_plan(folders, name):
     for DeepSeek-V3, which a native family reads), and the dry run of a layout agrees with the plan on every sampled
     rank: model state exactly, saved activations within 10% (the issue's bound; measured within 8%, bf16 DeepSeek-V3
     at 0.92 the widest, fp32 within 4%). The MoE families' experts run on fake tensors too (balanced routing)."""
-    from models.registry import typed_model
-    from parallel.plan.cli import model_from_folder, plain, specs_from_cfg
+    from parallel.plan.cli import model_from_folder
     from parallel.plan.cost_model import Candidate
     from parallel.plan.dry_run import dry_run
-    from tests.planning import plan_cfg
+    from tests.planning import plan_cfg, planner_inputs
 
     overrides = [f"model.init_from={folders[name]}", "model.backend=transformers", "data.seq_len=32"]
     overrides += ["data.global_batch_size=4", "topology.nproc_per_node=2"]
     cfg = plan_cfg(*overrides)
     model_from_folder(cfg, overrides)
     assert cfg.model.family == "hf"
-    model, hardware, workload = specs_from_cfg(cfg, calibrate=False)
+    model_config, (model, hardware, workload) = planner_inputs(cfg)
     candidate = Candidate(**PLANNED[name])
     report = dry_run(
-        model_config=typed_model(plain(cfg.model)),
+        model_config=model_config,
         candidate=candidate,
         model=model,
         hardware=hardware,
