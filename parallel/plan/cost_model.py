@@ -785,30 +785,28 @@ def _kind_memories(c: Candidate, model: ModelShape, workload: Workload, sp: _Spl
     workload, ``ActivationCase`` and virtual stages, each per kind of rank."""
     memo = model.remember(("rank_memories", workload), dict)
     degrees = ("states", tuple(c.sizes.items()), c.zero_stage)
-    # the activations' key: the ``ActivationCase``'s fields (the case itself is made on a miss only) and v
-    case = ("saved", sp.s, sp.b, c.tp, c.sequence_parallel, c.recompute, sp.e, c.cp, c.ep, sp.v)
+    case = ActivationCase(
+        seq_len=sp.s,
+        micro_batch=sp.b,
+        tp=c.tp,
+        sequence_parallel=c.sequence_parallel,
+        recompute=c.recompute,
+        element_bytes=sp.e,
+        cp=c.cp,
+        ep=c.ep,
+    )
     placement = sp.placement
     per_kind = []
     for kind, r in zip(placement.kinds, placement.kind_rank, strict=True):
         layers, first, last = placement.layers_of[r], kind[1], kind[2]
-        states_key, saved_key = (*degrees, kind), (*case, kind)
+        states_key, saved_key = (*degrees, kind), ("saved", case, sp.v, kind)
         states = memo.get(states_key)
         if states is None:
             states_of = Candidate(sizes=dict(c.sizes), zero_stage=c.zero_stage)
             states = memo[states_key] = _rank_states(states_of, model, workload, layers, first=first, last=last)
         saved = memo.get(saved_key)
         if saved is None:
-            of = ActivationCase(
-                seq_len=sp.s,
-                micro_batch=sp.b,
-                tp=c.tp,
-                sequence_parallel=c.sequence_parallel,
-                recompute=c.recompute,
-                element_bytes=sp.e,
-                cp=c.cp,
-                ep=c.ep,
-            )
-            saved = memo[saved_key] = _rank_saved_bytes(model, workload, of, layers, v=sp.v, last=last)
+            saved = memo[saved_key] = _rank_saved_bytes(model, workload, case, layers, v=sp.v, last=last)
         per_kind.append((states, saved))
     return per_kind
 
