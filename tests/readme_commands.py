@@ -244,7 +244,7 @@ PLANS: dict[str, Run | Compose | Covered | Skip] = {
     "python train.py model.init_from=HF_DIR data=chat data.path=chats.jsonl model.lora.rank=16": Covered(
         INTEGRATION + "test_chat_finetune.py::test_lora_trains_the_adapters_only_and_exports_a_peft_folder"
     ),
-    "meshtrain export ...": Covered("tests/unit/test_hf_export.py::test_meshtrain_export_is_the_exporter"),
+    "meshtrain export ...": Covered("tests/system/test_hf_export.py::test_meshtrain_export_is_the_exporter"),
     # the README's second own-data command with OUT named: it runs there
     "python train.py data=tokens data.path=OUT model.vocab_size=4096 trainer.eval_every=50": Covered(
         README_TEST + "::test_your_own_data"

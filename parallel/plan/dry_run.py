@@ -270,7 +270,7 @@ def _optimizer_with_state(parts, workload: Workload):
     AdamW's step runs on each parameter's local shard (a DTensor's ``to_local``, as a parameter of its own): its
     moments are elementwise, each the shape of its parameter, so a shard's are the shard's moments the trainer's step
     creates on the DTensor, without a dozen DTensor dispatches per tensor on cold sharding caches (measured: the
-    same bytes; the four Hugging Face dry runs of tests/unit/test_hf_backend.py 1.1 -> 0.4 s CPU here)."""
+    same bytes; the four Hugging Face dry runs of tests/system/test_hf_backend.py 1.1 -> 0.4 s CPU here)."""
     import torch
     from torch.distributed.tensor import DTensor
 

@@ -7,7 +7,7 @@ tp 2 x pp 2 with sequence parallel, so its q/k head norms under the TP plan), an
 One multirun starts every job. Step 1's loss equals the loss transformers computes on the same batch (the weights
 were read, not drawn); every layout reproduces single's losses and gradient norms (1e-4 relative); the hybrid
 runs' checkpoints export (``python -m trainer.export``) to folders whose logits in transformers equal meshtrain's
-to 1e-5. In-process checks (adapters, refusals, sharded reads, export of each family) are in tests/unit/test_hf_*.
+to 1e-5. In-process checks (adapters, refusals, sharded reads, export of each family) are in tests/system/test_hf_*.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def test_lm_eval_runs_on_an_export_with_no_extra_arguments(compose_cfg, tmp_path
     its accuracy. The export is written in-process; lm_eval runs the model in a process of its own (here, not in
     the fast tier: it took a tenth of tests/unit's time)."""
     from tests.hf_helpers import run_lm_eval
-    from tests.unit.test_hf_export import write_run
+    from tests.system.test_hf_export import write_run
     from trainer.export import main
 
     write_run(compose_cfg, tmp_path / "run", "model=gpt_small")
@@ -151,7 +151,7 @@ def test_lm_eval_runs_on_an_export_with_no_extra_arguments(compose_cfg, tmp_path
 
 def test_a_run_from_a_folder_alone_takes_its_model(tmp_path):
     """``python train.py model.init_from=DIR`` alone trains the folder's model (what decides it, in process:
-    tests/unit/test_hf_init_from_alone.py)."""
+    tests/system/test_hf_init_from_alone.py)."""
     from omegaconf import OmegaConf
 
     folder = save_folder(hf_model("qwen3", vocab_size=256, num_key_value_heads=2, head_dim=32), tmp_path / "tiny-qwen3")

@@ -1,5 +1,5 @@
 """A damaged file of a user's folder, as a user meets it: ``python train.py`` ends with exit code 2, the file named on
-stderr and no traceback, before any worker starts (tests/unit/test_malformed_user_files.py tries every file kind and
+stderr and no traceback, before any worker starts (tests/system/test_malformed_user_files.py tries every file kind and
 damage in-process; this runs two of them through the real command)."""
 
 from __future__ import annotations

@@ -1,9 +1,23 @@
 """The unit tier: in-process tests. A test that starts a process (``python train.py``, ``python -m ...``, a fresh
-interpreter, a helper holding a lock) is an integration test: tests/integration."""
+interpreter, a helper holding a lock) is an integration test: tests/integration. A test that loads transformers'
+modelling code (builds or loads a transformers model) is a system test: tests/system (the guard below)."""
 
 from __future__ import annotations
 
 import pytest
+
+from tests.import_watch import MODELLING_CODE, ImportWatch
+
+_modelling_code = ImportWatch(MODELLING_CODE)
+
+
+@pytest.fixture(autouse=True)
+def _no_transformers_modelling_code():
+    """Fails a unit test that newly imports transformers' modelling code: in its set-up (its module's or session's
+    fixtures before it; then they fail this, their first test) or in the test and its own fixtures."""
+    _modelling_code.look()
+    yield
+    _modelling_code.look()
 
 
 @pytest.fixture

@@ -7,11 +7,14 @@ from __future__ import annotations
 import ast
 import re
 import subprocess
+import sys
+import types
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import ROOT
+from tests.import_watch import MODELLING_CODE, ImportWatch
 from tests.source_files import parsed, walked
 
 #: package -> top-level packages it must never import (conf/ may be imported by all)
@@ -535,8 +538,10 @@ STARTS_PYTHON = re.compile(r"\bsys\.executable\b|\b(?:run_train|make_train|refus
 
 def test_tests_are_grouped_by_kind():
     """tests/unit (the fast tier) and tests/system (in process but heavy: full-size planner searches, the config-space
-    property test): no Python process started, never marked slow; tests/integration: start workers or processes,
-    every test marked slow."""
+    property test, every test that builds or loads a transformers model, since importing transformers' modelling
+    code costs each interpreter 3.2-3.6 s of CPU, README's Tests; tests/unit/conftest.py fails a unit test that
+    imports it): no Python process started, never marked slow; tests/integration: start workers or processes, every
+    test marked slow."""
     loose = sorted(p.name for p in (ROOT / "tests").glob("test_*.py"))
     assert not loose, (
         f"put these in tests/unit or tests/system (in-process) or tests/integration (start workers): {loose}"
@@ -571,3 +576,16 @@ def test_tests_are_grouped_by_kind():
                     f"tests/integration/{path.name}: not marked slow (in-process? move to tests/unit or tests/system): {fast}"
                 )
     assert not bad, "\n".join(bad)
+
+
+def test_the_fast_tier_fails_a_test_that_loads_transformers_modelling_code(monkeypatch):
+    """tests/unit/conftest.py's guard, on a module name no test imports (importing the real one here would cost this
+    worker the 3.6 s the guard keeps out): silent while it is not imported, fails the test during which it is, with
+    the fix, and blames no later test for it."""
+    assert MODELLING_CODE == "transformers.modeling_utils"
+    watch = ImportWatch("meshtrain_test_never_imported")
+    watch.look()
+    monkeypatch.setitem(sys.modules, watch.name, types.ModuleType(watch.name))
+    with pytest.raises(pytest.fail.Exception, match=r"loads transformers' modelling code .*move it to tests/system"):
+        watch.look()
+    watch.look()

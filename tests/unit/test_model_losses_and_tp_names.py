@@ -33,7 +33,7 @@ def build_tiny(compose_cfg, family: str) -> torch.nn.Module:
 
 def test_every_family_with_a_tp_plan_function_declares_its_module_names():
     # the Hugging Face backend's plan is each architecture's own (transformers' base_model_tp_plan), read from its
-    # config.json: tests/unit/test_hf_backend.py
+    # config.json: tests/system/test_hf_backend.py
     with_plan = {name for name, spec in REGISTRY.items() if spec.parallelize is not None and name != "hf"}
     assert with_plan == {name for name, spec in REGISTRY.items() if spec.tp_plan is not None}
     assert with_plan == set(TINY), "add a small config of the new family to TINY"

@@ -367,7 +367,7 @@ def _overwrite(path: Path) -> None:
 def run_folder(compose_cfg_module, tmp_path_factory):
     """A run folder with one checkpoint of gpt2_debug, its marker as the checkpointer writes it (files and sizes,
     step, scheduler) and its config."""
-    from tests.unit.test_hf_export import write_run
+    from tests.system.test_hf_export import write_run
 
     run = tmp_path_factory.mktemp("run")
     write_run(compose_cfg_module, run, "model=gpt2_debug")
