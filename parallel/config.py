@@ -139,6 +139,9 @@ class TopologyConfig:
     """Collective timeout: a rank that stops answering fails the job after this long."""
     threads_per_rank: int = 1
     """torch.set_num_threads per worker; ranks share the cores."""
+    reuse_host_memory: bool = True
+    """Each worker keeps the host memory it frees for its next step (glibc's mmap and trim thresholds raised:
+    trainer/launch/host_memory.py) instead of taking fresh pages every step; false keeps glibc's defaults."""
     start_method: StartMethod = StartMethod["auto"]
     """How the launcher starts local workers: fork (they inherit the launcher's imports: no second import of
     torch per worker), spawn (a fresh interpreter each), or auto: fork for CPU workers on Linux, spawn when the

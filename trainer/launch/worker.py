@@ -31,6 +31,7 @@ from parallel.foundation.layout import ParallelLayout
 from parallel.foundation.state_bytes import local_bytes
 from trainer.launch.attempts import previous_attempt_report, restart_count, write_exit_record
 from trainer.launch.environment import rendezvous_port
+from trainer.launch.host_memory import reuse_freed_host_memory
 from trainer.launch.loopback import WORKER_STORE
 from trainer.launch.preemption import EXIT_PREEMPTED, PreemptionFlag
 from trainer.loop.fit import Trainer
@@ -229,6 +230,7 @@ def run(
     gc.freeze()  # the imports (and a forked worker's inherited objects) live as long as the run: _teardown says why
     cfg = OmegaConf.create(cfg_dict)
     torch.set_num_threads(int(cfg.topology.threads_per_rank))
+    host_memory = reuse_freed_host_memory() if cfg.topology.reuse_host_memory else None  # before the model's memory
     log, handlers = setup_rank_logging(run_dir, env.rank, hydra_logging=run_meta.get("logging"))
     trainer = engine = sinks = summary = error = None
     exit_code = 1
@@ -246,6 +248,8 @@ def run(
                 f"started: {started}"
             )
         )
+        if host_memory is not None:
+            log.info(clock.line(host_memory))
         log.debug("rank %d: layout %s", env.rank, layout.to_dict())
         log.debug("rank %d: config %s", env.rank, cfg_dict)
         if env.rank == 0 and (report := previous_attempt_report(run_dir, env.world_size)):
