@@ -4,20 +4,29 @@ modelling code (builds or loads a transformers model) is a system test: tests/sy
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
-from tests.import_watch import MODELLING_CODE, ImportWatch
+from tests.import_watch import MODELLING_CODE, refuse_new_import
 
-_modelling_code = ImportWatch(MODELLING_CODE)
+_LOADED_BEFORE = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    """Whether transformers' modelling code was imported before this unit test's set-up (its module's and session's
+    fixtures included). A hook of this folder's tests only: what a system or integration test imported before it in
+    the same process (``make test``) is not this test's doing."""
+    item.stash[_LOADED_BEFORE] = MODELLING_CODE in sys.modules
+    return (yield)
 
 
 @pytest.fixture(autouse=True)
-def _no_transformers_modelling_code():
-    """Fails a unit test that newly imports transformers' modelling code: in its set-up (its module's or session's
-    fixtures before it; then they fail this, their first test) or in the test and its own fixtures."""
-    _modelling_code.look()
+def _no_transformers_modelling_code(request):
+    """Fails a unit test that loads transformers' modelling code: in its set-up, its body or its own fixtures."""
     yield
-    _modelling_code.look()
+    refuse_new_import(MODELLING_CODE, loaded_before=request.node.stash[_LOADED_BEFORE])
 
 
 @pytest.fixture

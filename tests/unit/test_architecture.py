@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT
-from tests.import_watch import MODELLING_CODE, ImportWatch
+from tests.import_watch import MODELLING_CODE, refuse_new_import
 from tests.source_files import parsed, walked
 
 #: package -> top-level packages it must never import (conf/ may be imported by all)
@@ -579,13 +579,13 @@ def test_tests_are_grouped_by_kind():
 
 
 def test_the_fast_tier_fails_a_test_that_loads_transformers_modelling_code(monkeypatch):
-    """tests/unit/conftest.py's guard, on a module name no test imports (importing the real one here would cost this
-    worker the 3.6 s the guard keeps out): silent while it is not imported, fails the test during which it is, with
-    the fix, and blames no later test for it."""
+    """tests/unit/conftest.py's check, on a module name no test imports (importing the real one here would cost this
+    worker the 3.6 s the check keeps out): silent while it is not imported or was before the test, fails the test
+    that imported it, with the fix."""
     assert MODELLING_CODE == "transformers.modeling_utils"
-    watch = ImportWatch("meshtrain_test_never_imported")
-    watch.look()
-    monkeypatch.setitem(sys.modules, watch.name, types.ModuleType(watch.name))
+    name = "meshtrain_test_never_imported"
+    refuse_new_import(name, loaded_before=False)
+    monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    refuse_new_import(name, loaded_before=True)
     with pytest.raises(pytest.fail.Exception, match=r"loads transformers' modelling code .*move it to tests/system"):
-        watch.look()
-    watch.look()
+        refuse_new_import(name, loaded_before=False)
