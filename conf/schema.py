@@ -143,6 +143,10 @@ class WandbConfig:
     tags: List[str] = field(default_factory=list)
     init_timeout: float = 15.0
     """Seconds to wait for an online W&B server before falling back to offline."""
+    answer_timeout_s: float = 60.0
+    """Seconds rank 0 waits for W&B to answer (its start: init_timeout more; a checkpoint's artifact, the summary,
+    the run's end) before it goes on without W&B, with a warning: the other ranks wait for rank 0 at its next
+    collective (trainer/observe/wandb_client.py)."""
     system_stats: bool = False
     """W&B's system monitor (CPU/GPU/memory sampling). Its process competes with training on few
     cores (measured here: -49% tokens/s on 2 cores); turn it on for GPU nodes."""

@@ -268,3 +268,46 @@ def test_staged_launch_inputs_are_still_applied(monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb.sdk.launch.inputs.internal", object())
     Run._detect_and_apply_job_inputs("staged")
     assert applied == ["staged"]
+
+
+def test_a_w_and_b_that_stops_answering_does_not_hold_training(tmp_path, caplog, monkeypatch):
+    """A W&B service that never answers (in the Slurm sweep test: killed by the job step's stop signal while it
+    started) costs rank 0 at most ``answer_timeout_s`` per call, then W&B is off with a warning; a start that never
+    ends, at most ``init_timeout`` + ``answer_timeout_s``, and a run that starts after that is not used."""
+    import logging
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from trainer.observe.wandb_client import WandbClient
+
+    log = logging.getLogger("t")
+    never = threading.Event()
+    client = WandbClient(mode="disabled", project="p", run_dir=tmp_path, config={}, log=log, answer_timeout_s=0.2)
+    client.run = SimpleNamespace(id="r", log_artifact=lambda *a, **k: never.wait())  # a call W&B never answers
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="t"):
+        client.log_checkpoint(tmp_path, step=4, loss=1.0, best=True)
+    assert time.monotonic() - t0 < 5 and client.run is None and client.failed
+    assert "while logging checkpoint 4 (TimeoutError: no answer within 0.2 s (logger.wandb.answer_timeout_s))" in (
+        caplog.text
+    )
+    client.log_checkpoint(tmp_path, step=8, loss=0.5, best=True)  # off now: returns at once
+
+    import wandb
+
+    started = threading.Event()
+    monkeypatch.setattr(wandb, "init", lambda **kwargs: started.wait() and SimpleNamespace(id="late"))
+    late = WandbClient(
+        mode="online", project="p", run_dir=tmp_path, config={}, log=log, init_timeout=0.1, answer_timeout_s=0.1
+    )
+    late._start()
+    init = late._thread
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="t"):
+        assert not late.ready()
+    assert time.monotonic() - t0 < 5 and late.failed
+    assert "W&B did not start within 0.2 s (logger.wandb.init_timeout + logger.wandb.answer_timeout_s)" in caplog.text
+    started.set()  # the start ends after all: its run is not taken up
+    init.join(5)
+    assert not init.is_alive() and late.run is None and not late.ready()

@@ -68,6 +68,7 @@ def check_trainer(cfg: DictConfig, layout: object, f: Findings) -> None:
     )
     w = cfg.logger.wandb
     f.require("logger.wandb.init_timeout", w.init_timeout, float(w.init_timeout) > 0, "must be > 0 seconds")
+    f.require("logger.wandb.answer_timeout_s", w.answer_timeout_s, float(w.answer_timeout_s) > 0, "must be > 0 seconds")
     # the schema also takes auto, which W&B's console capture does not
     f.require(
         "logger.wandb.console", w.console, str(w.console) in ("off", "wrap", "redirect"), "use off, wrap or redirect"

@@ -14,7 +14,12 @@ With ``identity`` (a training run) the client opens the run folder's own W&B run
 checkpoints as artifacts by reference (``file://``, nothing uploaded) and the resolved config as an artifact.
 
 W&B never stops training: every call into ``wandb`` is guarded; the first failure (its service gone,
-a full disk, a bug) is logged once and the client turns itself off, while metrics.jsonl keeps every step.
+a full disk, a bug) is logged once and the client turns itself off, while metrics.jsonl keeps every step. Nor does
+it hold training: waiting for the start, a checkpoint's artifact, the summary, files and the run's end is given up
+after ``logger.wandb.answer_timeout_s`` (the start: after ``init_timeout`` more), with the same warning. Seen in the
+Slurm sweep test: a stop signal, which Slurm sends every process of a job step (W&B's service among them), landed
+while rank 0's W&B was starting, and rank 0 never came back from W&B after saving its checkpoint, while rank 1
+waited for it in the run's summary until the collective timed out (300 s).
 """
 
 from __future__ import annotations
@@ -58,6 +63,26 @@ def _without_idle_work(wandb: Any, *, mode: str) -> None:
     Run._detect_and_apply_job_inputs = apply_staged
 
 
+def _within(call, seconds: float) -> None:
+    """``call()`` on a daemon thread, waited for at most ``seconds``: its exception raised here, or TimeoutError
+    (the thread is left to W&B: a call into a service that stopped answering never returns)."""
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, name="wandb-call", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise TimeoutError(f"no answer within {seconds:g} s (logger.wandb.answer_timeout_s)")
+    if outcome:
+        raise outcome[0]
+
+
 class WandbClient:
     def __init__(
         self,
@@ -73,6 +98,7 @@ class WandbClient:
         tags: list[str] | None = None,
         name: str | None = None,
         init_timeout: float = 15.0,
+        answer_timeout_s: float = 60.0,
         system_stats: bool = False,
         console: str = "off",
         save_requirements: bool = False,
@@ -82,6 +108,9 @@ class WandbClient:
         self.run = None
         self.failed = False
         self.identity = identity
+        self.init_timeout = init_timeout
+        self.answer_timeout_s = answer_timeout_s
+        self._given_up = False  # ready() stopped waiting for the start: a run that starts later is not used
         self._logged_step: int | None = None  # last step this process sent
         self.log = log
         self.error: BaseException | None = None
@@ -129,7 +158,7 @@ class WandbClient:
 
             _without_idle_work(wandb, mode=mode)
             try:
-                self.run = self._init_while_id_in_use(
+                run = self._init_while_id_in_use(
                     lambda: wandb.init(
                         mode=mode, settings=wandb.Settings(init_timeout=init_timeout, **settings), **kwargs
                     ),
@@ -140,10 +169,13 @@ class WandbClient:
                     raise
                 first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
                 self.log.warning("W&B online init failed (%s); logging offline instead (`wandb sync` later)", first)
-                self.run = wandb.init(mode="offline", settings=wandb.Settings(**settings), **kwargs)
+                run = wandb.init(mode="offline", settings=wandb.Settings(**settings), **kwargs)
+            if self._given_up:
+                return
             if self.identity is not None:
-                define_metrics(self.run)
+                define_metrics(run)
                 self.identity.started()
+            self.run = run
         except BaseException as exc:  # noqa: BLE001 - reported by ready(); training goes on
             self.error = exc
             self.log.warning(
@@ -169,10 +201,19 @@ class WandbClient:
             self._thread.start()
 
     def ready(self) -> bool:
-        """Wait for the background init; True when a run is available."""
+        """Wait for the background init (at most ``init_timeout`` + ``answer_timeout_s``); True when a run is
+        available."""
         if self._thread is not None:
             self._start()
-            self._thread.join()
+            waited = self.init_timeout + self.answer_timeout_s
+            self._thread.join(waited)
+            if self._thread.is_alive():
+                self._given_up, self.failed = True, True
+                self.log.warning(
+                    "W&B did not start within %g s (logger.wandb.init_timeout + logger.wandb.answer_timeout_s); "
+                    "training goes on without W&B, metrics.jsonl has every step",
+                    waited,
+                )
             self._thread = None
         return self.run is not None
 
@@ -180,12 +221,16 @@ class WandbClient:
     def directory(self) -> str | None:
         return str(Path(self.run.dir).parent) if self.ready() else None
 
-    def _guard(self, what: str, call, *args, **kwargs) -> None:
-        """Run one call into wandb; on the first failure warn once and stop using W&B."""
+    def _guard(self, what: str, call, *, bounded: bool = True) -> None:
+        """Run one call into wandb; on the first failure warn once and stop using W&B. ``bounded``: given up after
+        ``answer_timeout_s`` (run on a helper thread; a logged step's ``log``, which only queues, runs directly)."""
         if self.run is None:
             return
         try:
-            call(*args, **kwargs)
+            if bounded:
+                _within(call, self.answer_timeout_s)
+            else:
+                call()
         except Exception as exc:  # noqa: BLE001 - W&B must never stop training
             self.run, self.failed = None, True
             self.log.warning(
@@ -214,7 +259,7 @@ class WandbClient:
             return
         if self.identity is None:
             numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
-            self._guard(f"logging step {step}", lambda: self.run.log(numbers, step=step))
+            self._guard(f"logging step {step}", lambda: self.run.log(numbers, step=step), bounded=False)
             return
         if step <= self.identity.last_step:  # W&B has it from before a restart: once per step
             return
@@ -224,7 +269,7 @@ class WandbClient:
             self._logged_step = step
             self.identity.logged(step)
 
-        self._guard(f"logging step {step}", send)
+        self._guard(f"logging step {step}", send, bounded=False)
 
     def log_summary(self, summary: dict[str, Any]) -> None:
         if not self.ready():

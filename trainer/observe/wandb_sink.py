@@ -52,6 +52,7 @@ class WandbSink(Sink):
             config=config,
             run_dir=run_dir,
             init_timeout=float(w.init_timeout),
+            answer_timeout_s=float(w.answer_timeout_s),
             system_stats=bool(w.system_stats),
             console=str(w.console),
             save_requirements=bool(w.save_requirements),
