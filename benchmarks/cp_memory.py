@@ -43,6 +43,7 @@ def run_one(*, seq_len: int, cp: int, steps: int, extra: list[str], folder: Path
         "data.global_batch_size=1",
         f"trainer.max_steps={steps}",
         "trainer.log_every=1",
+        "trainer.measure_every=1",  # every step's all-to-alls timed: the median over the run
         "trainer.checkpoint_every=0",
         "logger=none",
         *extra,

@@ -79,6 +79,10 @@ class TrainerConfig:
     max_steps: int = 200
     seed: int = 0
     log_every: int = 10
+    measure_every: int = 10
+    """The step measurements that cost time (tp's and cp's collective timers, DDP's reducer timer, the saved
+    activations' hooks) run on logged steps, on the first logged step of each window of N steps (steps 1, 10, 20 ...
+    with N=10): with trainer.log_every=1 one step in N pays for them. 1: every logged step."""
     checkpoint_every: int = 100
     """Save a checkpoint every N steps and at the last step; 0 disables checkpoints."""
     keep_checkpoints: int = 2

@@ -16,8 +16,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 
-#: small and quick: every multi-process test starts from these
-FAST = ("trainer.log_every=1", "logger=none", "data.seq_len=32", "data.global_batch_size=8")
+#: small and quick: every multi-process test starts from these. Every step logged and measured (collective timers,
+#: saved activations), so a test reads each step's measurements; the default trainer.measure_every=10 samples them
+#: (tests/integration/test_checkpoint_restart_preemption.py checks that)
+FAST = (
+    "trainer.log_every=1",
+    "trainer.measure_every=1",
+    "logger=none",
+    "data.seq_len=32",
+    "data.global_batch_size=8",
+)
 
 #: the length of the layout parity runs (tests/integration/test_hybrid_parity.py, test_pipeline_parity_and_bubble.py,
 #: test_tp_fsdp_parity.py): one length, so their parallel=single reference (conftest's ``reference``, FAST + this) runs

@@ -101,6 +101,7 @@ def check_positive(cfg: DictConfig, layout: ParallelLayout, f: Findings) -> None
         "topology.nnodes": cfg.topology.nnodes,
         "trainer.max_steps": cfg.trainer.max_steps,
         "trainer.log_every": cfg.trainer.log_every,
+        "trainer.measure_every": cfg.trainer.measure_every,
         "data.global_batch_size": cfg.data.global_batch_size,
         "data.seq_len": cfg.data.seq_len,
         "topology.threads_per_rank": cfg.topology.threads_per_rank,

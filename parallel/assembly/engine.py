@@ -30,9 +30,9 @@ class Engine(ABC):
     model_parts: list[nn.Module]
     #: the pipeline group whose stages together hold the model; None when this rank holds all of it
     pp_group: Any = None
-    #: whether the next ``train_step`` is one the loop logs: set by the loop before each step, so an engine's
-    #: sampled meters (DDP's reducer timer, the TP collective timer) run on exactly the logged steps, a resumed
-    #: run's included
+    #: whether the next ``train_step`` is one the loop measures (a logged step, the first of its window of
+    #: ``trainer.measure_every``): set by the loop before each step, so an engine's sampled meters (DDP's reducer
+    #: timer, the TP collective timer) run on exactly those steps, a resumed run's included
     measure_step: bool = True
     #: the next batch's count of targets over the whole global batch (which the loss mesh's ranks share out), set by
     #: the loop before each ``train_step`` / ``eval_step``; the loss then needs no all-reduce to count them. None:

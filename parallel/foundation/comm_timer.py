@@ -81,9 +81,10 @@ class CollectiveTimer(TorchDispatchMode):
 
 
 class SampledCommMeter:
-    """Runs a ``CollectiveTimer`` on the steps the loop logs (it says which: ``Engine.measure_step``).
+    """Runs a ``CollectiveTimer`` on the steps the loop measures (logged steps, at most one per window of
+    ``trainer.measure_every``; it says which: ``Engine.measure_step``).
 
-    The timer costs a Python dispatch per op, so unlogged steps run without it.
+    The timer costs a Python dispatch per op, so the other steps run without it.
     """
 
     def __init__(self, timer: CollectiveTimer | None, *, prefix: str = "tp"):

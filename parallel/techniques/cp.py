@@ -37,7 +37,7 @@ Attend = Callable[..., torch.Tensor]
 
 class AllToAllTimer:
     """This rank's cp all-to-alls, forward and backward, timed while it is entered (``SampledCommMeter`` enters it
-    on the steps the loop logs): each from its issue to its completion, as ``cp_comm_time_s`` (the union of those
+    on the steps the loop measures): each from its issue to its completion, as ``cp_comm_time_s`` (the union of those
     intervals), ``cp_comm_fraction`` and ``cp_collectives``. Unmeasured steps (and compiled blocks) take the
     traceable ``all_to_all_single_autograd`` instead."""
 
@@ -149,7 +149,7 @@ def sequence_share(cp_mesh: DeviceMesh) -> Callable[[torch.Tensor], torch.Tensor
 
 def cp_meter(timer: AllToAllTimer | None) -> SampledCommMeter:
     """The cp all-to-alls as an engine's meter (``cp_comm_time_s``, ``cp_comm_fraction``, ``cp_collectives``; their
-    medians in the summary), on the steps the loop logs."""
+    medians in the summary), on the steps the loop measures."""
     return SampledCommMeter(timer, prefix="cp")
 
 

@@ -5,7 +5,7 @@ The model is built whole on every rank from the same seed (or on the meta device
 family's plan (``ModelSpec.parallelize``) shards its
 projections; each tp rank keeps its slice (a meta-built model is materialised after that). Every tp rank of a
 replica sees the same batch. The engine times the tp group's collectives (``tp_comm_time_s``,
-``tp_comm_fraction``) on the steps the loop logs and runs forward and backward inside ``loss_parallel()`` when
+``tp_comm_fraction``) on the steps the loop measures and runs forward and backward inside ``loss_parallel()`` when
 the head is vocabulary-sharded.
 """
 
@@ -49,7 +49,7 @@ log = logging.getLogger("meshtrain")
 
 
 def tp_meter(*, tp_mesh: DeviceMesh | None, measure: bool, compiled: bool) -> SampledCommMeter:
-    """Times the tp group's collectives on the steps the loop logs (none with tp.measure_comm=false, none with
+    """Times the tp group's collectives on the steps the loop measures (none with tp.measure_comm=false, none with
     tp 1)."""
     timer = None
     if tp_mesh is not None and tp_mesh.size() > 1:

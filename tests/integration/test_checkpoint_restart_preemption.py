@@ -137,15 +137,17 @@ def test_resume_under_another_layout(tmp_path, straight, crashed):
 
 
 def test_resumed_run_measures_comm_on_the_steps_it_logs(tmp_path, crashed):
-    """Resumed at step 6 with trainer.log_every=4, a run to step 12 logs steps 8 and 12: DDP's reducer timer and the
-    TP collective timer run on exactly those (the loop tells the engine), not on the resumed run's 1st, 4th ... step
-    (steps 6 and 9)."""
+    """Resumed at step 6 with trainer.log_every=4, a run to step 12 logs steps 8 and 12. With trainer.measure_every=10
+    (the default) DDP's reducer timer and the TP collective timer run on step 12 only: the first logged step of the
+    window 10-19, where step 8 follows step 4 in the window 1-9. The loop decides from the step numbers (and tells the
+    engine), so the resumed run measures what an uninterrupted one would, not its own 1st, 4th ... step."""
     _, ckpt = crashed("ddp")
     for layout, key in ((LAYOUTS["ddp"], "comm_time_s"), (("parallel=tp",), "tp_comm_time_s")):
         run = run_train(
             *layout,
             *FAST,
             "trainer.log_every=4",
+            "trainer.measure_every=10",
             "trainer.checkpoint_every=0",
             f"trainer.max_steps={STEPS}",
             f"trainer.resume={ckpt}",
@@ -153,7 +155,9 @@ def test_resumed_run_measures_comm_on_the_steps_it_logs(tmp_path, crashed):
         )
         logged = {m["step"]: m for m in run.metrics()}
         assert sorted(logged) == [8, 12], layout
-        assert all(m.get(key, 0) > 0 for m in logged.values()), {s: m.get(key) for s, m in logged.items()}
+        measured = {s for s, m in logged.items() if key in m}
+        assert measured == {12} and logged[12][key] > 0, {s: m.get(key) for s, m in logged.items()}
+        assert ("saved_activation_bytes" in logged[12]) and "saved_activation_bytes" not in logged[8]
 
 
 CHAOS = {

@@ -75,3 +75,28 @@ def test_ddp_keeps_torchs_first_small_bucket_unless_a_size_is_given(gloo_one_ran
     sized, _ = wrap_ddp(_model(), dp_mesh=_WorldMesh(), device=torch.device("cpu"), bucket_cap_mb=25.0)
     assert default.bucket_bytes_cap_default and default.bucket_bytes_cap == 25 * 2**20
     assert not sized.bucket_bytes_cap_default and sized.bucket_bytes_cap == 25 * 2**20
+
+
+def test_ddp_gradients_are_views_of_its_buckets_with_the_same_values(gloo_one_rank):
+    """wrap_ddp's gradients live in DDP's all-reduce buckets (no copy back after the reduction, the memory held
+    once); their values are what a DDP with separate gradients computes, step after step, with set_to_none
+    between steps (the loop's zero_grad) and an optimizer updating the weights."""
+    from parallel.techniques.ddp import wrap_ddp
+
+    views, _ = wrap_ddp(_model(), dp_mesh=_WorldMesh(), device=torch.device("cpu"))
+    plain = DDP(_model())
+    assert views.gradient_as_bucket_view and not plain.gradient_as_bucket_view
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (views, plain)]
+    torch.manual_seed(1)
+    for _ in range(3):
+        x = torch.randn(8, 64)
+        for m, opt in zip((views, plain), opts, strict=True):
+            opt.zero_grad(set_to_none=True)
+            m(x).pow(2).mean().backward()
+        for a, b in zip(views.parameters(), plain.parameters(), strict=True):
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=1e-7)
+        for opt in opts:
+            opt.step()
+    storages = {p.grad.untyped_storage().data_ptr() for p in views.parameters()}
+    assert len(storages) == 1, storages  # the model's 100 KB of gradients: one bucket, every gradient a view of it
+    assert len({p.grad.untyped_storage().data_ptr() for p in plain.parameters()}) == len(list(plain.parameters()))

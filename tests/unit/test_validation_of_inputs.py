@@ -44,7 +44,15 @@ def test_micro_batch_must_divide_replica_batch(compose_cfg):
 
 @pytest.mark.parametrize(
     "key",
-    ["dp.size", "data.global_batch_size", "data.seq_len", "trainer.max_steps", "pp.micro_batches", "topology.nnodes"],
+    [
+        "dp.size",
+        "data.global_batch_size",
+        "data.seq_len",
+        "trainer.max_steps",
+        "trainer.measure_every",
+        "pp.micro_batches",
+        "topology.nnodes",
+    ],
 )
 @pytest.mark.parametrize("value", [0, -2])
 def test_non_positive_sizes(compose_cfg, key, value):

@@ -155,6 +155,7 @@ class Trainer:
         self.skip_nonfinite = self.cfg.trainer.on_nonfinite == "skip"
         # read once: an OmegaConf lookup costs ~20 us, and the loop asks these several times a step
         self.log_every = int(self.cfg.trainer.log_every)
+        self.measure_every = int(self.cfg.trainer.get("measure_every", 10))
         self.eval_every = int(self.cfg.trainer.get("eval_every", 0))
         self.checkpoint_every = int(self.cfg.trainer.checkpoint_every)
         self.tokens_per_step = int(self.cfg.data.global_batch_size) * int(self.data.tokens_per_sample)
@@ -312,8 +313,8 @@ class Trainer:
         if self.frozen_reference is not None:
             y = self.frozen_reference.fill(self, x, y)
         self.optimizer.zero_grad(set_to_none=True)
-        # saved activations and the engine's sampled comm meters on logged steps; profiler at trainer.profile_steps
-        measure = self.engine.measure_step = self._should_log(step)
+        # saved activations and the engine's sampled comm meters on measured steps; profiler at trainer.profile_steps
+        measure = self.engine.measure_step = self._should_measure(step)
         with self.instruments.step(step, measure=measure):
             loss = self.engine.train_step(x, y)
         call(self.callbacks, "on_after_backward", self, step=step, loss=loss)
@@ -354,7 +355,8 @@ class Trainer:
                 "tokens_per_s": self.tokens_per_step / outcome.seconds,
                 "grad_norm": float(outcome.grad_norm),
                 "data_time_s": outcome.data_seconds,
-                **self.instruments.logged(step, outcome.seconds),  # mfu, memory, saved activations (collective)
+                # mfu, memory, saved activations on measured steps (collective)
+                **self.instruments.logged(step, outcome.seconds, measured=self._should_measure(step)),
                 **outcome.extras,
                 **self._pair_means(outcome.pairs),
             }
@@ -400,6 +402,15 @@ class Trainer:
 
     def _should_log(self, step: int) -> bool:
         return step == 1 or step % self.log_every == 0 or step == self.max_steps or self._eval_due(step)
+
+    def _should_measure(self, step: int) -> bool:
+        """A logged step that is the first logged one of its window of ``trainer.measure_every`` steps: the costlier
+        measurements (collective timers, saved activations) run there. Decided from the step number alone, so a
+        resumed run measures the steps an uninterrupted one would."""
+        if not self._should_log(step):
+            return False
+        window_start = max(1, step - step % self.measure_every)
+        return not any(self._should_log(s) for s in range(window_start, step))
 
     # ---- evaluation ----------------------------------------------------------------------------
 

@@ -9,10 +9,10 @@
 - **Memory**: CUDA allocated and reserved bytes (the maximum over ranks at the logged step); on CPU the
   resident set size. ``peak_memory_bytes_per_rank`` (the run's peak) stays in the summary as before.
 - **Saved activations**: ``parallel/foundation/activations.py`` counts the bytes autograd keeps for backward;
-  each logged step reports the largest per-step peak over ranks, the summary the run's peak per rank. Only
-  the logged steps are counted (the loop passes ``measure``): the hooks run Python for every saved tensor,
-  about 2% of a gpt_small step on this machine, and every step of a run has the same shapes, so the steps
-  the loop logs (the first, every ``log_every``-th, the last) measure the same peak.
+  each measured step reports the largest per-step peak over ranks, the summary the run's peak per rank. Only
+  the measured steps are counted (the loop passes ``measure``: logged steps, the first of each window of
+  ``trainer.measure_every``): the hooks run Python for every saved tensor, about 2% of a gpt_small step on this
+  machine, and every step of a run has the same shapes, so those steps measure the same peak.
 - **Compile**: ``compile_time_s`` (torch's own compile timers: dynamo, AOTAutograd, inductor, forward and
   backward graphs) next to ``first_step_time_s`` and the steady median step time.
 - **Profiling**: ``trainer.profile_steps=[a, b]`` writes ``profile/rank<r>.trace.json`` (torch.profiler,
@@ -188,7 +188,7 @@ class StepInstruments:
 
     @contextmanager
     def step(self, step: int, *, measure: bool = True):
-        """Around one step's forward and backward; ``measure``: count its saved activations (logged steps)."""
+        """Around one step's forward and backward; ``measure``: count its saved activations (measured steps)."""
         if self.profiler is not None:
             self.profiler.begin(step)
         try:
@@ -198,8 +198,9 @@ class StepInstruments:
             if self.profiler is not None:
                 self.profiler.end(step)
 
-    def logged(self, step: int, step_time_s: float) -> dict[str, float]:
-        """Metrics of a logged step (collective: every rank calls it at the same steps)."""
+    def logged(self, step: int, step_time_s: float, *, measured: bool = True) -> dict[str, float]:
+        """Metrics of a logged step (collective: every rank calls it at the same steps); ``measured``: its saved
+        activations were counted (``trainer.measure_every``), so their peak is reported."""
         mem = memory_now(self.ctx.device)
         keys = sorted(mem)
         vec = torch.tensor([mem[k] for k in keys] + [float(self.meter.peak)], dtype=torch.float64)
@@ -208,7 +209,8 @@ class StepInstruments:
             dist.all_reduce(vec, op=dist.ReduceOp.MAX)
         values = vec.tolist()
         out: dict[str, float] = dict(zip(keys, values[:-1]))
-        out["saved_activation_bytes"] = values[-1]
+        if measured:
+            out["saved_activation_bytes"] = values[-1]
         if self.flops_per_step is not None and self.ctx.rank == 0 and self.peak_source is None:
             # measured (CPU) at the first logged step, after the first step's time is taken: a matmul
             # benchmark before the loop would delay the first step
