@@ -245,6 +245,30 @@ def test_prefetcher_keeps_order_reports_waits_and_raises_in_the_loop():
     assert inline.get(1)[0] == 1 and inline.get(2)[0] == 2
 
 
+def test_prefetcher_waits_without_waking_and_closes_while_its_queue_is_full():
+    """The thread blocks on its full queue (no put with a timeout: it would wake 10 times a second for the
+    interpreter lock) and close() still ends it at once, a step of 100 left unmade."""
+    made: list[int] = []
+    pre = Prefetcher(lambda s: made.append(s) or s, first_step=1, last_step=100, depth=2)
+    deadline = time.monotonic() + 60
+    while len(made) < 3 and time.monotonic() < deadline:  # steps 1 and 2 queued, step 3 made and waiting to go in
+        time.sleep(0.01)
+    switches = _voluntary_switches(pre._thread.native_id)
+    time.sleep(0.5)
+    assert _voluntary_switches(pre._thread.native_id) - switches <= 1  # asleep, not polling (5 wake-ups before)
+    assert made == [1, 2, 3] and pre.get(1)[0] == 1
+    t0 = time.perf_counter()
+    pre.close()
+    assert not pre._thread.is_alive() and time.perf_counter() - t0 < 2.0
+    assert len(made) <= 5
+
+
+def _voluntary_switches(tid: int) -> int:
+    """How many times the thread went to sleep (Linux's per-thread count)."""
+    with open(f"/proc/self/task/{tid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("voluntary_ctxt_switches"))
+
+
 def test_report_ranks_by_validation_loss(tmp_path):
     from trainer.report.cli import main as report_main
 

@@ -36,12 +36,9 @@ class Prefetcher:
                 item = (step, self.make(step), None)
             except BaseException as exc:  # noqa: BLE001 - re-raised in the loop's thread by get()
                 item = (step, None, exc)
-            while not self._stop.is_set():
-                try:
-                    self._queue.put(item, timeout=0.1)
-                    break
-                except queue.Full:
-                    continue
+            # a blocking put, no polling: a put timing out every 0.1 s woke this thread 10 times a second for the
+            # interpreter lock the training thread holds; close() sets the stop flag, then empties the queue
+            self._queue.put(item)
             if item[2] is not None:
                 return
 
@@ -60,9 +57,11 @@ class Prefetcher:
         return batch, waited
 
     def close(self) -> None:
+        """Stop the thread: the flag first, then the queue emptied, so a put() waiting on a full queue returns and
+        the thread sees the flag (a batch it was building then goes into the emptied queue, and it stops)."""
         self._stop.set()
         if self._thread is not None:
-            while True:  # unblock a put() waiting on a full queue
+            while True:
                 try:
                     self._queue.get_nowait()
                 except queue.Empty:
