@@ -15,8 +15,8 @@ How one rank gets its engine (``build_pipeline_engine``), in order:
    the embedding group after each step (``parallel/pipeline/tied.py``);
 6. measure: every F/B/W action timed on its stage (``parallel/pipeline/timing.py``); per step the pp group
    exchanges a few numbers to give the measured bubble, per-stage busy time, imbalance and bytes sent, and
-   on the loop's measured steps the peak activation memory; at ``pp.trace_step`` every rank's actions go to rank 0, which writes a Chrome
-   trace and a Gantt PNG (``parallel/pipeline/timeline.py``).
+   on the loop's measured steps the peak activation memory; at ``pp.trace_step`` every rank's actions go to rank 0,
+   which writes a Chrome trace and a Gantt PNG (``parallel/pipeline/timeline.py``).
 
 ``parallel=mp`` is the same machinery with its registry entry's ``FixedPipeline`` (one micro-batch, GPipe, blocks
 split evenly): stages run strictly one after the other, and the same measurements show what that costs (per-stage

@@ -2,10 +2,11 @@
 
 DDP's C++ reducer times its own backward when asked (``_set_ddp_runtime_logging_sample_rate``): from the first
 bucket's all-reduce launch to the last one's completion, and how much of that overlapped the backward's compute.
-``ReducerCommMeter`` turns that on for the steps the loop measures (logged ones, ``trainer.measure_every``) and reads it after them, so DDP
-keeps its C++ all-reduce path on every step. A Python comm hook would time each bucket, but it replaces that
-path and cost 2-5% of the tokens/s on 2 CPU ranks (docs/benchmarks.md). ``dp.measure_comm=false`` measures
-nothing. The wrapping order (after activation checkpointing and compile) is ``parallel/assembly/compose.py``'s.
+``ReducerCommMeter`` turns that on for the steps the loop measures (logged ones, ``trainer.measure_every``) and
+reads it after them, so DDP keeps its C++ all-reduce path on every step. A Python comm hook would time each
+bucket, but it replaces that path and cost 2-5% of the tokens/s on 2 CPU ranks (docs/benchmarks.md).
+``dp.measure_comm=false`` measures nothing. The wrapping order (after activation checkpointing and compile) is
+``parallel/assembly/compose.py``'s.
 
 Gradients are views into DDP's all-reduce buckets (``gradient_as_bucket_view``, as Megatron's contiguous gradient
 buffer): no copy of the reduced buckets back into separate gradients each step (0.25 ms a step for gpt_small's

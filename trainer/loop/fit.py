@@ -155,7 +155,7 @@ class Trainer:
         self.skip_nonfinite = self.cfg.trainer.on_nonfinite == "skip"
         # read once: an OmegaConf lookup costs ~20 us, and the loop asks these several times a step
         self.log_every = int(self.cfg.trainer.log_every)
-        self.measure_every = int(self.cfg.trainer.get("measure_every", 10))
+        self.measure_every = int(self.cfg.trainer.measure_every)
         self.eval_every = int(self.cfg.trainer.get("eval_every", 0))
         self.checkpoint_every = int(self.cfg.trainer.checkpoint_every)
         self.tokens_per_step = int(self.cfg.data.global_batch_size) * int(self.data.tokens_per_sample)
