@@ -122,6 +122,8 @@ class StepOutcome:
     """A preference objective's summed pair statistics on this rank (``models.preference.STATS``)."""
     mean_loss: float | None = None
     """On logged steps: the loss averaged over the ranks that computed one (``_agree``'s all-reduce carried it)."""
+    measured: bool = False
+    """The step ran the costlier measurements (``Trainer._should_measure``): its saved activations are reported."""
 
 
 def parameter_names(engine: Engine) -> dict[int, str]:
@@ -262,7 +264,8 @@ class Trainer:
         call(self.callbacks, "on_step_start", self, step=step)
         t0, cpu0 = time.perf_counter(), time.process_time()
         self.step_started = t0
-        loss, grad_norm, data_s = self._forward_backward(step)
+        measured = self._should_measure(step)
+        loss, grad_norm, data_s = self._forward_backward(step, measure=measured)
         pairs = self.objective.take(self.ctx.device) if self.objective is not None else None
         preempt, bad_ranks, mean_loss = self._agree(
             preempt=bool(preemption and preemption.requested),
@@ -300,9 +303,10 @@ class Trainer:
             data_seconds=data_s,
             pairs=pairs,
             mean_loss=mean_loss,
+            measured=measured,
         )
 
-    def _forward_backward(self, step: int) -> tuple[torch.Tensor | None, torch.Tensor, float]:
+    def _forward_backward(self, step: int, *, measure: bool) -> tuple[torch.Tensor | None, torch.Tensor, float]:
         """This rank's share of the global batch through the engine: the loss, the gradient norm before
         clipping, and the seconds spent waiting for the batch."""
         if self._prefetch is None:  # step() called outside fit(): build batches in the loop
@@ -314,7 +318,7 @@ class Trainer:
             y = self.frozen_reference.fill(self, x, y)
         self.optimizer.zero_grad(set_to_none=True)
         # saved activations and the engine's sampled comm meters on measured steps; profiler at trainer.profile_steps
-        measure = self.engine.measure_step = self._should_measure(step)
+        self.engine.measure_step = measure
         with self.instruments.step(step, measure=measure):
             loss = self.engine.train_step(x, y)
         call(self.callbacks, "on_after_backward", self, step=step, loss=loss)
@@ -356,7 +360,7 @@ class Trainer:
                 "grad_norm": float(outcome.grad_norm),
                 "data_time_s": outcome.data_seconds,
                 # mfu, memory, saved activations on measured steps (collective)
-                **self.instruments.logged(step, outcome.seconds, measured=self._should_measure(step)),
+                **self.instruments.logged(step, outcome.seconds, measured=outcome.measured),
                 **outcome.extras,
                 **self._pair_means(outcome.pairs),
             }
